@@ -1,0 +1,53 @@
+# flashbook: `make book` builds the HTML book, `make test` runs every test.
+# Both create their own virtual environment (.venv) on first use.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# Installed before requirements.txt so that nothing pulls a different torch build.
+# On a machine with a CUDA GPU, `make book TORCH_SPEC=torch` takes PyPI's default (CUDA) build.
+TORCH_SPEC ?= torch==2.13.0
+BUILD  := _build/html
+PORT   ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: book test serve venv browser clean gpu-test
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m ipykernel install --prefix $(VENV) --name python3 >/dev/null
+	touch $@
+
+book: venv
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@echo
+	@echo "The book is built: open $(abspath $(BUILD))/index.html"
+	@echo "or run 'make serve' and visit http://localhost:$(PORT)/"
+
+# Headless Chromium for the browser tests (Debian's package; never a downloaded browser).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is missing: install Debian's 'chromium' package to run the browser tests"; fi; }
+
+test: book browser
+	$(PY) -m pytest -m "not gpu" -n 2 $(PYTEST_ARGS)
+
+# On a CUDA machine: the GPU test matrix.
+gpu-test: venv
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+serve:
+	@test -f $(BUILD)/index.html || $(MAKE) book
+	@echo "Serving http://localhost:$(PORT)/ (Ctrl-C to stop)"
+	$(PY) -m http.server $(PORT) --bind 127.0.0.1 --directory $(BUILD)
+
+clean:
+	rm -rf _build

@@ -1,0 +1,25 @@
+"""flashbook: the companion library of the FlashAttention book.
+
+One module per idea, in the order the book teaches them:
+
+- ``reference``: naive attention and its gradients in NumPy (float64 truth)
+- ``softmax``:   stable and online softmax, merging partial statistics
+- ``tiled``:     FlashAttention forward/backward in NumPy, with I/O accounting
+- ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``
+- ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
+- ``widgets``, ``bench``, ``plots``: explorers, benchmarks, shared figures
+"""
+from . import runtime  # first: it decides TRITON_INTERPRET before triton is imported
+from .display import show_source
+
+__version__ = "0.1.0"
+__all__ = ["runtime", "show_source", "flash_attention"]
+
+
+def __getattr__(name):
+    # Loaded on first use, so the NumPy chapters never import triton.
+    if name == "flash_attention":
+        from .kernels import flash_attention
+
+        return flash_attention
+    raise AttributeError(f"module 'flashbook' has no attribute {name!r}")

@@ -1,0 +1,141 @@
+"""Attention, exactly as the formula says, in NumPy (chapter 1; backward: chapter 5).
+
+    O = softmax(scale * Q K^T) V
+
+Everything here is computed in float64 and returned as float64: it is the truth
+that the tiled algorithm and the GPU kernels are measured against. It builds the
+whole N_q x N_k score matrix, which is exactly what FlashAttention avoids.
+
+Shapes: ``q`` is (..., N_q, d), ``k`` is (..., N_k, d), ``v`` is (..., N_k, d_v);
+the leading (batch, head) dimensions must match.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+
+# ----------------------------------------------------------------- input checks
+
+def _as_float_array(x, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise TypeError(f"{name} must be a floating-point array, got dtype {arr.dtype}")
+    if arr.ndim < 2:
+        raise ValueError(f"{name} must have at least 2 dimensions (..., N, d), "
+                         f"got shape {arr.shape}")
+    return arr
+
+
+def resolve_scale(scale, head_dim: int) -> float:
+    """``None`` means 1/sqrt(d); anything else must be a finite number > 0."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
+    return float(scale)
+
+
+def check_qkv(q, k, v, scale=None):
+    """Validate q, k, v (and scale); return them as arrays plus the resolved scale.
+
+    Raises ``TypeError``/``ValueError`` naming the argument and what was expected.
+    """
+    q = _as_float_array(q, "q")
+    k = _as_float_array(k, "k")
+    v = _as_float_array(v, "v")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dimension d, "
+                         f"got q {q.shape} and k {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys N_k, "
+                         f"got k {k.shape} and v {v.shape}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must have the same leading (batch, head) dimensions, "
+                         f"got q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q must have a head dimension d >= 1, got shape {q.shape}")
+    return q, k, v, resolve_scale(scale, q.shape[-1])
+
+
+def _check_like(x, name: str, shape: tuple) -> np.ndarray:
+    x = _as_float_array(x, name)
+    if x.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {x.shape}")
+    return x
+
+
+# ----------------------------------------------------------------- the formula
+
+def causal_mask(n_q: int, n_k: int) -> np.ndarray:
+    """Boolean (n_q, n_k) mask, True where query i may attend to key j.
+
+    The diagonal is aligned to the bottom-right corner (as FlashAttention 2.1+
+    does): query i sees key j when ``j <= i + (n_k - n_q)``. With n_q == n_k this
+    is the usual lower triangle; with n_q > n_k the first rows see nothing.
+    """
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[None, :]
+    return j <= i + (n_k - n_q)
+
+
+def softmax_rows(s: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+    """Row softmax of scores ``s`` over the ``allowed`` entries (all if None).
+
+    Subtracts each row's maximum first, so exp never overflows. A row with no
+    allowed entry gets all-zero weights (not NaN): it attends to nothing.
+    """
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # fully masked rows
+    p = np.exp(s - row_max)
+    row_sum = p.sum(axis=-1, keepdims=True)
+    return np.divide(p, row_sum, out=np.zeros_like(p), where=row_sum > 0)
+
+
+def scores(q, k, *, scale: float) -> np.ndarray:
+    """The scaled score matrix S = scale * Q K^T, shape (..., N_q, N_k)."""
+    return scale * (q @ np.swapaxes(k, -1, -2))
+
+
+def attention(q, k, v, *, causal: bool = False, scale=None) -> np.ndarray:
+    """O = softmax(scale * Q K^T) V in float64, building the whole score matrix.
+
+    ``causal=True`` masks keys after each query (bottom-right aligned when
+    N_q != N_k); rows that can see no key give zeros.
+    """
+    q, k, v, scale = check_qkv(q, k, v, scale)
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    allowed = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    p = softmax_rows(scores(q, k, scale=scale), allowed)
+    return p @ v
+
+
+def attention_backward(q, k, v, do, *, causal: bool = False, scale=None):
+    """Analytic gradients (dq, dk, dv) of ``attention`` for an upstream gradient do.
+
+    With P the attention weights and O = P V:
+
+        dV = P^T dO
+        dP = dO V^T
+        dS = P * (dP - delta),   delta = rowsum(dO * O)
+        dQ = scale * dS K,       dK = scale * dS^T Q
+    """
+    q, k, v, scale = check_qkv(q, k, v, scale)
+    do = _check_like(do, "do", q.shape[:-1] + (v.shape[-1],))
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    allowed = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    p = softmax_rows(scores(q, k, scale=scale), allowed)
+    o = p @ v
+    dv = np.swapaxes(p, -1, -2) @ do
+    dp = do @ np.swapaxes(v, -1, -2)
+    delta = np.sum(do * o, axis=-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = scale * (ds @ k)
+    dk = scale * (np.swapaxes(ds, -1, -2) @ q)
+    return dq, dk, dv

@@ -1,0 +1,111 @@
+"""Where the kernels run: a CUDA GPU, or Triton's interpreter on the CPU.
+
+Triton reads ``TRITON_INTERPRET`` once, when it is imported. So the choice has to
+be made *before* anything imports triton: ``import flashbook`` imports this module
+first, and this module decides.
+
+It also holds the facts about real chips that the book's figures and explorers use
+(shared memory per SM, HBM bandwidth, peak matrix throughput), with their sources.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # the NumPy chapters need no torch
+        return False
+    return bool(torch.cuda.is_available())
+
+
+HAS_CUDA: bool = _cuda_available()
+
+if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") is None:
+    if "triton" in sys.modules:
+        warnings.warn(
+            "triton was imported before flashbook and there is no CUDA GPU: "
+            "Triton kernels cannot run. Import flashbook first, or set "
+            "TRITON_INTERPRET=1 before importing triton.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    else:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+#: True when Triton kernels run in the CPU interpreter rather than on a GPU.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device() -> str:
+    """The torch device the book's kernels use: ``"cuda"`` or ``"cpu"``."""
+    return "cuda" if HAS_CUDA and not INTERPRET else "cpu"
+
+
+def describe() -> str:
+    """One line saying where kernels will run, for the top of a chapter."""
+    if HAS_CUDA and not INTERPRET:
+        import torch
+
+        name = torch.cuda.get_device_name()
+        cc = "".join(map(str, torch.cuda.get_device_capability()))
+        return f"GPU: {name} (sm_{cc}); Triton kernels are compiled and run on it."
+    if INTERPRET:
+        return ("No CUDA GPU: Triton kernels run in the interpreter on the CPU "
+                "(small sizes, fp16/fp32 only; timings mean nothing here).")
+    return "Triton was imported before flashbook without a GPU: kernels cannot run."
+
+
+# --------------------------------------------------------------------------- chips
+
+@dataclass(frozen=True)
+class Chip:
+    """Facts about one GPU that decide how FlashAttention's tiles must be sized."""
+
+    name: str
+    arch: str                  # the compute capability Triton compiles for
+    sms: int                   # streaming multiprocessors
+    smem_per_sm_kib: int       # shared memory per SM (the on-chip "SRAM", M)
+    smem_per_block_kib: int    # largest shared memory one program may use (opt-in)
+    hbm_gib: float             # device memory
+    hbm_tb_s: float            # HBM bandwidth, TB/s (vendor datasheet)
+    fp16_tflops: float         # dense fp16 tensor-core peak, TFLOP/s
+    bf16_tflops: float | None  # dense bf16 tensor-core peak; None: no bf16 tensor cores
+    l2_mib: int
+    source: str
+
+    @property
+    def smem_per_block_bytes(self) -> int:
+        return self.smem_per_block_kib * 1024
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity above which fp16 matrix work is compute-bound."""
+        return self.fp16_tflops * 1e12 / (self.hbm_tb_s * 1e12)
+
+
+_GUIDE = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute "
+          "Capability' (shared memory per SM / per block)")
+
+CHIPS: dict[str, Chip] = {
+    "T4": Chip("T4", "sm_75", 40, 64, 64, 16, 0.320, 65.0, None, 4,
+               f"NVIDIA T4 datasheet; {_GUIDE}"),
+    "A100": Chip("A100", "sm_80", 108, 164, 163, 80, 2.039, 312.0, 312.0, 40,
+                 f"NVIDIA A100 datasheet (SXM4 80GB); {_GUIDE}"),
+    "H100": Chip("H100", "sm_90", 132, 228, 227, 80, 3.35, 989.0, 989.0, 50,
+                 f"NVIDIA H100 datasheet (SXM5); {_GUIDE}"),
+    "H200": Chip("H200", "sm_90", 132, 228, 227, 141, 4.8, 989.0, 989.0, 50,
+                 f"NVIDIA H200 datasheet (SXM); {_GUIDE}"),
+}
+
+
+def chip(name: str) -> Chip:
+    """Look up a chip by name (``"T4"``, ``"A100"``, ``"H100"``, ``"H200"``)."""
+    try:
+        return CHIPS[name]
+    except KeyError:
+        raise ValueError(f"chip must be one of {sorted(CHIPS)}, got {name!r}") from None
