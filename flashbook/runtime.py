@@ -77,10 +77,21 @@ class Chip:
     bf16_tflops: float | None  # dense bf16 tensor-core peak; None: no bf16 tensor cores
     l2_mib: int
     source: str
+    boost_clock_mhz: int       # max SM clock; sets the shared-memory bandwidth below
+    regs_per_sm_kib: int       # register file per SM (64 K 32-bit registers)
+    max_warps_per_sm: int      # warps an SM keeps resident to hide memory latency
 
     @property
     def smem_per_block_bytes(self) -> int:
         return self.smem_per_block_kib * 1024
+
+    @property
+    def smem_tb_s(self) -> float:
+        """Peak shared-memory bandwidth of the whole chip, TB/s (an upper bound).
+
+        Every SM's 32 banks each deliver 4 bytes per clock, at the max boost clock.
+        """
+        return self.sms * SMEM_BYTES_PER_CLOCK_PER_SM * self.boost_clock_mhz * 1e6 / 1e12
 
     @property
     def ridge_flop_per_byte(self) -> float:
@@ -89,17 +100,32 @@ class Chip:
 
 
 _GUIDE = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute "
-          "Capability' (shared memory per SM / per block)")
+          "Capability' (shared memory, registers and resident warps per SM)")
+
+#: Threads per warp on every NVIDIA GPU so far (CUDA C++ Programming Guide).
+WARP_SIZE: int = 32
+#: Shared memory has 32 banks, each 32 bits (4 bytes) wide per clock (CUDA guide).
+SMEM_BYTES_PER_CLOCK_PER_SM: int = 32 * 4
+#: The most 32-bit registers one thread may use, compute capability 7.5 to 9.0 (CUDA guide).
+MAX_REGS_PER_THREAD: int = 255
 
 CHIPS: dict[str, Chip] = {
     "T4": Chip("T4", "sm_75", 40, 64, 64, 16, 0.320, 65.0, None, 4,
-               f"NVIDIA T4 datasheet; {_GUIDE}"),
+               f"NVIDIA T4 datasheet (GDDR6 memory, peaks); {_GUIDE}; L2 size and "
+               "max SM clock as the CUDA driver reports them (deviceQuery)",
+               boost_clock_mhz=1590, regs_per_sm_kib=256, max_warps_per_sm=32),
     "A100": Chip("A100", "sm_80", 108, 164, 163, 80, 2.039, 312.0, 312.0, 40,
-                 f"NVIDIA A100 datasheet (SXM4 80GB); {_GUIDE}"),
+                 f"NVIDIA A100 datasheet (SXM4 80GB); {_GUIDE}; "
+                 "A100 architecture whitepaper (L2, boost clock)",
+                 boost_clock_mhz=1410, regs_per_sm_kib=256, max_warps_per_sm=64),
     "H100": Chip("H100", "sm_90", 132, 228, 227, 80, 3.35, 989.0, 989.0, 50,
-                 f"NVIDIA H100 datasheet (SXM5); {_GUIDE}"),
+                 f"NVIDIA H100 datasheet (SXM5); {_GUIDE}; "
+                 "H100 architecture whitepaper (L2, max boost clock)",
+                 boost_clock_mhz=1980, regs_per_sm_kib=256, max_warps_per_sm=64),
     "H200": Chip("H200", "sm_90", 132, 228, 227, 141, 4.8, 989.0, 989.0, 50,
-                 f"NVIDIA H200 datasheet (SXM); {_GUIDE}"),
+                 f"NVIDIA H200 datasheet (SXM); {_GUIDE}; same GH100 chip as the "
+                 "H100 (L2, max boost clock)",
+                 boost_clock_mhz=1980, regs_per_sm_kib=256, max_warps_per_sm=64),
 }
 
 
