@@ -1,0 +1,88 @@
+"""Every chapter notebook follows the book's conventions (CONTRIBUTING.md).
+
+Execution itself is checked by the book build (`make book`, warnings and cell
+errors fail it) and by tests/test_book.py on its output.
+"""
+import glob
+import json
+import os
+import re
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+CONFIG = yaml.safe_load(open(os.path.join(ROOT, "_config.yml")))
+REPO_URL = CONFIG["repository"]["url"]
+
+
+def toc_files():
+    toc = yaml.safe_load(open(os.path.join(ROOT, "_toc.yml")))
+    files = [toc["root"]]
+    for part in toc["parts"]:
+        files += [ch["file"] for ch in part["chapters"]]
+    return files
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 1
+
+
+def test_toc_lists_every_notebook_and_every_entry_exists():
+    files = toc_files()
+    for f in files:
+        assert any(os.path.exists(os.path.join(ROOT, f + ext)) for ext in (".md", ".ipynb")), f
+    listed = {f for f in files if f.startswith("notebooks/")}
+    on_disk = {os.path.relpath(p, ROOT)[: -len(".ipynb")] for p in NOTEBOOKS}
+    assert on_disk == listed
+
+
+def test_repository_url_is_defined_once():
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", REPO_URL)
+    hits = [p for p in glob.glob(os.path.join(ROOT, "*.yml")) if REPO_URL in open(p).read()]
+    assert hits == [os.path.join(ROOT, "_config.yml")]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_conventions(path):
+    nb = load(path)
+    name = os.path.basename(path)
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", name)
+    cells = nb["cells"]
+    # stored without outputs: the book build executes them
+    for c in cells:
+        if c["cell_type"] == "code":
+            assert c.get("outputs") == [] and c.get("execution_count") is None, f"{name} has outputs"
+    # cell 1: the Colab setup cell, hidden in the book, installing from the one URL
+    setup = "".join(cells[0]["source"])
+    assert cells[0]["cell_type"] == "code"
+    assert "remove-cell" in cells[0]["metadata"].get("tags", [])
+    assert f'%pip install -q "flashbook @ git+{REPO_URL}"' in setup
+    assert "torch" not in setup.split("import flashbook")[-1]  # never reinstalls torch
+    for url in re.findall(r"https://github\.com/[^\s\"')]+", json.dumps(nb)):
+        assert url.startswith(REPO_URL), f"{name}: {url} is not the repository URL in _config.yml"
+    # cell 2: the title and what you will learn
+    head = "".join(cells[1]["source"])
+    number = int(name[:2])
+    assert head.startswith(f"# {number}. "), f"{name}: title must read '# {number}. ...'"
+    assert "## What you will learn" in head
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    for heading in ("## Summary", "## Exercises", "## Further reading"):
+        assert heading in text, f"{name} lacks '{heading}'"
+    assert text.index("## Summary") < text.index("## Exercises") < text.index("## Further reading")
+    solutions = [c for c in cells if "solution" in c["metadata"].get("tags", [])]
+    assert len(solutions) >= 3, f"{name}: at least three exercises need solutions"
+    for c in solutions:
+        tags = c["metadata"]["tags"]
+        if c["cell_type"] == "code":
+            assert "hide-input" in tags or "hide-cell" in tags, f"{name}: solution not hidden"
+        else:
+            assert "dropdown" in "".join(c["source"]), f"{name}: prose solution not folded"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"

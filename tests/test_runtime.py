@@ -1,0 +1,58 @@
+"""flashbook.runtime decides GPU vs interpreter before triton is imported."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flashbook import runtime
+
+
+def _run(code, **env):
+    full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True,
+                          text=True, env=full_env, timeout=120)
+
+
+@pytest.mark.skipif(runtime.HAS_CUDA, reason="this checks the CPU path (no CUDA here)")
+def test_interpreter_is_chosen_before_triton_import():
+    r = _run("import flashbook, os, triton; print(os.environ['TRITON_INTERPRET'], "
+             "flashbook.runtime.INTERPRET, flashbook.runtime.device())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "True", "cpu"]
+
+
+@pytest.mark.skipif(runtime.HAS_CUDA, reason="this checks the CPU path (no CUDA here)")
+def test_warns_when_triton_was_imported_first():
+    r = _run("import triton, flashbook; print(flashbook.runtime.INTERPRET)")
+    assert r.returncode == 0, r.stderr
+    assert "Import flashbook first" in r.stderr
+    assert r.stdout.strip() == "False"
+    assert "cannot run" in _run("import triton, flashbook; print(flashbook.runtime.describe())").stdout
+
+
+def test_user_choice_is_respected():
+    r = _run("import flashbook; print(flashbook.runtime.INTERPRET)", TRITON_INTERPRET="1")
+    assert r.stdout.strip() == "True"
+
+
+def test_numpy_chapters_do_not_import_triton():
+    r = _run("import sys, flashbook, flashbook.reference; print('triton' in sys.modules)")
+    assert r.stdout.strip() == "False", r.stderr
+
+
+def test_chip_facts_are_consistent():
+    for name, c in runtime.CHIPS.items():
+        assert c.name == name
+        assert 0 < c.smem_per_block_kib <= c.smem_per_sm_kib
+        assert c.arch in ("sm_75", "sm_80", "sm_90")
+        assert c.hbm_tb_s > 0 and c.fp16_tflops > 0 and c.source
+    assert runtime.chip("T4").bf16_tflops is None          # Turing: no bf16 tensor cores
+    assert runtime.chip("H200").smem_per_block_bytes == 227 * 1024
+    # H100 and H200 share the processor; only memory size and bandwidth differ
+    h100, h200 = runtime.chip("H100"), runtime.chip("H200")
+    assert h100.fp16_tflops == h200.fp16_tflops and h200.hbm_tb_s > h100.hbm_tb_s
+    assert h200.ridge_flop_per_byte == pytest.approx(989e12 / 4.8e12)
+    with pytest.raises(ValueError, match="chip must be one of"):
+        runtime.chip("V100")
