@@ -45,9 +45,15 @@ def test_toc_lists_every_notebook_and_every_entry_exists():
 
 
 def test_repository_url_is_defined_once():
+    """_config.yml holds the URL; every other mention must be that same URL."""
     assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", REPO_URL)
     hits = [p for p in glob.glob(os.path.join(ROOT, "*.yml")) if REPO_URL in open(p).read()]
     assert hits == [os.path.join(ROOT, "_config.yml")]
+    files = ["README.md", "CITATION.cff", "pyproject.toml", "book/*.md"]
+    for pattern in files:
+        for path in glob.glob(os.path.join(ROOT, pattern)):
+            for url in re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", open(path).read()):
+                assert url == REPO_URL, f"{path}: {url} differs from _config.yml's {REPO_URL}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)

@@ -1,0 +1,59 @@
+"""The built HTML book (made by `make book`, which `make test` runs first)."""
+import glob
+import os
+import re
+
+import pytest
+
+from conftest import ROOT, require
+from test_notebooks import NOTEBOOKS, REPO_URL
+
+HTML = os.path.join(ROOT, "_build", "html")
+
+
+@pytest.fixture(scope="module")
+def built():
+    require(os.path.exists(os.path.join(HTML, "index.html")),
+            "the book is not built: run `make book` (make test does it first)")
+    return HTML
+
+
+def page(built, rel):
+    with open(os.path.join(built, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=os.path.basename)
+def test_every_chapter_was_executed_and_rendered(built, nb):
+    slug = os.path.basename(nb)[: -len(".ipynb")]
+    html = page(built, f"notebooks/{slug}.html")
+    assert html.count('class="cell_output') >= 3, f"{slug}: no executed outputs in the page"
+    assert "Traceback (most recent call last)" not in html
+    assert "Error" not in re.findall(r'<span class="ne">(\w+)</span>', html)
+    # the setup cell is hidden; the Colab launch button derives from the one URL
+    assert "%pip install" not in html
+    repo_path = REPO_URL.removeprefix("https://github.com/")
+    assert f"colab.research.google.com/github/{repo_path}/blob/main/notebooks/{slug}.ipynb" in html
+
+
+def test_pages_load_nothing_from_the_network(built):
+    pages = glob.glob(os.path.join(built, "**", "*.html"), recursive=True)
+    assert len(pages) >= 5
+    for p in pages:
+        html = open(p, encoding="utf-8").read()
+        external = re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="(https?://[^"]+)"', html)
+        external = [u for u in external if not u.startswith("https://colab.research.google.com")]
+        assert external == [], f"{os.path.relpath(p, built)} loads {external}"
+
+
+def test_mathjax_is_served_by_the_site(built):
+    html = page(built, "notebooks/01_attention_numpy.html")
+    src = re.search(r'<script[^>]+src="([^"]*mathjax[^"]*tex-chtml\.js)[^"]*"', html)
+    assert src, "no MathJax script tag"
+    assert os.path.exists(os.path.join(built, "notebooks", src.group(1).split("?")[0]))
+
+
+def test_seed_correction_is_in_chapter_1(built):
+    html = page(built, "notebooks/01_attention_numpy.html")
+    text = re.sub(r"<[^>]+>", "", html)
+    assert re.search(r"it is\s+32\s+MiB", text), "the fp16 size of a 4096x4096 matrix is missing"
