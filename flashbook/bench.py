@@ -1,0 +1,1530 @@
+"""Benchmarks: what attention costs, on paper and on a GPU (chapter 9).
+
+Two halves, in the order chapter 9 uses them.
+
+**On paper** (pure functions, no GPU, no torch): how many floating-point operations
+attention does, how many bytes it must move through device memory (HBM), how much
+memory it must hold at its peak, and therefore the fastest it could possibly run on
+a chip (``flashbook.runtime.CHIPS``). ``check_seed_table`` uses them to check the
+performance table of one of the articles this book grew from.
+
+**On a GPU** (``python -m flashbook.bench``): the same attention computed by plain
+PyTorch (``naive_attention``), by each of PyTorch's fused SDPA backends and by this
+book's Triton kernel, forward and backward, timed and measured, with provenance::
+
+    python -m flashbook.bench                 # the full sweep (a few minutes on an H200)
+    python -m flashbook.bench --quick         # four shapes
+    python -m flashbook.bench --impl naive,sdpa-flash,flashbook --seq 4K,8K
+    python -m flashbook.bench --sweep-blocks  # block sizes of our forward kernel
+
+Conventions (those of the FlashAttention papers, so numbers compare across them):
+
+- forward FLOPs = 4 * batch * heads * N_q * N_k * d (two matrix products of
+  2 * N_q * N_k * d each), halved when causal;
+- backward FLOPs = 2.5 * forward (five matrix products: S recomputed, dV, dP, dQ,
+  dK); a backward that keeps P instead of recomputing it needs only 2 * forward;
+- TFLOP/s = those FLOPs / the measured time, whatever an implementation really does
+  (a naive causal implementation computes the masked half and throws it away);
+- GB are 10**9 bytes; times are medians in milliseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime as _dt
+import gc
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import runtime
+
+GB = 1e9
+
+
+# =============================================================================
+# Part 1. Counting: FLOPs, bytes moved, bytes held
+# =============================================================================
+
+PASSES = ("fwd", "bwd", "fwd+bwd")
+
+
+def _check_dims(**dims):
+    for name, value in dims.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_pass(pass_):
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_ must be one of {PASSES}, got {pass_!r}")
+
+
+def causal_pairs(n_q: int, n_k: int) -> int:
+    """How many (query, key) pairs a causal mask keeps.
+
+    The diagonal is aligned bottom-right (as ``flashbook.reference.causal_mask``):
+    query i sees key j when ``j <= i + (n_k - n_q)``. For n_q == n_k that is
+    N (N + 1) / 2, a little more than the half that the FLOP convention counts.
+    """
+    _check_dims(n_q=n_q, n_k=n_k)
+    offset = n_k - n_q
+    return sum(min(n_k, max(0, i + offset + 1)) for i in range(n_q))
+
+
+def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int,
+                    causal: bool = False, pass_: str = "fwd", *,
+                    recompute: bool = True, exact: bool = False) -> int:
+    """Floating-point operations of attention (a multiply-add counts as 2).
+
+    Forward: S = Q K^T and O = P V, each 2 * n_q * n_k * d per head.
+    Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, plus S = Q K^T
+    again when ``recompute`` (FlashAttention keeps no P, so it recomputes it).
+
+    ``causal`` halves the pairs, by the usual convention; ``exact=True`` counts
+    the pairs the mask really keeps (``causal_pairs``). Softmax's exp, max and
+    sums are O(n_q * n_k), not O(n_q * n_k * d), and are left out, as usual.
+    """
+    _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d)
+    _check_pass(pass_)
+    if causal and exact:
+        pairs2 = 2 * causal_pairs(n_q, n_k)   # twice the pairs, to stay an integer
+    elif causal:
+        pairs2 = n_q * n_k                    # half of all pairs, times two
+    else:
+        pairs2 = 2 * n_q * n_k
+    # matrix products per pass, each 2 * pairs * d FLOPs
+    products = {"fwd": 2, "bwd": 5 if recompute else 4}
+    n_products = (products["fwd"] if pass_ in ("fwd", "fwd+bwd") else 0) + \
+                 (products["bwd"] if pass_ in ("bwd", "fwd+bwd") else 0)
+    return batch * heads * n_products * pairs2 * d  # = n_products * 2 * pairs * d
+
+
+def attention_hbm_bytes(batch: int, heads: int, n_q: int, n_k: int, d: int, *,
+                        impl: str = "flash", pass_: str = "fwd", dtype_bytes: int = 2,
+                        heads_kv: int | None = None) -> int:
+    """The fewest bytes attention must move between HBM and the chip.
+
+    Every input read once, every output written once; nothing else.
+
+    - ``impl="flash"`` keeps S and P on chip. Forward: read Q, K, V; write O and
+      lse (fp32, one per row). Backward: read Q, K, V, O, dO and lse; write dQ, dK,
+      dV.
+    - ``impl="naive"`` runs one kernel per step, so each N_q x N_k matrix goes
+      through HBM: forward writes S, reads it (softmax), writes P, reads it (P V):
+      4 matrices. Backward reads P (dV = P^T dO), writes dP, reads P and dP and
+      writes dS (softmax backward), reads dS twice (dQ, dK): 7 matrices, plus Q, K,
+      V, dO read and dQ, dK, dV written. A plain implementation materialises the
+      whole matrix whether or not it is causal, so ``causal`` does not change this.
+
+    ``heads_kv`` (default ``heads``): K and V may have fewer heads (GQA).
+    """
+    heads_kv = heads if heads_kv is None else heads_kv
+    _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d,
+                dtype_bytes=dtype_bytes, heads_kv=heads_kv)
+    _check_pass(pass_)
+    if impl not in ("flash", "naive"):
+        raise ValueError(f"impl must be 'flash' or 'naive', got {impl!r}")
+    q_like = batch * heads * n_q * d * dtype_bytes        # Q, O, dO, dQ
+    kv_like = batch * heads_kv * n_k * d * dtype_bytes    # K, V, dK, dV
+    rows = batch * heads * n_q * 4                        # lse: one fp32 per query row
+    matrix = batch * heads * n_q * n_k * dtype_bytes      # one N_q x N_k matrix
+    total = 0
+    if pass_ in ("fwd", "fwd+bwd"):
+        total += 2 * q_like + 2 * kv_like                 # Q, O; K, V
+        total += rows if impl == "flash" else 4 * matrix
+    if pass_ in ("bwd", "fwd+bwd"):
+        if impl == "flash":
+            total += 4 * q_like + 4 * kv_like + rows       # Q, O, dO, dQ; K, V, dK, dV; lse
+        else:
+            total += 3 * q_like + 4 * kv_like + 7 * matrix  # Q, dO, dQ; K, V, dK, dV
+    return total
+
+
+def attention_memory_bytes(batch: int, heads: int, n_q: int, n_k: int, d: int, *,
+                           impl: str = "flash", pass_: str = "fwd", dtype_bytes: int = 2,
+                           include_inputs: bool = True, heads_kv: int | None = None) -> int:
+    """A lower bound on the peak device memory attention must hold.
+
+    Inputs are Q, K, V (and dO for a backward). ``include_inputs=False`` gives
+    the memory on top of them, which is what the GPU benchmark measures.
+
+    - flash, forward: O and lse. Forward + backward: O, lse, dQ, dK, dV and delta
+      (fp32, one per row), all alive when the backward returns.
+    - naive, forward: O and at least one whole N_q x N_k matrix per head (P, kept
+      for the backward; S before it). Forward + backward: the softmax backward
+      dS = P * (dP - delta) needs P and dP at the same time, so at least two
+      matrices (and at least dQ, dK, dV at the end).
+
+    Real implementations hold more (PyTorch's naive attention holds S and P at
+    once in the forward); this is the floor, which is what makes it a proof.
+    """
+    heads_kv = heads if heads_kv is None else heads_kv
+    _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d,
+                dtype_bytes=dtype_bytes, heads_kv=heads_kv)
+    _check_pass(pass_)
+    if impl not in ("flash", "naive"):
+        raise ValueError(f"impl must be 'flash' or 'naive', got {impl!r}")
+    if pass_ == "bwd":
+        raise ValueError("pass_ must be 'fwd' or 'fwd+bwd' for memory: the backward "
+                         "alone holds what the forward left behind")
+    q_like = batch * heads * n_q * d * dtype_bytes
+    kv_like = batch * heads_kv * n_k * d * dtype_bytes
+    rows = batch * heads * n_q * 4
+    matrix = batch * heads * n_q * n_k * dtype_bytes
+    backward = pass_ == "fwd+bwd"
+    inputs = (q_like + 2 * kv_like + (q_like if backward else 0)) if include_inputs else 0
+    if impl == "flash":
+        extra = q_like + rows                                  # O, lse
+        if backward:
+            extra += q_like + 2 * kv_like + rows               # dQ, dK, dV, delta
+    else:
+        extra = q_like + matrix                                # O, P
+        if backward:
+            extra = q_like + max(2 * matrix, q_like + 2 * kv_like)
+    return inputs + extra
+
+
+def roofline_ms(flops: float, hbm_bytes: float, chip: str = "A100",
+                dtype: str = "fp16") -> dict:
+    """The fastest possible time on ``chip``: the larger of compute and memory time.
+
+    Uses the dense tensor-core peak for ``dtype`` ("fp16" or "bf16") and the HBM
+    bandwidth from ``flashbook.runtime.CHIPS``. Returns ``compute_ms``,
+    ``memory_ms``, ``floor_ms`` and ``bound`` ("compute" or "memory").
+    """
+    c = runtime.chip(chip)
+    if dtype not in ("fp16", "bf16"):
+        raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
+    peak = c.fp16_tflops if dtype == "fp16" else c.bf16_tflops
+    if peak is None:
+        raise ValueError(f"{chip} has no {dtype} tensor cores")
+    compute_ms = flops / (peak * 1e12) * 1e3
+    memory_ms = hbm_bytes / (c.hbm_tb_s * 1e12) * 1e3
+    return {"compute_ms": compute_ms, "memory_ms": memory_ms,
+            "floor_ms": max(compute_ms, memory_ms),
+            "bound": "compute" if compute_ms >= memory_ms else "memory"}
+
+
+def tflops(flops: float, ms: float) -> float:
+    """FLOPs done in ``ms`` milliseconds, as TFLOP/s."""
+    return flops / (ms * 1e-3) / 1e12
+
+
+def naive_memory_estimate(batch: int, heads: int, n_q: int, n_k: int, d: int, *,
+                          elem_bytes: int = 2, matrices: int = 3) -> int:
+    """What plain PyTorch attention really needs for forward + backward, beyond
+    its inputs (used to skip shapes that would not fit).
+
+    Not a floor but an estimate: O, dQ, dK, dV, and ``matrices`` N_q x N_k
+    matrices alive at once (P, dP and dS during the softmax backward) of
+    ``elem_bytes`` each (4 for SDPA's math backend, which computes half-precision
+    inputs in fp32).
+    """
+    _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d, elem_bytes=elem_bytes)
+    vectors = 4 * batch * heads * max(n_q, n_k) * d * 2
+    return matrices * batch * heads * n_q * n_k * elem_bytes + vectors
+
+
+# =============================================================================
+# Part 2. The seed article's table, checked
+# =============================================================================
+#
+# The article (in Chinese) reports, "on an A100", seq 4096, batch 8, 32 heads:
+#
+#     implementation     memory   forward   backward
+#     naive attention    2.1 GB   4.2 ms    8.5 ms
+#     FlashAttention     0.3 GB   3.8 ms    9.1 ms
+#
+# It uses d = 128 elsewhere and FP16, and its formula has no mask (O =
+# softmax(QK^T) V), so the check takes the shape as non-causal and says what a
+# causal reading would change. It also says a [4096, 4096] score matrix is "about
+# 64MB (FP16)", that recomputation "doubles the compute", that memory "drops
+# 7x", and that at 8K FlashAttention uses "about 1/10" of the memory.
+
+SEED_SHAPE = {"batch": 8, "heads": 32, "n": 4096, "d": 128}
+SEED_CHIP = "A100"
+
+#: Verdicts a claim can get.
+VERDICTS = ("consistent", "impossible", "wrong", "understated")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One figure from the seed table, and what arithmetic says about it."""
+
+    key: str
+    text: str           # the claim, in English
+    claimed: float
+    unit: str
+    computed: float     # the bound or value that arithmetic gives, same unit
+    relation: str       # how claimed must relate to computed: ">=" (floor) or "=="/"<="
+    verdict: str        # one of VERDICTS
+    why: str            # one or two sentences with the numbers
+
+    @property
+    def possible(self) -> bool:
+        return self.verdict == "consistent"
+
+    def line(self) -> str:
+        return (f"{self.verdict.upper():>11}  {self.text}: claimed {self.claimed:g} "
+                f"{self.unit}, arithmetic gives {self.relation} {self.computed:.3g} "
+                f"{self.unit}. {self.why}")
+
+
+@dataclass(frozen=True)
+class SeedCheck:
+    """The numbers behind the verdicts (all exact counts or simple quotients)."""
+
+    chip: str
+    batch: int
+    heads: int
+    n: int
+    d: int
+    dtype_bytes: int
+    flops: dict            # "fwd", "bwd" (recompute), "bwd_no_recompute", "*_causal"
+    hbm_bytes: dict        # ("naive"|"flash", "fwd"|"bwd")
+    memory_bytes: dict     # name -> lower bound
+    floor_ms: dict         # ("naive"|"flash", "fwd"|"bwd", causal) -> ms
+    implied_tflops: dict   # ("naive"|"flash", "fwd"|"bwd") -> TFLOP/s the claim implies
+    claims: dict           # key -> Claim
+
+    @property
+    def impossible(self) -> list:
+        return [k for k, c in self.claims.items() if c.verdict == "impossible"]
+
+    def report(self) -> str:
+        return "\n".join(c.line() for c in self.claims.values())
+
+
+def _ratio_floor(n: int, d: int, dtype_bytes: int) -> dict:
+    """Lower bounds of naive / flash memory, per (batch, head) (they cancel)."""
+    out = {}
+    for pass_ in ("fwd", "fwd+bwd"):
+        for inputs in (True, False):
+            kw = dict(pass_=pass_, dtype_bytes=dtype_bytes, include_inputs=inputs)
+            naive = attention_memory_bytes(1, 1, n, n, d, impl="naive", **kw)
+            flash = attention_memory_bytes(1, 1, n, n, d, impl="flash", **kw)
+            out[(pass_, inputs)] = naive / flash
+    return out
+
+
+def check_seed_table(chip: str = SEED_CHIP) -> SeedCheck:
+    """Check every figure of the seed's performance table against arithmetic.
+
+    A time below the chip's floor (FLOPs at peak tensor-core rate, or the
+    fewest bytes at full HBM bandwidth) is impossible; so is a memory figure
+    below what the matrices it must hold take. Returns a ``SeedCheck``; its
+    ``claims`` hold one ``Claim`` per figure, with a verdict and the numbers.
+    """
+    B, H, N, d = (SEED_SHAPE[k] for k in ("batch", "heads", "n", "d"))
+    db = 2  # FP16
+    c = runtime.chip(chip)
+    peak = c.fp16_tflops
+
+    flops = {
+        "fwd": attention_flops(B, H, N, N, d, False, "fwd"),
+        "bwd": attention_flops(B, H, N, N, d, False, "bwd"),
+        "bwd_no_recompute": attention_flops(B, H, N, N, d, False, "bwd", recompute=False),
+        "fwd_causal": attention_flops(B, H, N, N, d, True, "fwd"),
+        "bwd_causal": attention_flops(B, H, N, N, d, True, "bwd"),
+        "bwd_no_recompute_causal": attention_flops(B, H, N, N, d, True, "bwd",
+                                                   recompute=False),
+    }
+    hbm = {(impl, p): attention_hbm_bytes(B, H, N, N, d, impl=impl, pass_=p, dtype_bytes=db)
+           for impl in ("naive", "flash") for p in ("fwd", "bwd")}
+
+    # The least work each claimed run had to do: the naive backward keeps P and
+    # needs no recomputation, so it is held to 4 products, not 5.
+    def need_flops(impl, p, causal):
+        key = p if (impl == "flash" or p == "fwd") else "bwd_no_recompute"
+        return flops[key + ("_causal" if causal else "")]
+
+    floor_ms = {}
+    for impl in ("naive", "flash"):
+        for p in ("fwd", "bwd"):
+            for causal in (False, True):
+                floor_ms[(impl, p, causal)] = roofline_ms(
+                    need_flops(impl, p, causal), hbm[(impl, p)], chip, "fp16")["floor_ms"]
+
+    claimed_ms = {("naive", "fwd"): 4.2, ("naive", "bwd"): 8.5,
+                  ("flash", "fwd"): 3.8, ("flash", "bwd"): 9.1}
+    implied = {k: tflops(need_flops(k[0], k[1], False), ms) for k, ms in claimed_ms.items()}
+
+    score_one_head = N * N * db
+    mem = {
+        "score_matrix_one_head": score_one_head,
+        "score_matrices_all_heads": B * H * N * N * db,
+        "naive_fwd_extra": attention_memory_bytes(B, H, N, N, d, impl="naive",
+                                                  include_inputs=False),
+        "naive_fwd_total": attention_memory_bytes(B, H, N, N, d, impl="naive"),
+        "flash_fwd_extra": attention_memory_bytes(B, H, N, N, d, impl="flash",
+                                                  include_inputs=False),
+        "flash_fwd_total": attention_memory_bytes(B, H, N, N, d, impl="flash"),
+        "flash_fwd_bwd_extra": attention_memory_bytes(B, H, N, N, d, impl="flash",
+                                                      pass_="fwd+bwd", include_inputs=False),
+        "inputs_qkv": 3 * B * H * N * d * db,
+    }
+
+    claims = {}
+
+    def add(key, text, claimed, unit, computed, relation, verdict, why):
+        assert verdict in VERDICTS
+        claims[key] = Claim(key, text, claimed, unit, computed, relation, verdict, why)
+
+    # "a [4096, 4096] score matrix, about 64MB (FP16)"
+    mb = score_one_head / 1e6
+    add("score_matrix_mb", "one head's 4096 x 4096 score matrix in FP16", 64.0, "MB",
+        mb, "==", "wrong" if abs(64.0 - mb) / mb > 0.25 else "consistent",
+        f"4096 * 4096 * 2 bytes = {score_one_head:,} bytes = {mb:.1f} MB "
+        f"({score_one_head / 2**20:.0f} MiB); 64 MiB is its size in FP32.")
+
+    # Memory column. The naive figure cannot even hold S once for every head.
+    s_all = mem["score_matrices_all_heads"]
+    add("naive_memory", "naive attention's memory", 2.1, "GB", mem["naive_fwd_extra"] / GB,
+        ">=", "impossible" if 2.1 * GB < s_all else "consistent",
+        f"S alone is B*H*N*N*2 = {s_all / GB:.2f} GB, {s_all / (2.1 * GB):.1f}x the "
+        f"claimed total; with O it is at least {mem['naive_fwd_extra'] / GB:.2f} GB on "
+        f"top of the {mem['inputs_qkv'] / GB:.2f} GB of Q, K, V.")
+    flash_lo = mem["flash_fwd_extra"]
+    add("flash_memory", "FlashAttention's memory", 0.3, "GB", flash_lo / GB, ">=",
+        "consistent" if 0.3 * GB >= flash_lo else "impossible",
+        f"O and lse take {flash_lo / GB:.3f} GB on top of the inputs, so 0.3 GB fits a "
+        f"forward pass not counting Q, K, V ({mem['inputs_qkv'] / GB:.2f} GB more); "
+        f"a forward + backward needs at least {mem['flash_fwd_bwd_extra'] / GB:.2f} GB "
+        f"on top of its inputs.")
+    r4 = _ratio_floor(N, d, db)
+    r4_min = min(r4.values())
+    add("memory_ratio_4k", "memory saving at 4K (2.1 GB / 0.3 GB)", 2.1 / 0.3, "x",
+        r4_min, ">=", "understated" if 2.1 / 0.3 < r4_min else "consistent",
+        f"naive needs at least {r4_min:.1f}x FlashAttention's memory at N = {N}, "
+        f"d = {d} (counting inputs; {r4[('fwd', False)]:.0f}x for the forward's memory "
+        f"beyond its inputs).")
+
+    # Time columns: the floor is max(FLOPs / peak, bytes / bandwidth).
+    names = {"naive": "naive", "flash": "FlashAttention"}
+    for (impl, p), ms in claimed_ms.items():
+        fl = floor_ms[(impl, p, False)]
+        flc = floor_ms[(impl, p, True)]
+        r = roofline_ms(need_flops(impl, p, False), hbm[(impl, p)], chip, "fp16")
+        verdict = "impossible" if ms < fl else "consistent"
+        causal_note = (f"even causal (half the FLOPs) it needs {flc:.1f} ms"
+                       if ms < flc else
+                       f"causal would need {flc:.2f} ms, i.e. "
+                       f"{tflops(need_flops(impl, p, True), ms) / peak:.0%} of peak")
+        add(f"{impl}_{p}_time", f"{names[impl]} {'forward' if p == 'fwd' else 'backward'} time",
+            ms, "ms", fl, ">=", verdict,
+            f"{need_flops(impl, p, False) / 1e12:.2f} TFLOP in {ms} ms is "
+            f"{implied[(impl, p)]:.0f} TFLOP/s, {implied[(impl, p)] / peak:.0%} of the "
+            f"{c.name}'s {peak:g}; compute needs {r['compute_ms']:.1f} ms and "
+            f"{hbm[(impl, p)] / GB:.1f} GB of HBM traffic {r['memory_ms']:.1f} ms; "
+            f"{causal_note}.")
+
+    # "the compute does double" (recomputing S and P in the backward)
+    fa_total = flops["fwd"] + flops["bwd"]
+    naive_total = flops["fwd"] + flops["bwd_no_recompute"]
+    add("recompute_doubles", "recomputation doubles the compute", 2.0, "x",
+        flops["bwd"] / flops["bwd_no_recompute"], "==", "wrong",
+        f"the backward does 5 matrix products instead of 4: "
+        f"{flops['bwd'] / flops['bwd_no_recompute']:.2f}x; forward + backward "
+        f"{fa_total / naive_total:.2f}x.")
+
+    # "at 8K, FlashAttention's memory is about 1/10 of the traditional one"
+    r8 = _ratio_floor(8192, d, db)
+    r8_min = min(r8.values())
+    add("memory_ratio_8k", "memory saving at 8K (about 10x)", 10.0, "x", r8_min, ">=",
+        "understated" if 10.0 < r8_min else "consistent",
+        f"at N = 8192, d = {d} naive needs at least {r8_min:.1f}x FlashAttention's "
+        f"memory in every accounting (forward or forward + backward, with or without "
+        f"inputs; {max(r8.values()):.0f}x at most); 10x fits only if more than "
+        f"attention was measured.")
+
+    return SeedCheck(chip=c.name, batch=B, heads=H, n=N, d=d, dtype_bytes=db,
+                     flops=flops, hbm_bytes=hbm, memory_bytes=mem, floor_ms=floor_ms,
+                     implied_tflops=implied, claims=claims)
+
+
+# =============================================================================
+# Part 3. The implementations being compared
+# =============================================================================
+
+def naive_attention(q, k, v, *, causal: bool = False, scale=None):
+    """Attention as three plain PyTorch steps: S = scale Q K^T, P = softmax(S), O = P V.
+
+    Each step is its own kernel and writes a whole (batch, heads, N_q, N_k)
+    matrix to device memory; autograd keeps P for the backward. This is what
+    FlashAttention replaces. Causal is bottom-right aligned, as everywhere in
+    this book; a row that sees no key gives zeros. k and v may have fewer heads
+    than q (GQA).
+    """
+    import torch
+
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(group, dim=-3)
+        v = v.repeat_interleave(group, dim=-3)
+    s = torch.matmul(q * scale, k.transpose(-2, -1))   # scaling Q is N*d work, not N*N
+    if causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        hidden = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(n_k - n_q + 1)
+        s = s.masked_fill(hidden, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    if causal and q.shape[-2] > k.shape[-2]:
+        p = p.nan_to_num(0.0)  # rows with no key: softmax of all -inf is NaN
+    return torch.matmul(p, v)
+
+
+#: PyTorch SDPA backends, by the names the benchmark uses.
+SDPA_BACKENDS = {
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-math": "MATH",
+}
+
+#: Every implementation name, in the order the table lists them.
+IMPLEMENTATIONS = ("naive", "sdpa-math", "sdpa-efficient", "sdpa-cudnn", "sdpa-flash",
+                   "flashbook")
+
+
+def sdpa_attention(backend: str):
+    """``torch.nn.functional.scaled_dot_product_attention`` held to one backend.
+
+    ``backend`` is a key of ``SDPA_BACKENDS``. If that backend cannot run a
+    shape, PyTorch raises (it does not fall back), and the benchmark records the
+    shape as unsupported. Note SDPA's ``is_causal`` is top-left aligned: the
+    benchmark only uses it with N_q == N_k, where both alignments agree.
+    """
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = getattr(SDPBackend, SDPA_BACKENDS[backend])
+
+    def attention(q, k, v, *, causal=False, scale=None):
+        kw = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **kw)
+
+    attention.__name__ = backend.replace("-", "_")
+    return attention
+
+
+def flashbook_variants() -> dict:
+    """This book's kernels: ``flashbook`` plus any ``kernels.BENCH_VARIANTS``.
+
+    ``flashbook.kernels.BENCH_VARIANTS`` (optional) maps a name to a function
+    with ``flash_attention``'s signature (e.g. another backward); each appears
+    as ``flashbook-<name>``. Raises ImportError if the kernels cannot load.
+    """
+    from . import kernels
+    from .kernels import flash_attention
+
+    found = {"flashbook": flash_attention}
+    for name, fn in dict(getattr(kernels, "BENCH_VARIANTS", {}) or {}).items():
+        found[f"flashbook-{name}"] = fn
+    return found
+
+
+def resolve_impl(name: str):
+    """The attention function for one implementation name."""
+    if name == "naive":
+        return naive_attention
+    if name in SDPA_BACKENDS:
+        return sdpa_attention(name)
+    if name == "flashbook" or name.startswith("flashbook-"):
+        variants = flashbook_variants()
+        if name not in variants:
+            raise ImportError(f"flashbook.kernels has no variant {name!r}; it has "
+                              f"{sorted(variants)}")
+        return variants[name]
+    raise ValueError(f"unknown implementation {name!r}; choose from {list(IMPLEMENTATIONS)}")
+
+
+# =============================================================================
+# Part 4. Shapes and the command line
+# =============================================================================
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    causal: bool
+
+    @property
+    def flops_fwd(self) -> int:
+        return attention_flops(self.batch, self.heads, self.seq, self.seq, self.head_dim,
+                               self.causal, "fwd")
+
+    @property
+    def flops_bwd(self) -> int:
+        return attention_flops(self.batch, self.heads, self.seq, self.seq, self.head_dim,
+                               self.causal, "bwd")
+
+    def label(self) -> str:
+        return (f"d={self.head_dim} N={self.seq} {'causal' if self.causal else 'full'} "
+                f"B={self.batch} H={self.heads}")
+
+
+DEFAULT_SEQS = (1024, 2048, 4096, 8192, 16384)
+DEFAULT_HEAD_DIMS = (64, 128)
+QUICK_SEQS = (1024, 4096)
+QUICK_HEAD_DIMS = (128,)
+TOKENS = 32768        # batch * seq: every shape does work on the same number of tokens
+MODEL_WIDTH = 2048    # heads * head_dim: 16 heads at d=128, 32 at d=64
+SWEEP_SEQS = (4096,)
+
+
+def heads_for(head_dim: int, model_width: int = MODEL_WIDTH) -> int:
+    return max(1, model_width // head_dim)
+
+
+def make_shapes(seqs, head_dims, causals, *, tokens=TOKENS, heads=None) -> list:
+    """Every (head_dim, seq, causal) shape; batch = tokens // seq."""
+    shapes = []
+    for d in head_dims:
+        for n in seqs:
+            batch = tokens // n
+            if batch < 1:
+                raise ValueError(f"seq {n} is longer than --tokens {tokens}: batch would be 0")
+            for causal in causals:
+                shapes.append(Shape(batch, heads or heads_for(d), n, d, causal))
+    return shapes
+
+
+_SEQ_RE = re.compile(r"^\s*(\d+)\s*([kK]?)\s*$")
+
+
+def parse_seq_list(text: str) -> tuple:
+    """``"1K,2k,4096"`` -> (1024, 2048, 4096). K means 1024."""
+    out = []
+    for part in str(text).split(","):
+        m = _SEQ_RE.match(part)
+        value = int(m.group(1)) * (1024 if m.group(2) else 1) if m else 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated positive sequence lengths such as "
+                f"'1024,4K' (K = 1024), got {text!r}")
+        out.append(value)
+    return tuple(out)
+
+
+def parse_int_list(text: str) -> tuple:
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated positive integers such as '64,128', got {text!r}")
+        out.append(int(part))
+    return tuple(out)
+
+
+def parse_causal(text: str) -> tuple:
+    choices = {"both": (False, True), "yes": (True,), "true": (True,), "no": (False,),
+               "false": (False,)}
+    try:
+        return choices[str(text).strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"expected one of both, yes, no; got {text!r}") from None
+
+
+def parse_impl_list(text: str) -> tuple:
+    if str(text).strip() == "all":
+        return ("all",)
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if part not in IMPLEMENTATIONS and not re.fullmatch(r"flashbook-[\w.-]+", part):
+            raise argparse.ArgumentTypeError(
+                f"unknown implementation {part!r}; choose from "
+                f"{', '.join(IMPLEMENTATIONS)} (comma-separated) or 'all'")
+        out.append(part)
+    return tuple(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m flashbook.bench",
+        description="Time attention forward and backward on this GPU: naive PyTorch, "
+                    "PyTorch SDPA backends and flashbook's Triton kernel.")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: d=128, seq 1K and 4K, causal and not")
+    p.add_argument("--seq", type=parse_seq_list, default=None,
+                   help="sequence lengths, e.g. 1K,2K,4K,8K,16K (the default)")
+    p.add_argument("--head-dim", type=parse_int_list, default=None,
+                   help="head dimensions, e.g. 64,128 (the default)")
+    p.add_argument("--causal", type=parse_causal, default=None,
+                   help="both (default), yes or no")
+    p.add_argument("--impl", type=parse_impl_list, default=("all",),
+                   help=f"implementations, comma-separated: {', '.join(IMPLEMENTATIONS)} "
+                        f"(default: all)")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--tokens", type=int, default=TOKENS,
+                   help=f"batch * seq for every shape (default {TOKENS})")
+    p.add_argument("--heads", type=int, default=None,
+                   help=f"heads (default {MODEL_WIDTH} // head_dim)")
+    p.add_argument("--warmup-ms", type=float, default=25.0,
+                   help="warm-up time per measurement, ms (default 25)")
+    p.add_argument("--rep-ms", type=float, default=None,
+                   help="timed repetitions per measurement, ms (default 100, 50 with "
+                        "--quick; at least 5 reps)")
+    p.add_argument("--max-naive-gb", type=float, default=60.0,
+                   help="skip naive and sdpa-math where they would need more memory "
+                        "than this, recording 'oom-skipped' (default 60)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default benchmarks/results/<date>-<gpu>/)")
+    p.add_argument("--sweep-blocks", action="store_true",
+                   help="instead: sweep block sizes of flashbook's forward kernel "
+                        "(default seq 4K, d 64 and 128, not causal)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and complete the arguments; bad values exit with a clear message."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tokens < 1:
+        parser.error(f"--tokens must be a positive integer, got {args.tokens}")
+    if args.heads is not None and args.heads < 1:
+        parser.error(f"--heads must be a positive integer, got {args.heads}")
+    if args.rep_ms is None:
+        args.rep_ms = 50.0 if args.quick else 100.0
+    if args.rep_ms <= 0 or args.warmup_ms < 0:
+        parser.error("--rep-ms must be > 0 and --warmup-ms >= 0")
+    if args.sweep_blocks:
+        seqs = args.seq or SWEEP_SEQS
+        head_dims = args.head_dim or DEFAULT_HEAD_DIMS
+        causals = args.causal or (False,)
+    elif args.quick:
+        seqs = args.seq or QUICK_SEQS
+        head_dims = args.head_dim or QUICK_HEAD_DIMS
+        causals = args.causal or (False, True)
+    else:
+        seqs = args.seq or DEFAULT_SEQS
+        head_dims = args.head_dim or DEFAULT_HEAD_DIMS
+        causals = args.causal or (False, True)
+    try:
+        args.shapes = make_shapes(seqs, head_dims, causals, tokens=args.tokens,
+                                  heads=args.heads)
+    except ValueError as err:
+        parser.error(f"--seq: {err}")
+    return args
+
+
+# =============================================================================
+# Part 5. Measuring on the GPU
+# =============================================================================
+
+STATUSES = ("ok", "unsupported", "oom", "oom-skipped", "error", "unavailable",
+            "cuda-error", "not-run")
+
+# Relative error (Frobenius) against a float64 reference on one (batch, head)
+# slice. bf16 keeps 8 significant bits (unit roundoff 2**-8 = 0.0039): rounding
+# Q, K, V, P and O alone gives errors of a few 1e-3, and gradients pass through
+# more rounded products; these bounds are several times what a correct kernel
+# shows and far below what a wrong one does.
+TOLERANCE = {"out": 2e-2, "grad": 5e-2}
+
+
+@dataclass
+class Result:
+    """One implementation on one shape. Times in ms, memory in bytes."""
+
+    impl: str
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    causal: bool
+    dtype: str
+    status: str = "ok"
+    fwd_ms: float | None = None
+    bwd_ms: float | None = None
+    fwd_tflops: float | None = None
+    bwd_tflops: float | None = None
+    peak_fwd_bytes: int | None = None       # peak beyond the inputs, forward (with grad)
+    peak_fwd_bwd_bytes: int | None = None   # peak beyond the inputs, forward + backward
+    floor_fwd_bwd_bytes: int | None = None  # attention_memory_bytes lower bound, same terms
+    err_out: float | None = None
+    err_grad: float | None = None
+    check: str = ""                         # "pass", "FAIL" or "" (not checked)
+    note: str = ""
+
+
+RESULT_FIELDS = [f.name for f in dataclasses.fields(Result)]
+
+
+def classify_error(exc: BaseException, impl: str) -> tuple:
+    """(status, note) for an exception raised while running ``impl``.
+
+    Out of memory is "oom"; an SDPA backend that refuses a shape is
+    "unsupported"; kernels that cannot be imported are "unavailable"; a CUDA
+    error that poisons the context is "cuda-error" (the sweep stops); anything
+    else is "error".
+    """
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    low = text.lower()
+    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in low:
+        return "oom", first
+    if type(exc).__name__ == "OutOfResources":
+        return "error", first
+    if ("illegal memory access" in low or "device-side assert" in low
+            or "unspecified launch failure" in low or "cuda error: an illegal" in low):
+        return "cuda-error", first
+    if isinstance(exc, ImportError):
+        return "unavailable", first
+    if impl in SDPA_BACKENDS:
+        return "unsupported", first
+    return "error", first
+
+
+def _rel_err(x, ref) -> float:
+    x = x.double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+class CudaTimer:
+    """Median time of ``fn`` in ms, timed with CUDA events.
+
+    Warm-up first (``warmup_ms`` worth of calls), then at least ``min_reps``
+    timed calls (``rep_ms`` worth, at most ``max_reps``), each after writing a
+    256 MB buffer so that no input sits in the L2 cache from the call before.
+    """
+
+    def __init__(self, warmup_ms=25.0, rep_ms=100.0, min_reps=5, max_reps=200):
+        import torch
+
+        self.torch = torch
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self.min_reps, self.max_reps = min_reps, max_reps
+        self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+
+    def __call__(self, fn) -> float:
+        torch = self.torch
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            self.flush.zero_()
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = max(start.elapsed_time(end) / 3, 1e-3)
+        n_warm = min(self.max_reps, max(1, int(self.warmup_ms / estimate)))
+        n_rep = min(self.max_reps, max(self.min_reps, int(self.rep_ms / estimate)))
+        for _ in range(n_warm):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+        for i in range(n_rep):
+            self.flush.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+class CudaMemory:
+    """Peak device memory beyond what was allocated when ``start`` was called."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.base = 0
+
+    def start(self):
+        self.torch.cuda.synchronize()
+        self.torch.cuda.reset_peak_memory_stats()
+        self.base = self.torch.cuda.memory_allocated()
+
+    def peak(self) -> int:
+        self.torch.cuda.synchronize()
+        return int(self.torch.cuda.max_memory_allocated() - self.base)
+
+    def free_bytes(self) -> int:
+        free, _total = self.torch.cuda.mem_get_info()
+        return int(free)
+
+    def release(self):
+        gc.collect()
+        self.torch.cuda.empty_cache()
+
+
+def make_inputs(shape: Shape, dtype, device, generator=None):
+    """Fresh standard-normal q, k, v (requiring grad) and dO for one shape."""
+    import torch
+
+    size = (shape.batch, shape.heads, shape.seq, shape.head_dim)
+    q, k, v, do = (torch.randn(size, dtype=dtype, device=device, generator=generator)
+                   for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    return q, k, v, do
+
+
+def reference_slice(q, k, v, do, causal, heads=1):
+    """float64 output and gradients of batch 0, the first ``heads`` heads."""
+    import torch
+
+    sl = (slice(0, 1), slice(0, heads))
+    q64, k64, v64 = (t.detach()[sl].double().requires_grad_(True) for t in (q, k, v))
+    o = naive_attention(q64, k64, v64, causal=causal)
+    grads = torch.autograd.grad(o, (q64, k64, v64), do[sl].double())
+    return o.detach(), [g.detach() for g in grads]
+
+
+def skip_reason(impl: str, shape: Shape, dtype_bytes: int, limit_bytes: float):
+    """Why ``impl`` is not even tried on ``shape`` (None: try it)."""
+    if impl not in ("naive", "sdpa-math"):
+        return None
+    # sdpa-math computes half-precision inputs in fp32 (PyTorch's default)
+    elem = 4 if impl == "sdpa-math" else dtype_bytes
+    need = naive_memory_estimate(shape.batch, shape.heads, shape.seq, shape.seq,
+                                 shape.head_dim, elem_bytes=elem)
+    if need > limit_bytes:
+        return (f"needs about {need / GB:.1f} GB (3 N x N matrices of {elem} bytes), "
+                f"over the {limit_bytes / GB:.0f} GB limit")
+    return None
+
+
+def bench_case(name, fn, shape: Shape, inputs, *, dtype_name, timer, memory,
+               ref=None, skip=None) -> Result:
+    """Measure one implementation on one shape. Never raises for the kernel's
+    sake: failures become a status and a note.
+
+    Steps: one forward + backward (compiles, warms up, shows unsupported shapes
+    early); one more to measure peak memory (beyond the inputs) and check the
+    result against ``ref``; then the forward time and the backward alone
+    (``torch.autograd.grad`` on a kept graph, ``retain_graph=True``).
+    """
+    import torch
+
+    q, k, v, do = inputs
+    res = Result(impl=name, batch=shape.batch, heads=shape.heads, seq=shape.seq,
+                 head_dim=shape.head_dim, causal=shape.causal, dtype=dtype_name)
+    res.floor_fwd_bwd_bytes = attention_memory_bytes(
+        shape.batch, shape.heads, shape.seq, shape.seq, shape.head_dim,
+        impl="naive" if name in ("naive", "sdpa-math") else "flash", pass_="fwd+bwd",
+        dtype_bytes=q.element_size(), include_inputs=False)
+    if skip:
+        res.status, res.note = "oom-skipped", skip
+        return res
+
+    def forward():
+        return fn(q, k, v, causal=shape.causal)
+
+    stage = "first run"
+    out = grads = None
+    caught = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = forward()
+            grads = torch.autograd.grad(out, (q, k, v), do)
+            out = grads = None
+
+            stage = "memory"
+            memory.start()
+            out = forward()
+            res.peak_fwd_bytes = memory.peak()
+            grads = torch.autograd.grad(out, (q, k, v), do)
+            res.peak_fwd_bwd_bytes = memory.peak()
+            if ref is not None:
+                o_ref, g_ref = ref
+                hs = o_ref.shape[1]
+                res.err_out = _rel_err(out.detach()[:1, :hs], o_ref)
+                res.err_grad = max(_rel_err(g[:1, :hs], r) for g, r in zip(grads, g_ref))
+                ok = (math.isfinite(res.err_out) and math.isfinite(res.err_grad)
+                      and res.err_out < TOLERANCE["out"] and res.err_grad < TOLERANCE["grad"])
+                res.check = "pass" if ok else "FAIL"
+            out = grads = None
+
+            stage = "forward timing"
+            res.fwd_ms = timer(forward)
+            res.fwd_tflops = tflops(shape.flops_fwd, res.fwd_ms)
+
+            stage = "backward timing"
+            out = forward()
+            res.bwd_ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do,
+                                                           retain_graph=True))
+            res.bwd_tflops = tflops(shape.flops_bwd, res.bwd_ms)
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, none stops the sweep
+        res.status, res.note = classify_error(exc, name)
+        # SDPA says why a backend refused a shape in warnings, before it raises
+        reasons = [str(w.message).strip().splitlines()[0] for w in caught
+                   if str(w.message).strip()]
+        if res.status == "unsupported" and reasons:
+            res.note = "; ".join(dict.fromkeys(reasons + [res.note]))[:400]
+        res.note = f"{stage}: {res.note}"
+    finally:
+        out = grads = None
+        memory.release()
+    return res
+
+
+def run_sweep(args, impls, *, progress=True):
+    """Run every shape x implementation; returns the list of ``Result``."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    timer = CudaTimer(args.warmup_ms, args.rep_ms)
+    memory = CudaMemory()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    total_mem = torch.cuda.get_device_properties(0).total_memory
+
+    functions, unavailable = {}, {}
+    for name in impls:
+        try:
+            functions[name] = resolve_impl(name)
+        except Exception as exc:  # noqa: BLE001
+            unavailable[name] = classify_error(exc, name)
+
+    cases = [(s, name) for s in args.shapes for name in impls]
+    bar = _progress(len(cases), progress)
+    results, stop = [], None
+    for shape in args.shapes:
+        inputs = make_inputs(shape, dtype, "cuda", gen)
+        try:
+            ref = reference_slice(*inputs, shape.causal)
+        except Exception:  # noqa: BLE001 - no check for this shape rather than no run
+            ref = None
+        memory.release()
+        limit = min(args.max_naive_gb * GB, 0.9 * total_mem)
+        for name in impls:
+            bar.set_description(f"{shape.label()} {name}")
+            if stop:
+                res = Result(name, shape.batch, shape.heads, shape.seq, shape.head_dim,
+                             shape.causal, args.dtype, status="not-run", note=stop)
+            elif name in unavailable:
+                status, note = unavailable[name]
+                res = Result(name, shape.batch, shape.heads, shape.seq, shape.head_dim,
+                             shape.causal, args.dtype, status=status, note=note)
+            else:
+                res = bench_case(name, functions[name], shape, inputs, dtype_name=args.dtype,
+                                 timer=timer, memory=memory, ref=ref,
+                                 skip=skip_reason(name, shape, inputs[0].element_size(), limit))
+                if res.status == "cuda-error":
+                    stop = f"not run: an earlier CUDA error ({name}, {shape.label()})"
+            results.append(res)
+            bar.update(1)
+        del inputs, ref
+        memory.release()
+    bar.close()
+    return results
+
+
+class _NoBar:
+    def set_description(self, *_):
+        pass
+
+    def update(self, *_):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total, enabled):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="case", dynamic_ncols=True, file=sys.stderr)
+
+
+# =============================================================================
+# Part 6. Block sizes of our forward kernel
+# =============================================================================
+
+#: The grid the sweep walks: B_r (block_m), B_c (block_n), warps, pipeline stages.
+BLOCK_GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8),
+              "num_stages": (2, 3, 4)}
+
+
+@dataclass
+class BlockResult:
+    seq: int
+    head_dim: int
+    batch: int
+    heads: int
+    causal: bool
+    dtype: str
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    status: str = "ok"
+    fwd_ms: float | None = None
+    fwd_tflops: float | None = None
+    n_regs: int | None = None
+    n_spills: int | None = None
+    shared_bytes: int | None = None
+    err_out: float | None = None
+    note: str = ""
+
+
+BLOCK_FIELDS = [f.name for f in dataclasses.fields(BlockResult)]
+
+
+def block_configs(grid=None) -> list:
+    """Every combination of the grid, as dicts."""
+    grid = grid or BLOCK_GRID
+    keys = list(grid)
+    combos = [{}]
+    for key in keys:
+        combos = [dict(c, **{key: v}) for c in combos for v in grid[key]]
+    return combos
+
+
+def kernel_resources(launched) -> dict:
+    """Registers, spills and shared memory of a compiled Triton kernel.
+
+    ``launched`` is what ``forward_with_config`` returned: a compiled kernel, a
+    tuple holding one (e.g. ``(o, lse, kernel)``), or a dict with the keys. A
+    Triton ``CompiledKernel`` has ``n_regs`` and ``n_spills`` (after its first
+    launch) and ``metadata.shared`` (bytes). Missing values are None.
+    """
+    found = {"n_regs": None, "n_spills": None, "shared_bytes": None}
+    items = list(launched) if isinstance(launched, (tuple, list)) else [launched]
+    for item in items:
+        if isinstance(item, dict):
+            if any(k in item for k in ("n_regs", "n_spills", "shared", "shared_bytes")):
+                found["n_regs"] = item.get("n_regs")
+                found["n_spills"] = item.get("n_spills")
+                found["shared_bytes"] = item.get("shared_bytes", item.get("shared"))
+                return found
+            continue
+        meta = getattr(item, "metadata", None)
+        if meta is not None or hasattr(item, "n_regs"):
+            found["n_regs"] = getattr(item, "n_regs", None)
+            found["n_spills"] = getattr(item, "n_spills", None)
+            shared = getattr(meta, "shared", None) if meta is not None else None
+            if shared is None and isinstance(meta, dict):
+                shared = meta.get("shared")
+            found["shared_bytes"] = shared if shared is not None else getattr(item, "shared", None)
+            return found
+    return found
+
+
+def _first_tensor(launched):
+    import torch
+
+    if isinstance(launched, torch.Tensor):
+        return launched
+    if isinstance(launched, (tuple, list)):
+        for item in launched:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+def run_block_sweep(args, hook, *, progress=True) -> list:
+    """Time ``hook(q, k, v, causal, scale, block_m, block_n, num_warps, num_stages)``
+    for every config of ``BLOCK_GRID`` on every shape."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    timer = CudaTimer(args.warmup_ms, args.rep_ms)
+    memory = CudaMemory()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    configs = block_configs()
+    bar = _progress(len(configs) * len(args.shapes), progress)
+    results = []
+    for shape in args.shapes:
+        q, k, v, _do = make_inputs(shape, dtype, "cuda", gen)
+        q, k, v = (t.detach() for t in (q, k, v))
+        with torch.no_grad():
+            o_ref = naive_attention(q[:1, :1].double(), k[:1, :1].double(), v[:1, :1].double(),
+                                    causal=shape.causal)
+        scale = 1.0 / math.sqrt(shape.head_dim)
+        for cfg in configs:
+            bar.set_description(f"{shape.label()} {cfg}")
+            res = BlockResult(shape.seq, shape.head_dim, shape.batch, shape.heads,
+                              shape.causal, args.dtype, **cfg)
+
+            def launch(cfg=cfg):
+                return hook(q, k, v, shape.causal, scale, cfg["block_m"], cfg["block_n"],
+                            cfg["num_warps"], cfg["num_stages"])
+            try:
+                with torch.no_grad():
+                    launched = launch()
+                    torch.cuda.synchronize()
+                    res.__dict__.update(kernel_resources(launched))
+                    o = _first_tensor(launched)
+                    if o is not None:
+                        res.err_out = _rel_err(o[:1, :1], o_ref)
+                    del launched, o
+                    res.fwd_ms = timer(launch)
+                res.fwd_tflops = tflops(shape.flops_fwd, res.fwd_ms)
+            except Exception as exc:  # noqa: BLE001
+                res.status, res.note = classify_error(exc, "flashbook")
+                if type(exc).__name__ == "OutOfResources":
+                    res.status = "out-of-resources"
+            finally:
+                memory.release()
+            results.append(res)
+            bar.update(1)
+            if res.status == "cuda-error":
+                bar.close()
+                return results
+        del q, k, v
+    bar.close()
+    return results
+
+
+# =============================================================================
+# Part 7. Writing down what was measured, and where
+# =============================================================================
+
+#: Keys every provenance.json has.
+PROVENANCE_KEYS = ("date_utc", "command", "gpu", "driver", "cuda", "cudnn", "torch",
+                   "triton", "python", "flashbook", "git_commit", "settings", "timing",
+                   "conventions", "files")
+
+
+def _driver_version():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else str(v)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - not installed, or no GPU
+        pass
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=20, check=False)
+        first = done.stdout.strip().splitlines()
+        return first[0].strip() if done.returncode == 0 and first else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _git_commit():
+    root = Path(__file__).resolve().parents[1]
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=False)
+        return (done.stdout.strip() or None) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def gpu_info() -> dict | None:
+    """Name, compute capability, SMs, memory of GPU 0 (None without one)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    info = {"name": props.name, "capability": f"sm_{props.major}{props.minor}",
+            "sms": props.multi_processor_count, "memory_bytes": int(props.total_memory)}
+    for attr in ("shared_memory_per_block_optin", "L2_cache_size"):
+        if hasattr(props, attr):
+            info[attr] = int(getattr(props, attr))
+    chip = match_chip(props.name)
+    if chip:
+        c = runtime.chip(chip)
+        info["datasheet"] = {"chip": chip, "bf16_tflops": c.bf16_tflops,
+                             "fp16_tflops": c.fp16_tflops, "hbm_tb_s": c.hbm_tb_s}
+    return info
+
+
+def match_chip(gpu_name: str):
+    """The ``runtime.CHIPS`` key whose name appears in a GPU's name, if any."""
+    for key in runtime.CHIPS:
+        if key.lower() in str(gpu_name).lower():
+            return key
+    return None
+
+
+def command_line(argv) -> str:
+    """The command that reproduces this run (no paths of this machine in it)."""
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "flashbook.bench", *argv])
+
+
+def collect_provenance(argv, args=None) -> dict:
+    """Everything needed to judge or repeat a run. No hostname, no user name."""
+    versions = {}
+    for mod in ("torch", "triton"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            versions[mod] = None
+    cuda = cudnn = None
+    math_upcasts = None
+    try:
+        import torch
+
+        cuda = torch.version.cuda
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        math_upcasts = not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    except Exception:  # noqa: BLE001
+        pass
+    from . import __version__
+
+    settings = {}
+    if args is not None:
+        settings = {
+            "dtype": args.dtype, "tokens": args.tokens, "seed": args.seed,
+            "max_naive_gb": args.max_naive_gb, "sweep_blocks": bool(args.sweep_blocks),
+            "shapes": [dataclasses.asdict(s) for s in args.shapes],
+            "impl": list(args.impl),
+        }
+    return {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command_line(argv),
+        "gpu": gpu_info(),
+        "driver": _driver_version(),
+        "cuda": cuda,
+        "cudnn": cudnn,
+        "torch": versions["torch"],
+        "triton": versions["triton"],
+        "python": sys.version.split()[0],
+        "flashbook": __version__,
+        "git_commit": _git_commit(),
+        "settings": settings,
+        "timing": {
+            "method": "CUDA events around each call, a 256 MB buffer written before each "
+                      "timed call (L2 flushed)",
+            "statistic": "median",
+            "warmup_ms": getattr(args, "warmup_ms", None),
+            "rep_ms": getattr(args, "rep_ms", None),
+            "min_reps": 5,
+            "forward": "inputs require grad (a training forward)",
+            "backward": "torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) alone",
+            "memory": "torch.cuda.max_memory_allocated after reset, minus memory "
+                      "allocated before the call (inputs q, k, v, dO)",
+            "sdpa_math_upcasts_to_fp32": math_upcasts,
+        },
+        "conventions": {
+            "flops_fwd": "4 * batch * heads * seq**2 * head_dim, halved when causal",
+            "flops_bwd": "2.5 * flops_fwd",
+            "check": f"relative Frobenius error of batch 0, head 0 against float64; "
+                     f"pass if out < {TOLERANCE['out']} and grads < {TOLERANCE['grad']}",
+        },
+        "files": {},
+    }
+
+
+def _to_cell(value):
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def write_csv(rows, path, fields) -> Path:
+    """Write dataclass rows (or dicts) to CSV, None as an empty cell."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(fields))
+        writer.writeheader()
+        for row in rows:
+            data = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(row)
+            writer.writerow({k: _to_cell(data.get(k)) for k in fields})
+    return path
+
+
+def _from_cell(text: str):
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_csv(path) -> list:
+    """Rows of a CSV written by ``write_csv``, as dicts of Python values."""
+    with Path(path).open(newline="") as fh:
+        return [{k: _from_cell(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def write_provenance(prov: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    missing = [k for k in PROVENANCE_KEYS if k not in prov]
+    if missing:
+        raise ValueError(f"provenance is missing keys {missing}")
+    path.write_text(json.dumps(prov, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "gpu"
+
+
+def default_out_dir(gpu_name: str, date: str | None = None, base=None) -> Path:
+    """``benchmarks/results/<date>-<gpu>/`` in this checkout (or the current
+    directory when flashbook is installed elsewhere); ``-2``, ``-3``... when
+    that directory already holds results."""
+    date = date or _dt.date.today().isoformat()
+    if base is None:
+        repo = Path(__file__).resolve().parents[1]
+        base = repo / "benchmarks" / "results" if (repo / "benchmarks").is_dir() \
+            else Path.cwd() / "benchmarks" / "results"
+    base = Path(base)
+    name = f"{date}-{_slug(gpu_name)}"
+    out, n = base / name, 1
+    while out.exists() and any(out.iterdir()):
+        n += 1
+        out = base / f"{name}-{n}"
+    return out
+
+
+def _fmt(value, spec):
+    return "" if value is None else format(value, spec)
+
+
+def format_table(results) -> str:
+    """The results as a fixed-width text table, one block per shape."""
+    head = (f"{'impl':<16}{'fwd ms':>9}{'TFLOP/s':>9}{'bwd ms':>9}{'TFLOP/s':>9}"
+            f"{'peak GB':>9}{'floor GB':>9}  {'check':<6}status")
+    lines, last = [], None
+    for r in results:
+        key = (r.head_dim, r.seq, r.causal, r.batch, r.heads)
+        if key != last:
+            lines += ["", f"d={r.head_dim}  N={r.seq}  {'causal' if r.causal else 'not causal'}"
+                          f"  batch={r.batch}  heads={r.heads}  {r.dtype}", head]
+            last = key
+        peak = None if r.peak_fwd_bwd_bytes is None else r.peak_fwd_bwd_bytes / GB
+        floor = None if r.floor_fwd_bwd_bytes is None else r.floor_fwd_bwd_bytes / GB
+        status = r.status if r.status == "ok" else f"{r.status}: {r.note}"[:70]
+        lines.append(f"{r.impl:<16}{_fmt(r.fwd_ms, '9.3f')}{_fmt(r.fwd_tflops, '9.1f')}"
+                     f"{_fmt(r.bwd_ms, '9.3f')}{_fmt(r.bwd_tflops, '9.1f')}"
+                     f"{_fmt(peak, '9.2f')}{_fmt(floor, '9.2f')}  {r.check:<6}{status}")
+    return "\n".join(lines).lstrip("\n")
+
+
+def format_block_table(results) -> str:
+    head = (f"{'B_r':>5}{'B_c':>5}{'warps':>6}{'stages':>7}{'ms':>9}{'TFLOP/s':>9}"
+            f"{'regs':>6}{'spills':>7}{'smem KiB':>9}  status")
+    lines, last = [], None
+    for r in results:
+        key = (r.head_dim, r.seq, r.causal)
+        if key != last:
+            lines += ["", f"d={r.head_dim}  N={r.seq}  {'causal' if r.causal else 'not causal'}"
+                          f"  batch={r.batch}  heads={r.heads}", head]
+            last = key
+        smem = None if r.shared_bytes is None else r.shared_bytes / 1024
+        status = r.status if r.status == "ok" else f"{r.status}: {r.note}"[:60]
+        lines.append(f"{r.block_m:>5}{r.block_n:>5}{r.num_warps:>6}{r.num_stages:>7}"
+                     f"{_fmt(r.fwd_ms, '9.3f')}{_fmt(r.fwd_tflops, '9.1f')}"
+                     f"{_fmt(r.n_regs, '6d')}{_fmt(r.n_spills, '7d')}{_fmt(smem, '9.1f')}"
+                     f"  {status}")
+    return "\n".join(lines).lstrip("\n")
+
+
+# =============================================================================
+# The command
+# =============================================================================
+
+NO_GPU_MESSAGE = (
+    "No CUDA GPU on this machine: there is nothing to time here, so nothing was run.\n"
+    "Run `python -m flashbook.bench` on a machine with an NVIDIA GPU; results measured "
+    "on real GPUs, with their provenance, are in benchmarks/results/.")
+
+
+def _resolve_impl_names(requested) -> list:
+    if tuple(requested) != ("all",):
+        return list(dict.fromkeys(requested))
+    names = [n for n in IMPLEMENTATIONS if n != "flashbook"]
+    try:
+        names += list(flashbook_variants())
+    except Exception:  # noqa: BLE001 - recorded as unavailable by run_sweep
+        names.append("flashbook")
+    return names
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_GPU_MESSAGE)
+        return 0
+    if runtime.INTERPRET:
+        print("TRITON_INTERPRET is set: Triton kernels would run in the CPU interpreter, "
+              "and their times would mean nothing. Unset it and run again.")
+        return 1
+
+    gpu = gpu_info()
+    out_dir = args.out or default_out_dir(gpu["name"])
+    progress = not args.no_progress
+
+    if args.sweep_blocks:
+        try:
+            from . import kernels
+        except Exception as exc:  # noqa: BLE001
+            print(f"flashbook.kernels cannot be imported ({type(exc).__name__}: {exc}): "
+                  f"the block-size sweep was skipped and nothing was measured.")
+            return 0
+        hook = getattr(kernels, "forward_with_config", None)
+        if hook is None:
+            print("flashbook.kernels has no forward_with_config(q, k, v, causal, scale, "
+                  "block_m, block_n, num_warps, num_stages): the block-size sweep needs "
+                  "that hook, so it was skipped and nothing was measured.")
+            return 0
+        print(f"Block-size sweep of flashbook's forward kernel on {gpu['name']}: "
+              f"{len(block_configs())} configs x {len(args.shapes)} shapes")
+        results = run_block_sweep(args, hook, progress=progress)
+        print(format_block_table(results))
+        csv_name, fields = "blocks.csv", BLOCK_FIELDS
+    else:
+        impls = _resolve_impl_names(args.impl)
+        print(f"Attention on {gpu['name']} ({gpu['capability']}), {args.dtype}: "
+              f"{len(args.shapes)} shapes x {len(impls)} implementations")
+        results = run_sweep(args, impls, progress=progress)
+        print(format_table(results))
+        csv_name, fields = "results.csv", RESULT_FIELDS
+
+    write_csv(results, out_dir / csv_name, fields)
+    prov = collect_provenance(argv, args)
+    prov["files"] = {csv_name: "one row per " + ("config and shape" if args.sweep_blocks
+                                                 else "implementation and shape")}
+    write_provenance(prov, out_dir / "provenance.json")
+    print(f"\nWrote {out_dir / csv_name} and {out_dir / 'provenance.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
