@@ -11,7 +11,7 @@ BUILD  := _build/html
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: book test serve venv browser clean gpu-test
+.PHONY: book test serve venv browser clean gpu-test student
 
 venv: $(VENV)/.installed
 
@@ -48,6 +48,10 @@ serve:
 	@test -f $(BUILD)/index.html || $(MAKE) book
 	@echo "Serving http://localhost:$(PORT)/ (Ctrl-C to stop)"
 	$(PY) -m http.server $(PORT) --bind 127.0.0.1 --directory $(BUILD)
+
+# The notebooks without their solutions, for a class: _build/student/
+student: venv
+	$(PY) tools/student_edition.py _build/student
 
 clean:
 	rm -rf _build

@@ -92,3 +92,20 @@ def test_notebook_conventions(path):
         else:
             assert "dropdown" in "".join(c["source"]), f"{name}: prose solution not folded"
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+def test_student_edition_drops_solutions_only(tmp_path):
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "student_edition.py"), str(tmp_path)],
+                   check=True, capture_output=True)
+    for path in NOTEBOOKS:
+        full = load(path)
+        student = load(tmp_path / os.path.basename(path))
+        n_solutions = sum("solution" in c["metadata"].get("tags", []) for c in full["cells"])
+        assert n_solutions >= 3
+        assert len(student["cells"]) == len(full["cells"]) - n_solutions
+        assert not any("solution" in c["metadata"].get("tags", []) for c in student["cells"])
+        # the exercises themselves (and their stubs) are still there
+        text = "".join("".join(c["source"]) for c in student["cells"])
+        assert "## Exercises" in text
