@@ -122,9 +122,9 @@ CHIPS: dict[str, Chip] = {
                  f"NVIDIA H100 datasheet (SXM5); {_GUIDE}; "
                  "H100 architecture whitepaper (L2, max boost clock)",
                  boost_clock_mhz=1980, regs_per_sm_kib=256, max_warps_per_sm=64),
-    "H200": Chip("H200", "sm_90", 132, 228, 227, 141, 4.8, 989.0, 989.0, 50,
-                 f"NVIDIA H200 datasheet (SXM); {_GUIDE}; same GH100 chip as the "
-                 "H100 (L2, max boost clock)",
+    "H200": Chip("H200", "sm_90", 132, 228, 227, 141, 4.8, 989.0, 989.0, 60,
+                 f"NVIDIA H200 datasheet (SXM); {_GUIDE}; L2 size and max SM clock "
+                 "as the CUDA driver reports them (60 MiB of L2, not the H100's 50)",
                  boost_clock_mhz=1980, regs_per_sm_kib=256, max_warps_per_sm=64),
 }
 
