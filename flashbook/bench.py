@@ -14,7 +14,7 @@ book's Triton kernel, forward and backward, timed and measured, with provenance:
 
     python -m flashbook.bench                 # the full sweep (a few minutes on an H200)
     python -m flashbook.bench --quick         # four shapes
-    python -m flashbook.bench --impl naive,sdpa-flash,flashbook --seq 4K,8K
+    python -m flashbook.bench --impl naive,sdpa-flash,flashbook,flashbook-atomic --seq 4K,8K
     python -m flashbook.bench --sweep-blocks  # block sizes of our forward kernel
 
 Conventions (those of the FlashAttention papers, so numbers compare across them):
@@ -33,17 +33,18 @@ import argparse
 import csv
 import dataclasses
 import datetime as _dt
+import functools
 import gc
+import inspect
 import json
 import math
-import os
 import re
 import shlex
 import statistics
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import runtime
@@ -221,14 +222,16 @@ def tflops(flops: float, ms: float) -> float:
 
 
 def naive_memory_estimate(batch: int, heads: int, n_q: int, n_k: int, d: int, *,
-                          elem_bytes: int = 2, matrices: int = 3) -> int:
+                          elem_bytes: int = 2, matrices: int = 4) -> int:
     """What plain PyTorch attention really needs for forward + backward, beyond
     its inputs (used to skip shapes that would not fit).
 
     Not a floor but an estimate: O, dQ, dK, dV, and ``matrices`` N_q x N_k
-    matrices alive at once (P, dP and dS during the softmax backward) of
-    ``elem_bytes`` each (4 for SDPA's math backend, which computes half-precision
-    inputs in fp32).
+    matrices of ``elem_bytes`` each (4 for SDPA's math backend, which computes
+    half-precision inputs in fp32). Four is what PyTorch's autograd was seen to
+    hold at the peak of the backward (P, dP, dS and one temporary): measured
+    peaks of ``naive_attention`` and ``sdpa-math`` on an H200 were 4.0 to 4.4
+    such matrices (``benchmarks/results/``).
     """
     _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d, elem_bytes=elem_bytes)
     vectors = 4 * batch * heads * max(n_q, n_k) * d * 2
@@ -521,16 +524,21 @@ def sdpa_attention(backend: str):
 
 
 def flashbook_variants() -> dict:
-    """This book's kernels: ``flashbook`` plus any ``kernels.BENCH_VARIANTS``.
-
-    ``flashbook.kernels.BENCH_VARIANTS`` (optional) maps a name to a function
-    with ``flash_attention``'s signature (e.g. another backward); each appears
-    as ``flashbook-<name>``. Raises ImportError if the kernels cannot load.
+    """This book's kernels: ``flashbook``, plus ``flashbook-<mode>`` for each
+    ``dq_mode`` other than "separate" that ``flash_attention`` accepts (the
+    atomic-dQ backward), plus any ``kernels.BENCH_VARIANTS`` (a dict mapping a
+    name to a function with ``flash_attention``'s signature).
+    Raises ImportError if the kernels cannot load.
     """
     from . import kernels
     from .kernels import flash_attention
 
     found = {"flashbook": flash_attention}
+    # other ways to compute dQ (e.g. "atomic"), when flash_attention offers them
+    if "dq_mode" in inspect.signature(flash_attention).parameters:
+        for mode in getattr(kernels, "DQ_MODES", ()):
+            if mode != "separate":
+                found[f"flashbook-{mode}"] = functools.partial(flash_attention, dq_mode=mode)
     for name, fn in dict(getattr(kernels, "BENCH_VARIANTS", {}) or {}).items():
         found[f"flashbook-{name}"] = fn
     return found
@@ -670,8 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", type=parse_causal, default=None,
                    help="both (default), yes or no")
     p.add_argument("--impl", type=parse_impl_list, default=("all",),
-                   help=f"implementations, comma-separated: {', '.join(IMPLEMENTATIONS)} "
-                        f"(default: all)")
+                   help=f"implementations, comma-separated: {', '.join(IMPLEMENTATIONS)}, "
+                        f"flashbook-atomic (the atomic-dQ backward) (default: all)")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--tokens", type=int, default=TOKENS,
                    help=f"batch * seq for every shape (default {TOKENS})")
@@ -902,7 +910,7 @@ def skip_reason(impl: str, shape: Shape, dtype_bytes: int, limit_bytes: float):
     need = naive_memory_estimate(shape.batch, shape.heads, shape.seq, shape.seq,
                                  shape.head_dim, elem_bytes=elem)
     if need > limit_bytes:
-        return (f"needs about {need / GB:.1f} GB (3 N x N matrices of {elem} bytes), "
+        return (f"needs about {need / GB:.1f} GB (4 N x N matrices of {elem} bytes), "
                 f"over the {limit_bytes / GB:.0f} GB limit")
     return None
 
@@ -1141,6 +1149,57 @@ def _first_tensor(launched):
     return None
 
 
+def _compiled_kernels(functions) -> list:
+    """Every compiled kernel in the caches of these Triton JIT functions."""
+    found = []
+    for fn in functions:
+        try:
+            for cache in fn.device_caches.values():
+                found.extend(cache[0].values())
+        except Exception:  # noqa: BLE001 - another Triton version keeps its cache elsewhere
+            pass
+    return found
+
+
+def block_sweep_hook(kernels):
+    """``(hook, how)``: the function the block sweep calls, or ``(None, why not)``.
+
+    The hook is ``kernels.forward_with_config(q, k, v, causal, scale, block_m,
+    block_n, num_warps, num_stages)`` when the kernels define it. Otherwise, when
+    ``kernels.forward`` takes a ``config=kernels.configs.Config(...)``, an adapter
+    around it, which finds the kernel each config compiled in the Triton JIT
+    caches of ``forward``'s module (so registers and shared memory can be read).
+    """
+    hook = getattr(kernels, "forward_with_config", None)
+    if callable(hook):
+        return hook, "flashbook.kernels.forward_with_config"
+    forward = getattr(kernels, "forward", None)
+    config_cls = getattr(getattr(kernels, "configs", None), "Config", None)
+    try:
+        takes_config = "config" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        takes_config = False
+    if not (callable(forward) and config_cls and takes_config):
+        return None, ("flashbook.kernels has no forward_with_config(q, k, v, causal, scale, "
+                      "block_m, block_n, num_warps, num_stages), nor a forward(..., config=) "
+                      "with configs.Config")
+    jit_functions = [v for v in getattr(forward, "__globals__", {}).values()
+                     if hasattr(v, "device_caches")]
+    seen = {}
+
+    def forward_with_config(q, k, v, causal, scale, block_m, block_n, num_warps, num_stages):
+        before = {id(x) for x in _compiled_kernels(jit_functions)}
+        o, lse = forward(q, k, v, causal=causal, scale=scale,
+                         config=config_cls(block_m, block_n, num_warps, num_stages))
+        new = [x for x in _compiled_kernels(jit_functions) if id(x) not in before]
+        key = (block_m, block_n, num_warps, num_stages, q.shape[-1], q.dtype, bool(causal))
+        if len(new) == 1:
+            seen[key] = new[0]
+        return (o, lse, seen[key]) if key in seen else (o, lse)
+
+    return forward_with_config, "flashbook.kernels.forward(config=...)"
+
+
 def run_block_sweep(args, hook, *, progress=True) -> list:
     """Time ``hook(q, k, v, causal, scale, block_m, block_n, num_warps, num_stages)``
     for every config of ``BLOCK_GRID`` on every shape."""
@@ -1202,8 +1261,8 @@ def run_block_sweep(args, hook, *, progress=True) -> list:
 
 #: Keys every provenance.json has.
 PROVENANCE_KEYS = ("date_utc", "command", "gpu", "driver", "cuda", "cudnn", "torch",
-                   "triton", "python", "flashbook", "git_commit", "settings", "timing",
-                   "conventions", "files")
+                   "triton", "python", "flashbook", "git_commit", "source_sha256",
+                   "settings", "timing", "conventions", "files")
 
 
 def _driver_version():
@@ -1236,6 +1295,19 @@ def _git_commit():
         return (done.stdout.strip() or None) if done.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def source_digest() -> str:
+    """SHA-256 of flashbook's Python sources: ties results to the code that made
+    them, also where the checkout has no git history."""
+    import hashlib
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def gpu_info() -> dict | None:
@@ -1313,6 +1385,7 @@ def collect_provenance(argv, args=None) -> dict:
         "python": sys.version.split()[0],
         "flashbook": __version__,
         "git_commit": _git_commit(),
+        "source_sha256": source_digest(),
         "settings": settings,
         "timing": {
             "method": "CUDA events around each call, a 256 MB buffer written before each "
@@ -1410,7 +1483,10 @@ def default_out_dir(gpu_name: str, date: str | None = None, base=None) -> Path:
 
 
 def _fmt(value, spec):
-    return "" if value is None else format(value, spec)
+    """``value`` formatted by ``spec`` ("9.3f"), or blanks of the same width."""
+    if value is None:
+        return " " * int(re.match(r"\d*", spec).group() or 0)
+    return format(value, spec)
 
 
 def format_table(results) -> str:
@@ -1498,14 +1574,13 @@ def main(argv=None) -> int:
             print(f"flashbook.kernels cannot be imported ({type(exc).__name__}: {exc}): "
                   f"the block-size sweep was skipped and nothing was measured.")
             return 0
-        hook = getattr(kernels, "forward_with_config", None)
+        hook, how = block_sweep_hook(kernels)
         if hook is None:
-            print("flashbook.kernels has no forward_with_config(q, k, v, causal, scale, "
-                  "block_m, block_n, num_warps, num_stages): the block-size sweep needs "
-                  "that hook, so it was skipped and nothing was measured.")
+            print(f"{how}: the block-size sweep needs one of them, so it was skipped "
+                  f"and nothing was measured.")
             return 0
-        print(f"Block-size sweep of flashbook's forward kernel on {gpu['name']}: "
-              f"{len(block_configs())} configs x {len(args.shapes)} shapes")
+        print(f"Block-size sweep of flashbook's forward kernel on {gpu['name']} through "
+              f"{how}: {len(block_configs())} configs x {len(args.shapes)} shapes")
         results = run_block_sweep(args, hook, progress=progress)
         print(format_block_table(results))
         csv_name, fields = "blocks.csv", BLOCK_FIELDS
