@@ -279,8 +279,9 @@ class Claim:
         return self.verdict == "consistent"
 
     def line(self) -> str:
+        words = {">=": "at least ", "<=": "at most ", "==": ""}[self.relation]
         return (f"{self.verdict.upper():>11}  {self.text}: claimed {self.claimed:g} "
-                f"{self.unit}, arithmetic gives {self.relation} {self.computed:.3g} "
+                f"{self.unit}, arithmetic gives {words}{self.computed:.3g} "
                 f"{self.unit}. {self.why}")
 
 
@@ -422,13 +423,14 @@ def check_seed_table(chip: str = SEED_CHIP) -> SeedCheck:
         verdict = "impossible" if ms < fl else "consistent"
         causal_note = (f"even causal (half the FLOPs) it needs {flc:.1f} ms"
                        if ms < flc else
-                       f"causal would need {flc:.2f} ms, i.e. "
-                       f"{tflops(need_flops(impl, p, True), ms) / peak:.0%} of peak")
+                       f"only a causal run (half the FLOPs, floor {flc:.2f} ms) could take "
+                       f"{ms} ms, at {tflops(need_flops(impl, p, True), ms) / peak:.0%} "
+                       f"of peak")
         add(f"{impl}_{p}_time", f"{names[impl]} {'forward' if p == 'fwd' else 'backward'} time",
             ms, "ms", fl, ">=", verdict,
             f"{need_flops(impl, p, False) / 1e12:.2f} TFLOP in {ms} ms is "
             f"{implied[(impl, p)]:.0f} TFLOP/s, {implied[(impl, p)] / peak:.0%} of the "
-            f"{c.name}'s {peak:g}; compute needs {r['compute_ms']:.1f} ms and "
+            f"{c.name}'s {peak:g}; the FLOPs need {r['compute_ms']:.1f} ms and its "
             f"{hbm[(impl, p)] / GB:.1f} GB of HBM traffic {r['memory_ms']:.1f} ms; "
             f"{causal_note}.")
 

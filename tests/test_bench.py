@@ -10,8 +10,8 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections import namedtuple
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
