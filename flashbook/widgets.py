@@ -109,7 +109,7 @@ class ExplorerState:
         flash = self.traffic[plots.ORDER_NAMES[s.order]]
         parts = [f"{self.n_tiles} tiles ({self.n_skipped} skipped), {len(self.schedule)} steps",
                  f"on chip {plots.human_bytes(self.onchip_total)} of "
-                 f"{plots.human_bytes(self.smem_per_block)} per block on {chip.name}: "
+                 f"{plots.human_bytes(self.smem_per_block)} per program on {chip.name}: "
                  + ("fits" if self.fits else "does NOT fit"),
                  f"HBM traffic {plots.human_bytes(flash)}, "
                  f"{flash / self.traffic['naive']:.2f} times the naive algorithm's"]
@@ -166,33 +166,32 @@ def explorer_state(settings: Settings = Settings()) -> ExplorerState:
                          max_error=error, note=note, stats=stats)
 
 
-def _draw_trace(ax, state: ExplorerState):
+def _draw_trace(ax_m, ax_l, state: ExplorerState):
+    """The watched row's running m (top) and l (bottom) against the loop step."""
     s = state.settings
-    ax.set_title(f"running m and l of row {s.row}", fontsize=10)
+    ax_m.set_title(f"running m and l of row {s.row}", fontsize=10)
     if not state.trace:
-        ax.text(0.5, 0.5, "no live run" if not state.ran else "this row sees no key",
-                ha="center", va="center", transform=ax.transAxes)
-        ax.set_xticks([]); ax.set_yticks([])
-        return ax
+        ax_m.text(0.5, 0.5, "no live run" if not state.ran else "this row sees no key",
+                  ha="center", va="center", transform=ax_m.transAxes)
+        for ax in (ax_m, ax_l):
+            ax.set_xticks([]); ax.set_yticks([])
+        return
     steps, ms, ls = (np.array(c) for c in zip(*state.trace))
     done = steps <= state.step
-    ax.step(steps, ms, where="post", color="#4C72B0", lw=1.2)
-    ax.plot(steps[done], ms[done], "o", color="#4C72B0", ms=4)
-    ax.plot(steps[~done], ms[~done], "o", mfc="none", color="#4C72B0", ms=4)
-    ax.set_ylabel("m (running max)", color="#4C72B0", fontsize=9)
-    twin = ax.twinx()
-    twin.step(steps, ls, where="post", color="#C44E52", lw=1.2)
-    twin.plot(steps[done], ls[done], "s", color="#C44E52", ms=4)
-    twin.plot(steps[~done], ls[~done], "s", mfc="none", color="#C44E52", ms=4)
-    twin.set_ylabel("l (running sum)", color="#C44E52", fontsize=9)
-    ax.axvline(state.step, color="red", lw=1)
-    ax.set_xlim(-0.5, max(len(state.schedule) - 0.5, steps.max() + 0.5))
-    ax.set_xlabel("step of the loop", fontsize=9)
+    for ax, ys, color, label in [(ax_m, ms, "#4C72B0", "m"), (ax_l, ls, "#C44E52", "l")]:
+        ax.step(steps, ys, where="post", color=color, lw=1.2)
+        ax.plot(steps[done], ys[done], "o", color=color, ms=4)
+        ax.plot(steps[~done], ys[~done], "o", mfc="none", color=color, ms=4)
+        ax.axvline(state.step, color="red", lw=1)
+        ax.set_ylabel(label, color=color, rotation=0, labelpad=10)
+        ax.set_xlim(-0.5, max(len(state.schedule) - 0.5, steps.max() + 0.5))
+        ax.tick_params(labelsize=8)
+    ax_m.tick_params(labelbottom=False)
+    ax_l.set_xlabel("step of the loop (filled: done by the red step)", fontsize=9)
     now = state.stats_at_step()
     if now is not None:
-        ax.set_title(f"row {s.row} after step {state.step}: m = {now[0]:.3f}, "
-                     f"l = {now[1]:.3f}", fontsize=10)
-    return ax
+        ax_m.set_title(f"row {s.row} after step {state.step}: m = {now[0]:.3f}, "
+                       f"l = {now[1]:.3f}", fontsize=10)
 
 
 def render(state: ExplorerState) -> Figure:
@@ -204,9 +203,11 @@ def render(state: ExplorerState) -> Figure:
                             left=0.06, right=0.9, bottom=0.08, top=0.9, wspace=0.45, hspace=0.6)
     plots.tile_grid(fig.add_subplot(grid[:, 0]), s.n, s.n, s.block_q, s.block_k,
                     causal=s.causal, order=s.order, step=state.step, row=s.row)
-    _draw_trace(fig.add_subplot(grid[0, 1]), state)
+    trace = grid[0, 1].subgridspec(2, 1, hspace=0.08)
+    ax_m = fig.add_subplot(trace[0])
+    _draw_trace(ax_m, fig.add_subplot(trace[1], sharex=ax_m), state)
     plots.footprint_bar(fig.add_subplot(grid[1, 1]), state.onchip, state.smem_per_block,
-                        limit_label=f"{chip.name} shared memory per block",
+                        limit_label=f"{chip.name} shared memory per program",
                         title=f"on chip, one program: {plots.human_bytes(state.onchip_total)}"
                               + ("" if state.fits else ": does NOT fit"))
     plots.traffic_bars(fig.add_subplot(grid[2, 1]), state.traffic,
