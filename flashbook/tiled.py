@@ -179,9 +179,14 @@ class IOStats:
         return sum(n * (stat_bytes if name in _STAT_ARRAYS else dtype_bytes)
                    for name, n in moved.items())
 
+    def onchip_bytes_by_buffer(self, dtype_bytes: int = 2, acc_bytes: int = 4) -> dict:
+        """Bytes per on-chip buffer at the peak: input tiles (Q, K, V, dO) in
+        ``dtype_bytes``, everything accumulated on chip in ``acc_bytes``."""
+        return _buffer_bytes(self.onchip, dtype_bytes, acc_bytes)
+
     def onchip_bytes(self, dtype_bytes: int = 2, acc_bytes: int = 4) -> int:
-        """Bytes on chip at the peak: input tiles in ``dtype_bytes``, accumulators in ``acc_bytes``."""
-        return sum(_buffer_bytes(self.onchip, dtype_bytes, acc_bytes).values())
+        """Bytes on chip at the peak, all buffers together."""
+        return sum(self.onchip_bytes_by_buffer(dtype_bytes, acc_bytes).values())
 
 
 # Per-row statistics are kept in fp32 even when Q, K, V are fp16 (chapter 3).
@@ -608,13 +613,21 @@ def onchip_elements(block_q: int, block_k: int, d: int, d_v: int | None = None) 
             "O": block_q * d_v, "m": block_q, "l": block_q}
 
 
+def onchip_breakdown(block_q: int, block_k: int, d: int, dtype_bytes: int = 2, *,
+                     d_v: int | None = None, acc_bytes: int = 4) -> dict:
+    """``onchip_elements`` in bytes: Q, K, V tiles in the input dtype (``dtype_bytes``),
+    S/P, O, m and l as accumulators (``acc_bytes``, fp32 by default)."""
+    return _buffer_bytes(onchip_elements(block_q, block_k, d, d_v),
+                         _check_count(dtype_bytes, "dtype_bytes"),
+                         _check_count(acc_bytes, "acc_bytes"))
+
+
 def onchip_bytes(block_q: int, block_k: int, d: int, dtype_bytes: int = 2, *,
                  d_v: int | None = None, acc_bytes: int = 4) -> int:
-    """Bytes one forward program needs on chip: Q, K, V tiles in the input dtype,
-    S/P, O, m and l as fp32 accumulators. (Not B_r x B_c x d: nothing that size exists.)"""
-    elements = onchip_elements(block_q, block_k, d, d_v)
-    return sum(_buffer_bytes(elements, _check_count(dtype_bytes, "dtype_bytes"),
-                             _check_count(acc_bytes, "acc_bytes")).values())
+    """Bytes one forward program needs on chip, all buffers together.
+    (Not B_r x B_c x d: nothing that size ever exists.)"""
+    return sum(onchip_breakdown(block_q, block_k, d, dtype_bytes, d_v=d_v,
+                                acc_bytes=acc_bytes).values())
 
 
 def io_naive(n_q: int, n_k: int, d: int, d_v: int | None = None, *, batch: int = 1) -> IOStats:

@@ -159,7 +159,7 @@ def explorer_state(settings: Settings = Settings()) -> ExplorerState:
     traffic.update({plots.ORDER_NAMES[o]: counted[o].hbm_bytes(DTYPE_BYTES, ACC_BYTES)
                     for o in tiled.ORDERS})
     step = len(schedule) // 2 if s.step is None else min(s.step, max(len(schedule) - 1, 0))
-    onchip = tiled._buffer_bytes(stats.onchip, DTYPE_BYTES, ACC_BYTES)
+    onchip = stats.onchip_bytes_by_buffer(DTYPE_BYTES, ACC_BYTES)
     return ExplorerState(settings=s, kinds=kinds, schedule=schedule, step=step, trace=trace,
                          onchip=onchip, smem_per_block=chip.smem_per_block_kib * 1024,
                          smem_per_sm=chip.smem_per_sm_kib * 1024, traffic=traffic, ran=ran,

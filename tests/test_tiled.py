@@ -363,3 +363,12 @@ def test_bad_closed_form_arguments():
         tiled.tile_schedule(8, 8, 4, 4, order="sideways")
     with pytest.raises(ValueError, match="watch_row"):
         tiled.IOCounter(watch_row=-1)
+
+
+def test_onchip_breakdown_matches_the_counter(rng):
+    q, k, v, _ = make_inputs(rng, (2,), 50, 70, 16, 8)
+    io = tiled.IOCounter()
+    tiled.forward(q, k, v, block_q=32, block_k=16, io=io)
+    want = tiled.onchip_breakdown(32, 16, 16, 2, d_v=8, acc_bytes=4)
+    assert io.stats().onchip_bytes_by_buffer(2, 4) == want
+    assert want["Q"] == 32 * 16 * 2 and want["S/P"] == 32 * 16 * 4 and want["V"] == 16 * 8 * 2
