@@ -297,6 +297,12 @@ class BlockSizeExplorer:
         finally:
             self._busy = False
 
+    def _ipython_display_(self):
+        # Works with ipywidgets 7 (Colab's long-time default) and 8 alike.
+        from IPython.display import display
+
+        display(self.widget)
+
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
 
