@@ -39,3 +39,21 @@ def show_source(obj, *, lines: tuple[int, int] | None = None):
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
     header = f"*Source: `{where}.{name}`*\n\n" if where and name and where != name else ""
     display(Markdown(f"{header}```python\n{source(obj, lines=lines)}```"))
+
+
+def glue(name: str, value, display: bool = True):
+    """Name a computed value so the book's prose can quote it (``{glue:text}`name```).
+
+    In the book build this is myst-nb's ``glue``. Where myst-nb is not installed
+    (Colab, a plain Jupyter) there is no prose to fill in: the value is shown
+    when ``display`` is true, and otherwise nothing happens.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        if display:
+            from IPython.display import display as show
+
+            show(value)
+        return
+    myst_glue(name, value, display=display)
