@@ -15,6 +15,7 @@ def source(obj, *, lines: tuple[int, int] | None = None) -> str:
 
     ``lines=(first, last)`` keeps only those lines (1-based, inclusive) of it.
     """
+    obj = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function as .fn
     try:
         text = inspect.getsource(obj)
     except (TypeError, OSError) as err:
@@ -35,6 +36,7 @@ def show_source(obj, *, lines: tuple[int, int] | None = None):
     """Display ``obj``'s source as a highlighted code block (Markdown output)."""
     from IPython.display import Markdown, display
 
+    obj = getattr(obj, "fn", obj)
     where = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
     header = f"*Source: `{where}.{name}`*\n\n" if where and name and where != name else ""
