@@ -19,12 +19,19 @@ import numpy as np
 
 # ----------------------------------------------------------------- input checks
 
-def _as_float_array(x, name: str) -> np.ndarray:
+def check_array(x, name: str, *, shape: tuple | None = None, min_ndim: int = 2) -> np.ndarray:
+    """``x`` as a floating-point array, checked; errors name the argument.
+
+    ``shape`` demands an exact shape; otherwise at least ``min_ndim`` dimensions.
+    """
     arr = np.asarray(x)
     if not np.issubdtype(arr.dtype, np.floating):
         raise TypeError(f"{name} must be a floating-point array, got dtype {arr.dtype}")
-    if arr.ndim < 2:
-        raise ValueError(f"{name} must have at least 2 dimensions (..., N, d), "
+    if shape is not None:
+        if arr.shape != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)}, got {arr.shape}")
+    elif arr.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions (..., N, d), "
                          f"got shape {arr.shape}")
     return arr
 
@@ -45,9 +52,9 @@ def check_qkv(q, k, v, scale=None):
 
     Raises ``TypeError``/``ValueError`` naming the argument and what was expected.
     """
-    q = _as_float_array(q, "q")
-    k = _as_float_array(k, "k")
-    v = _as_float_array(v, "v")
+    q = check_array(q, "q")
+    k = check_array(k, "k")
+    v = check_array(v, "v")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same head dimension d, "
                          f"got q {q.shape} and k {k.shape}")
@@ -60,13 +67,6 @@ def check_qkv(q, k, v, scale=None):
     if q.shape[-1] == 0:
         raise ValueError(f"q must have a head dimension d >= 1, got shape {q.shape}")
     return q, k, v, resolve_scale(scale, q.shape[-1])
-
-
-def _check_like(x, name: str, shape: tuple) -> np.ndarray:
-    x = _as_float_array(x, name)
-    if x.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {x.shape}")
-    return x
 
 
 # ----------------------------------------------------------------- the formula
@@ -127,7 +127,7 @@ def attention_backward(q, k, v, do, *, causal: bool = False, scale=None):
         dQ = scale * dS K,       dK = scale * dS^T Q
     """
     q, k, v, scale = check_qkv(q, k, v, scale)
-    do = _check_like(do, "do", q.shape[:-1] + (v.shape[-1],))
+    do = check_array(do, "do", shape=q.shape[:-1] + (v.shape[-1],))
     q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
     allowed = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
     p = softmax_rows(scores(q, k, scale=scale), allowed)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .reference import _check_like, check_qkv
+from .reference import check_array, check_qkv
 
 ORDERS = ("fa2", "fa1")                       # forward loop orders
 DQ_STRATEGIES = ("atomic", "second_pass")    # how the backward accumulates dQ
@@ -536,15 +536,6 @@ def _dq_second_pass(q, k, v, lse, do, delta, scale, causal, block_q, block_k, io
     return dq
 
 
-def _check_lse(lse, shape: tuple) -> np.ndarray:
-    arr = np.asarray(lse)
-    if not np.issubdtype(arr.dtype, np.floating):
-        raise TypeError(f"lse must be a floating-point array, got dtype {arr.dtype}")
-    if arr.shape != shape:
-        raise ValueError(f"lse must have shape {shape} (one value per query row), got {arr.shape}")
-    return arr
-
-
 def backward(q, k, v, o, lse, do, *, block_q: int = 64, block_k: int = 64,
              causal: bool = False, scale=None, dq_strategy: str = "atomic",
              io: IOCounter | None = None):
@@ -557,9 +548,9 @@ def backward(q, k, v, o, lse, do, *, block_q: int = 64, block_k: int = 64,
     adds would) or "second_pass" (a second loop, query tiles outer).
     """
     q, k, v, scale = check_qkv(q, k, v, scale)
-    o = _check_like(o, "o", q.shape[:-1] + (v.shape[-1],))
-    do = _check_like(do, "do", o.shape)
-    lse = _check_lse(lse, q.shape[:-1])
+    o = check_array(o, "o", shape=q.shape[:-1] + (v.shape[-1],))
+    do = check_array(do, "do", shape=o.shape)
+    lse = check_array(lse, "lse", shape=q.shape[:-1])  # one value per query row
     block_q, block_k = _check_count(block_q, "block_q"), _check_count(block_k, "block_k")
     causal = _check_flag(causal, "causal")
     _check_choice(dq_strategy, "dq_strategy", DQ_STRATEGIES)
