@@ -1,0 +1,26 @@
+"""Triton kernels for FlashAttention and the autograd Function around them (chapters 7-9).
+
+- ``forward``:   the FlashAttention-2 forward kernel (online softmax, exp2, causal tile skipping)
+- ``backward``:  delta preprocess, the dK/dV kernel, the dQ kernel (or atomic dQ)
+- ``configs``:   block sizes, warps and stages per chip and head_dim, with a shared-memory filter
+- ``autograd``:  input checks, kernel launches (``flash_forward``, ``flash_backward``)
+                 and the differentiable ``flash_attention``
+- ``targets``:   compiling for sm_75 / sm_80 / sm_90 without that GPU (shared memory per config)
+- ``checks``:    references and error yardsticks for tests and self-checks
+"""
+from . import configs
+from .autograd import (
+    DQ_MODES,
+    FlashAttention,
+    check_inputs,
+    flash_attention,
+    flash_backward,
+    flash_forward,
+    set_autotune,
+    set_fp32_precision,
+)
+
+__all__ = [
+    "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs",
+    "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
+]

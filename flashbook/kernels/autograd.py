@@ -1,0 +1,320 @@
+"""``flash_attention``: the Triton kernels wired into PyTorch's autograd (chapters 7 and 8).
+
+    o = flash_attention(q, k, v, causal=True)      # q, k, v: (batch, heads, seq, head_dim)
+    o.sum().backward()                              # runs the backward kernels
+
+The forward kernel saves O and the natural-log ``lse`` of each row; the backward
+recomputes the attention weights from them, tile by tile. Everything the kernels
+assume is checked here, once, with an error that names the argument.
+
+Precision: inputs may be float16, bfloat16 or float32; scores, softmax statistics
+and every accumulator are float32. For float32 inputs the matrix products on a
+GPU use TF32 tensor cores (``input_precision="tf32"``: a 10-bit mantissa, about
+1e-3 relative error per product, as torch does with ``allow_tf32``);
+``set_fp32_precision("ieee")`` makes them exact float32 products, slower. The
+Triton interpreter (no GPU) always computes in full float32 and cannot run
+bfloat16, so bfloat16 is refused there.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable
+
+import torch
+import triton
+
+from .. import runtime
+from ..reference import resolve_scale
+from . import configs
+from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq
+from .configs import Config
+from .forward import _attn_fwd
+
+LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * log2(e))
+DQ_MODES = ("separate", "atomic")
+
+_state = {
+    "fp32_precision": "tf32",
+    "autotune": os.environ.get("FLASHBOOK_AUTOTUNE", "0") not in ("", "0"),
+}
+
+
+def set_fp32_precision(precision: str) -> None:
+    """How float32 inputs are multiplied on a GPU: ``"tf32"`` (default, fast) or ``"ieee"``."""
+    if precision not in ("tf32", "ieee"):
+        raise ValueError(f"precision must be 'tf32' or 'ieee', got {precision!r}")
+    _state["fp32_precision"] = precision
+
+
+def set_autotune(enabled: bool) -> None:
+    """Benchmark every kept configuration on first use of each shape class (GPU only).
+
+    Off by default: the first call then costs one compilation per kernel rather
+    than dozens. Also switched on by the environment variable FLASHBOOK_AUTOTUNE=1.
+    """
+    _state["autotune"] = bool(enabled)
+
+
+# ------------------------------------------------------------------ input checks
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_inputs(q, k, v, causal, scale, dq_mode="separate"):
+    """Validate the arguments of ``flash_attention``; return the resolved scale.
+
+    Raises TypeError / ValueError naming the argument and what was expected.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, heads, seq, head_dim), "
+                             f"got shape {tuple(x.shape)}")
+        if x.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+        if x.numel() == 0:
+            raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+
+    batch, heads, _, head_dim = q.shape
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"k and v must have q's batch size {batch}, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same number of heads, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if heads % k.shape[1] != 0:
+        raise ValueError(f"k's number of heads ({k.shape[1]}) must divide q's ({heads}) "
+                         f"(grouped-query attention), got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same sequence length, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"k must have q's head_dim {head_dim}, got k {tuple(k.shape)}")
+    if v.shape[3] != head_dim:
+        raise ValueError(f"v must have q's head_dim {head_dim}, got v {tuple(v.shape)}")
+    if head_dim > configs.MAX_HEAD_DIM:
+        raise ValueError(f"q's head_dim must be at most {configs.MAX_HEAD_DIM}, got {head_dim}")
+
+    if runtime.device() == "cuda":
+        if q.device.type != "cuda":
+            raise ValueError(f"q, k and v must be CUDA tensors on this machine (the kernels run on "
+                             f"the GPU), got device {q.device}; move them with .cuda()")
+    else:
+        if q.device.type != "cpu":
+            raise ValueError(f"q, k and v must be CPU tensors here (the kernels run in Triton's "
+                             f"interpreter), got device {q.device}")
+        if q.dtype == torch.bfloat16:
+            raise TypeError("q, k and v are bfloat16, which Triton's CPU interpreter cannot compute "
+                            "correctly; use float16 or float32 here, or run on a CUDA GPU")
+    return resolve_scale(scale, head_dim)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    # The kernels assume the head_dim axis has stride 1 (so a row loads as one vector);
+    # every other stride is passed to them. A transposed (batch, seq, heads, head_dim)
+    # tensor already satisfies this and is used as it is.
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+# ------------------------------------------------------------------ configurations
+
+_tuned: dict[tuple, Config] = {}
+
+
+def _cc(device: torch.device) -> int:
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def _pick(kernel: str, x: torch.Tensor, bd: int, key: tuple, launch: Callable[[Config], None]) -> Config:
+    """The configuration for ``kernel``: fixed in the interpreter, tuned or default on a GPU."""
+    if runtime.INTERPRET or x.device.type != "cuda":
+        return configs.INTERPRETER[kernel]
+    cc = _cc(x.device)
+    elem = x.element_size()
+    if not _state["autotune"]:
+        return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem)
+    full_key = (kernel, cc, x.dtype, bd) + key
+    if full_key not in _tuned:
+        from triton.testing import do_bench
+
+        timings = {}
+        for config in configs.kept_candidates(kernel, cc=cc, block_d=bd, elem_bytes=elem):
+            try:
+                timings[config] = do_bench(lambda: launch(config), warmup=5, rep=20)
+            except Exception:  # out of resources on this chip: not a candidate
+                continue
+        _tuned[full_key] = min(timings, key=timings.get)
+    return _tuned[full_key]
+
+
+def _seq_bucket(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+# ------------------------------------------------------------------ forward / backward
+
+def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None):
+    """Run the forward kernel: returns (o, lse), lse float32 of shape (batch, heads, seq_q).
+
+    ``lse`` is the natural-log logsumexp of each scaled score row (-inf for a row
+    that sees no key). No autograd: ``flash_attention`` is the differentiable entry.
+    ``config`` overrides the block sizes (see ``configs``).
+    """
+    scale = check_inputs(q, k, v, causal, scale)
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    bd = configs.block_d(head_dim)
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
+    precision = _state["fp32_precision"] if q.dtype == torch.float32 else "tf32"
+
+    def launch(cfg: Config):
+        grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
+        _attn_fwd[grid](
+            q, k, v, o, lse,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            o.stride(0), o.stride(1), o.stride(2),
+            heads, heads // kv_heads, seq_q, seq_k, scale * LOG2E,
+            HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            CAUSAL=causal, DOT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    if config is None:
+        config = _pick("forward", q, bd, (causal, _seq_bucket(seq_q), _seq_bucket(seq_k)), launch)
+    launch(config)
+    return o, lse
+
+
+def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_mode: str = "separate",
+             config_dkdv: Config | None = None, config_dq: Config | None = None):
+    """Run the backward kernels: returns (dq, dk, dv) for upstream gradient ``do``.
+
+    ``dq_mode="separate"`` (default) computes dQ in its own kernel: deterministic.
+    ``dq_mode="atomic"`` adds dQ into an fp32 buffer with atomics from the dK/dV
+    kernel: one kernel fewer, but the summation order, and so the last bits of
+    dQ, may change between runs on a GPU.
+    """
+    scale = check_inputs(q, k, v, causal, scale, dq_mode)
+    for name, x, like in (("o", o, q), ("do", do, q)):
+        if not isinstance(x, torch.Tensor) or x.shape != like.shape:
+            raise ValueError(f"{name} must be a tensor of shape {tuple(like.shape)}")
+    q, k, v, o, do = (_last_dim_contiguous(x) for x in (q, k, v, o, do))
+    do = do.to(q.dtype)
+    lse = lse.contiguous()
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    bd = configs.block_d(head_dim)
+    precision = _state["fp32_precision"] if q.dtype == torch.float32 else "tf32"
+    qk_scale = scale * LOG2E
+
+    delta = torch.empty_like(lse)
+    block = 64 if runtime.device() == "cuda" else 32
+    _bwd_delta[(triton.cdiv(seq_q, block), batch * heads)](
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        heads, seq_q, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block)
+
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    atomic = dq_mode == "atomic"
+    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else torch.empty_like(q)
+    key = (causal, group, _seq_bucket(seq_q), _seq_bucket(seq_k))
+
+    def launch_dkdv(cfg: Config):
+        if atomic:
+            dq.zero_()
+        grid = (triton.cdiv(seq_k, cfg.block_n), batch * kv_heads)
+        _bwd_dkdv[grid](
+            q, k, v, do, lse, delta, dk, dv, dq,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            heads, kv_heads, group, seq_q, seq_k, qk_scale, scale,
+            HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            CAUSAL=causal, ATOMIC_DQ=atomic, DOT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    def launch_dq(cfg: Config):
+        grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
+        _bwd_dq[grid](
+            q, k, v, do, lse, delta, dq,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            heads, group, seq_q, seq_k, qk_scale, scale,
+            HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            CAUSAL=causal, DOT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    if config_dkdv is None:
+        config_dkdv = _pick("backward_dkdv", q, bd, key + (atomic,), launch_dkdv)
+    launch_dkdv(config_dkdv)
+    if atomic:
+        # the atomics added unscaled dS K: scale once here, then cast to the input dtype
+        dq = dq.mul_(scale).to(q.dtype)
+    else:
+        if config_dq is None:
+            config_dq = _pick("backward_dq", q, bd, key, launch_dq)
+        launch_dq(config_dq)
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """Forward saves (q, k, v, o, lse); backward recomputes P from them tile by tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, dq_mode):
+        o, lse = flash_forward(q, k, v, causal=causal, scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.dq_mode = causal, scale, dq_mode
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale,
+                                    dq_mode=ctx.dq_mode)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str = "separate"):
+    """softmax(scale * q k^T) v, computed tile by tile on chip; differentiable.
+
+    Args:
+        q: (batch, heads, seq_q, head_dim) float16, bfloat16 or float32.
+        k, v: (batch, kv_heads, seq_k, head_dim), same dtype and device; kv_heads must
+            divide heads (grouped-query / multi-query attention). Any strides: a
+            (batch, seq, heads, head_dim) tensor passed as ``x.transpose(1, 2)`` is
+            used without a copy.
+        causal: query i sees key j only when j <= i + seq_k - seq_q (the diagonal
+            aligned to the bottom-right corner). Rows that see no key give zeros.
+        scale: multiplies the scores; None means 1/sqrt(head_dim).
+        dq_mode: ``"separate"`` (deterministic dQ kernel) or ``"atomic"`` (dQ added
+            with atomics inside the dK/dV kernel; chapter 8 compares the two).
+
+    Returns:
+        o with q's shape, dtype and memory layout.
+
+    Precision: float32 accumulation for every dtype; float32 inputs use TF32 matrix
+    products on a GPU (see ``set_fp32_precision``). head_dim up to 256: sizes that
+    are not a power of two are padded on chip and masked. bfloat16 needs a GPU.
+    """
+    check_inputs(q, k, v, causal, scale, dq_mode)
+    return FlashAttention.apply(q, k, v, causal, scale, dq_mode)

@@ -1,0 +1,247 @@
+"""The FlashAttention-2 backward pass as Triton kernels (chapter 8).
+
+Nothing N x N is stored: each kernel recomputes its tile of the attention
+weights from Q, K and the saved ``lse``,
+
+    P = exp(scale * Q K^T - lse)        (here: exp2(qk_scale * Q K^T - lse * log2 e))
+
+and then applies the gradient formulas of chapter 5:
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale dS K,   dK = scale dS^T Q
+
+with ``delta = rowsum(dO * O)``. Three kernels:
+
+1. ``_bwd_delta``: delta for every query row (a tiny preprocess pass).
+2. ``_bwd_dkdv``: one program owns a K/V tile and loops over the query tiles
+   (of every query head that shares it, for GQA), accumulating dK and dV on chip.
+3. ``_bwd_dq``: one program owns a query tile and loops over the K/V tiles,
+   accumulating dQ on chip.
+
+Kernels 2 and 3 each recompute P: that is the price of writing every gradient
+exactly once, with no atomics, so the result is deterministic. The alternative,
+``ATOMIC_DQ``, lets kernel 2 also add its share ``dS K`` of dQ straight into an
+fp32 buffer with ``tl.atomic_add``: one kernel and one recomputation fewer, but
+the order of the additions (and so the last bits of dQ) changes from run to run.
+
+Causal masking skips whole tiles exactly as the forward does: a key tile owned
+by ``_bwd_dkdv`` is seen only by query rows ``i >= j - (seq_k - seq_q)``, so its
+loop starts there; the tiles on the diagonal go through the same loop with the
+constexpr ``STAGE = MASKED``.
+"""
+import triton
+import triton.language as tl
+
+from .forward import LOG2E, MAIN, MASKED, causal_bounds, load_tile
+
+
+@triton.jit
+def _bwd_delta(O, DO, DELTA,
+               stride_ob, stride_oh, stride_om,
+               stride_dob, stride_doh, stride_dom,
+               n_heads, seq_q,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(dO * O) in fp32, for BLOCK_M rows of one (batch, head)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_tile(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+                  offs_m, seq_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+    do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+                   offs_m, seq_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, cols,
+                    q_base, do_base, lse_base, delta_base, dq_base,
+                    stride_qm, stride_dom, stride_dqm,
+                    offs_m, offs_d, seq_q, seq_k, diagonal, lo, hi, qk_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, STAGE: tl.constexpr,
+                    CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+    """Add query tiles [lo, hi) into this K/V tile's (dk, dv); optionally push dq out."""
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        rows = start_m + offs_m
+        q = load_tile(q_base + rows[:, None] * stride_qm + offs_d[None, :],
+                      rows, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        do = load_tile(do_base + rows[:, None] * stride_dom + offs_d[None, :],
+                       rows, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        if STAGE == MASKED:
+            lse = tl.load(lse_base + rows, mask=rows < seq_q, other=0.0)
+            delta = tl.load(delta_base + rows, mask=rows < seq_q, other=0.0)
+            # a row that sees no key has lse = -inf; +inf makes its P exactly 0
+            lse = tl.where(lse == float("-inf"), float("inf"), lse)
+        else:
+            lse = tl.load(lse_base + rows)
+            delta = tl.load(delta_base + rows)
+        # Work with the transposed tile (keys x queries): dK and dV want P^T and dS^T.
+        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        pT = tl.exp2(qkT * qk_scale - (lse * LOG2E)[None, :])
+        if STAGE == MASKED and CAUSAL:
+            pT = tl.where(cols[:, None] <= rows[None, :] + diagonal, pT, 0.0)
+        if ATOMIC_DQ:
+            # keys past seq_k would only pollute dq (their own dk/dv are never stored)
+            pT = tl.where(cols[:, None] < seq_k, pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=DOT_PRECISION)
+            tl.atomic_add(dq_base + rows[:, None] * stride_dqm + offs_d[None, :], dq,
+                          mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+              stride_qb, stride_qh, stride_qm,
+              stride_kb, stride_kh, stride_kn,
+              stride_vb, stride_vh, stride_vn,
+              stride_dob, stride_doh, stride_dom,
+              stride_dkb, stride_dkh, stride_dkn,
+              stride_dvb, stride_dvh, stride_dvn,
+              stride_dqb, stride_dqh, stride_dqm,
+              n_heads, n_kv_heads, group, seq_q, seq_k, qk_scale, scale,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads)."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    start_n = tl.program_id(0) * BLOCK_N
+    bh_kv = tl.program_id(1)
+    b = (bh_kv // n_kv_heads).to(tl.int64)
+    h_kv = (bh_kv % n_kv_heads).to(tl.int64)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    cols = start_n + tl.arange(0, BLOCK_N)
+    k = load_tile(K + b * stride_kb + h_kv * stride_kh + cols[:, None] * stride_kn + offs_d[None, :],
+                  cols, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)
+    v = load_tile(V + b * stride_vb + h_kv * stride_vh + cols[:, None] * stride_vn + offs_d[None, :],
+                  cols, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # Which query tiles see this key tile, and which of them need the causal mask.
+    diagonal = seq_k - seq_q
+    q_end = tl.cdiv(seq_q, BLOCK_M) * BLOCK_M      # one past the last query tile
+    q_full = (seq_q // BLOCK_M) * BLOCK_M          # query tiles below this are whole
+    if CAUSAL:
+        # row i sees key j when i >= j - diagonal: the first key of the tile sets
+        # where the loop starts, the last one where the rows see the whole tile
+        lo = tl.minimum((tl.maximum(start_n - diagonal, 0) // BLOCK_M) * BLOCK_M, q_end)
+        band_end = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diagonal, 0), BLOCK_M) * BLOCK_M
+        band_end = tl.minimum(tl.maximum(band_end, lo), q_end)
+    else:
+        lo = 0
+        band_end = 0
+    main_end = tl.maximum(band_end, q_full)
+
+    for g in range(0, group):  # the query heads that share this K/V head (GQA)
+        h = h_kv * group + g
+        bh = b * n_heads + h
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        dq_base = DQ + b * stride_dqb + h * stride_dqh
+        lse_base = LSE + bh * seq_q
+        delta_base = DELTA + bh * seq_q
+        # the causal diagonal band, then the whole tiles, then a ragged last query tile
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_qm, stride_dom, stride_dqm,
+                                 offs_m, offs_d, seq_q, seq_k, diagonal, lo, band_end, qk_scale,
+                                 HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_qm, stride_dom, stride_dqm,
+                                 offs_m, offs_d, seq_q, seq_k, diagonal, band_end, q_full, qk_scale,
+                                 HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_qm, stride_dom, stride_dqm,
+                                 offs_m, offs_d, seq_q, seq_k, diagonal, main_end, q_end, qk_scale,
+                                 HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
+
+    dk = dk * scale  # dK = scale * dS^T Q: the scale is applied once, at the end
+    keep = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=keep)
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                  rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
+                  CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add key tiles [lo, hi) into this query tile's dq."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :],
+                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :],
+                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.exp2(qk * qk_scale - lse[:, None])
+        if STAGE == MASKED:
+            visible = cols[None, :] < seq_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + diagonal)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+            stride_qb, stride_qh, stride_qm,
+            stride_kb, stride_kh, stride_kn,
+            stride_vb, stride_vh, stride_vn,
+            stride_dob, stride_doh, stride_dom,
+            stride_dqb, stride_dqh, stride_dqm,
+            n_heads, group, seq_q, seq_k, qk_scale, scale,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads)."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = (bh // n_heads).to(tl.int64)
+    h = bh % n_heads
+    h_kv = (h // group).to(tl.int64)
+    h = h.to(tl.int64)
+
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + offs_d[None, :],
+                  rows, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+    do = load_tile(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + offs_d[None, :],
+                   rows, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+    row_ok = rows < seq_q
+    lse = tl.load(LSE + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # no key seen: P = 0
+
+    diagonal = seq_k - seq_q
+    full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                       rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, qk_scale,
+                       HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                       rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
+                       HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
+    dq = dq * scale  # dQ = scale * dS K
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))

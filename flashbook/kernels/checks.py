@@ -1,0 +1,92 @@
+"""Checking the kernels against references: what the tests and the chapters' self-checks use.
+
+Two references, for two questions:
+
+* ``reference_grads``: the truth, in float64 (``flashbook.reference``, NumPy),
+  for the output and the three gradients; grouped-query K/V heads are repeated
+  for the formula and their gradients summed back over the group.
+* ``torch_attention``: plain PyTorch math (the whole score matrix, causal mask
+  aligned bottom-right, rows that see nothing give zeros) in any dtype. Computed
+  in the input dtype, its error against the truth is the yardstick for a kernel's
+  error: the FlashAttention repository's tests ask a kernel to stay within twice
+  the error of such a same-dtype PyTorch implementation, and so do ours. On a GPU,
+  torch's own fused kernel (SDPA) is the other yardstick.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import reference
+
+
+def _group(q, k) -> int:
+    return q.shape[1] // k.shape[1]
+
+
+def reference_grads(q, k, v, do, *, causal=False, scale=None):
+    """(o, dq, dk, dv) in float64 from flashbook.reference, as CPU torch tensors."""
+    g = _group(q, k)
+    to64 = lambda x: x.detach().cpu().double().numpy()  # noqa: E731
+    qn, don = to64(q), to64(do)
+    kn = np.repeat(to64(k), g, axis=1)
+    vn = np.repeat(to64(v), g, axis=1)
+    o = reference.attention(qn, kn, vn, causal=causal, scale=scale)
+    dq, dk, dv = reference.attention_backward(qn, kn, vn, don, causal=causal, scale=scale)
+    b, hkv, nk, d = k.shape
+    dk = dk.reshape(b, hkv, g, nk, d).sum(axis=2)  # each K/V head served `g` query heads
+    dv = dv.reshape(b, hkv, g, nk, v.shape[-1]).sum(axis=2)
+    return tuple(torch.from_numpy(x) for x in (o, dq, dk, dv))
+
+
+def torch_attention(q, k, v, *, causal=False, scale=None):
+    """softmax(scale q k^T) v with PyTorch operations, differentiable, in q's dtype."""
+    scale = reference.resolve_scale(scale, q.shape[-1])
+    g = _group(q, k)
+    k = k.repeat_interleave(g, dim=1)
+    v = v.repeat_interleave(g, dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        allowed = torch.from_numpy(reference.causal_mask(q.shape[-2], k.shape[-2])).to(q.device)
+        s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = torch.nan_to_num(p, nan=0.0)  # a row with no allowed key: weights 0, not NaN
+    return p @ v
+
+
+def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32):
+    """(o, dq, dk, dv) of ``torch_attention`` computed in ``dtype``, returned in q's dtype."""
+    leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    o = torch_attention(*leaves, causal=causal, scale=scale)
+    o.backward(do.detach().to(dtype))
+    return tuple(x.to(q.dtype) for x in (o.detach(), *(t.grad for t in leaves)))
+
+
+def max_error(got, want) -> tuple[float, tuple]:
+    """Largest |got - want| and where it is (an index tuple); NaN counts as infinite."""
+    diff = (got.detach().cpu().double() - want.detach().cpu().double()).abs()
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    flat = int(diff.argmax())
+    where = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
+    return float(diff.reshape(-1)[flat]), where
+
+
+def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int) -> str | None:
+    """None if ``got`` is within 2x the yardstick's error of ``want``, else what differs.
+
+    ``yardstick`` is another computation of the same value (torch's float32 math
+    rounded to the input dtype, or torch's own fused kernel). A floor of a few
+    float32 ulps per sqrt(head_dim) covers values the yardstick gets exactly by
+    luck, such as gradients that are exactly 0 with a single key: the kernel's
+    float32 dot products of length head_dim round there, torch's formula cancels.
+    """
+    err, where = max_error(got, want)
+    base, _ = max_error(yardstick, want)
+    floor = 8 * torch.finfo(torch.float32).eps * math.sqrt(head_dim) * (1 + float(want.abs().max()))
+    bound = 2 * base + floor
+    if err <= bound:
+        return None
+    return (f"{name}: max error {err:.3e} at {where} (got {float(got[where]):.6g}, want "
+            f"{float(want[where]):.6g}) exceeds 2 x {base:.3e} (yardstick) + {floor:.1e} (floor)")

@@ -1,0 +1,210 @@
+"""Block sizes, warps and pipeline stages for each kernel, per chip and head_dim (chapter 9).
+
+A kernel configuration is four numbers:
+
+* ``block_m`` (B_r), the query rows in a tile, and ``block_n`` (B_c), the key rows;
+* ``num_warps``, the warps (32 threads each) that share one program;
+* ``num_stages``, how many tiles deep Triton pipelines the loads of the inner loop.
+
+They must fit the chip: each stage of the pipeline holds a K and a V tile (or a Q
+and a dO tile) in shared memory, so ``smem_estimate`` adds up the tiles a kernel
+keeps there, and ``keep`` drops every configuration that cannot fit, or that makes
+no sense. ``default`` picks, for a chip and a head_dim, the first configuration
+of a short preference list that ``keep`` allows; ``candidates`` lists what an
+autotuner may try instead (``flashbook.kernels.set_autotune(True)``).
+
+The compile-target tests compile every default for sm_75 (T4), sm_80 (A100) and
+sm_90 (H100/H200) and check that the shared memory Triton really allocates
+(``compiled.metadata.shared``) stays within each chip's limit.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .. import runtime
+
+#: The kernels that take a configuration (the delta preprocess is too small to care).
+KERNELS = ("forward", "backward_dkdv", "backward_dq")
+
+#: head_dim is padded up to one of these (a power of two, >= 16 for the tensor cores).
+BLOCK_DS = (16, 32, 64, 128, 256)
+MAX_HEAD_DIM = BLOCK_DS[-1]
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int     # query rows per tile (B_r)
+    block_n: int     # key rows per tile (B_c)
+    num_warps: int
+    num_stages: int
+
+    def __str__(self) -> str:
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+def block_d(head_dim: int) -> int:
+    """head_dim rounded up to the tile width the kernels use (loads are masked past head_dim)."""
+    for bd in BLOCK_DS:
+        if head_dim <= bd:
+            return bd
+    raise ValueError(f"head_dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
+
+
+# ------------------------------------------------------------------ what fits
+
+def smem_estimate(kernel: str, config: Config, block_d: int, elem_bytes: int, cc: int = 80) -> int:
+    """Bytes of shared memory a configuration needs, roughly (chapter 9's explorer shows it).
+
+    On sm_80 and newer (tensor cores, asynchronous copies), per kernel the tile
+    that stays resident plus, for each pipeline stage, the tiles that stream:
+
+    * forward and dQ: the query-side tile stays, K and V stream;
+    * dK/dV: K and V stay, Q and dO stream.
+
+    Below sm_80 Triton has no tensor-core path: ``tl.dot`` stages its operands in
+    shared memory as fp32 (a fit to what Triton 3.9 allocates on sm_75).
+
+    The compiler may reuse or add buffers; the compile-target tests check the real
+    number (``compiled.metadata.shared``) against each chip's limit.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    bm, bn, stages = config.block_m, config.block_n, max(config.num_stages, 1)
+    if cc < 80:
+        # fp32 operand tiles (rows x block_d): Q and K (forward); Q, K and V or dO (backward)
+        rows = bm + bn if kernel == "forward" else bm + bn + max(bm, bn)
+        smem = 4 * max(rows * block_d, bm * bn + max(bm, bn) * block_d)
+        if elem_bytes == 4:  # float32 inputs keep one more copy of a tile and of P
+            smem += 4 * (bm * bn + max(bm, bn) * block_d)
+        return smem
+    if kernel == "forward":
+        resident, streamed = bm * block_d, 2 * bn * block_d
+    elif kernel == "backward_dq":
+        resident, streamed = 2 * bm * block_d, 2 * bn * block_d
+    else:
+        resident, streamed = 2 * bn * block_d, 2 * bm * block_d
+    return elem_bytes * (resident + stages * streamed)
+
+
+def keep(kernel: str, config: Config, *, cc: int, block_d: int, elem_bytes: int,
+         smem_limit: int | None = None) -> bool:
+    """Whether a configuration makes sense for this kernel, head_dim and chip."""
+    bm, bn, warps = config.block_m, config.block_n, config.num_warps
+    limit = smem_limit if smem_limit is not None else globals()["smem_limit"](cc)
+    if smem_estimate(kernel, config, block_d, elem_bytes, cc) > limit:
+        return False
+    if config == Config(16, 16, 4, 1):  # the last resort: small, always worth keeping
+        return True
+    # the fp32 accumulator tiles live in registers: (rows x block_d) per program,
+    # spread over the warps; beyond ~128 fp32 values per thread they spill
+    acc_rows = bn if kernel == "backward_dkdv" else bm
+    acc_tiles = 2 if kernel == "backward_dkdv" else 1
+    if acc_tiles * acc_rows * block_d > 128 * 32 * warps:
+        return False
+    # a tensor-core warp computes 16 rows of a tile: more warps than rows leaves some idle
+    if cc >= 80 and warps * 16 > max(bm, bn) * 2:
+        return False
+    return True
+
+
+def candidates(kernel: str) -> list[Config]:
+    """Every configuration an autotuner may try for ``kernel`` (before ``keep``)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return [Config(bm, bn, w, s)
+            for bm, bn, w, s in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4))]
+
+
+# ------------------------------------------------------------------ the chips
+
+_CC_SMEM = {int(c.arch.removeprefix("sm_")): c.smem_per_block_bytes for c in runtime.CHIPS.values()}
+
+
+def smem_limit(cc: int) -> int:
+    """Shared memory one program may use on compute capability ``cc`` (75, 80, 90...)."""
+    if cc in _CC_SMEM:
+        return _CC_SMEM[cc]
+    if runtime.HAS_CUDA:  # a chip the book has no facts about: ask the driver
+        import triton
+
+        props = triton.runtime.driver.active.utils.get_device_properties(
+            triton.runtime.driver.active.get_current_device())
+        return int(props["max_shared_mem"])
+    return min(_CC_SMEM.values())
+
+
+# The first entry of each list that `keep` allows is the default. Tuned on an H200
+# for sm_90; sm_80 follows FlashAttention-2's own choices for the A100; sm_75 has
+# 64 KiB of shared memory and so smaller tiles and fewer stages.
+_PREFERRED: dict[str, dict[str, list[Config]]] = {
+    "sm_90": {
+        "forward": [Config(128, 128, 8, 3), Config(128, 64, 4, 3), Config(128, 64, 8, 2),
+                    Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 1)],
+        "backward_dkdv": [Config(32, 128, 8, 3), Config(64, 128, 8, 2), Config(32, 64, 4, 2),
+                          Config(32, 32, 4, 2), Config(32, 32, 4, 1)],
+        "backward_dq": [Config(128, 32, 8, 3), Config(128, 64, 8, 2), Config(64, 32, 4, 2),
+                        Config(32, 32, 4, 2), Config(32, 32, 4, 1)],
+    },
+    "sm_80": {
+        "forward": [Config(128, 64, 4, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2),
+                    Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(32, 32, 4, 1)],
+        "backward_dkdv": [Config(32, 128, 8, 2), Config(32, 64, 4, 2), Config(32, 32, 4, 2),
+                          Config(32, 32, 4, 1)],
+        "backward_dq": [Config(128, 32, 8, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2),
+                        Config(32, 32, 4, 1)],
+    },
+    "sm_75": {
+        # Triton (since 3.2) has no tensor-core path below sm_80: tl.dot becomes FMAs
+        # whose operands go through shared memory. Small tiles, 8 warps to share the
+        # arithmetic, no pipelining (there are no asynchronous copies either).
+        "forward": [Config(64, 32, 8, 1), Config(32, 32, 8, 1), Config(16, 16, 4, 1)],
+        "backward_dkdv": [Config(32, 32, 8, 1), Config(16, 32, 8, 1), Config(16, 16, 4, 1)],
+        "backward_dq": [Config(32, 32, 8, 1), Config(32, 16, 8, 1), Config(16, 16, 4, 1)],
+    },
+}
+
+#: What the interpreter runs: small tiles (it is slow), with B_r != B_c so that
+#: the causal bounds are exercised for tiles that are not square.
+INTERPRETER: dict[str, Config] = {
+    "forward": Config(32, 16, 4, 1),
+    "backward_dkdv": Config(16, 32, 4, 1),
+    "backward_dq": Config(32, 16, 4, 1),
+}
+
+
+def _family(cc: int) -> str:
+    return "sm_90" if cc >= 90 else "sm_80" if cc >= 80 else "sm_75"
+
+
+def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> Config:
+    """The configuration the library uses for ``kernel`` on compute capability ``cc``."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    limit = smem_limit(cc)
+    for config in _PREFERRED[_family(cc)][kernel]:
+        if keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit):
+            return config
+    smallest = Config(16, 16, 4, 1)
+    if keep(kernel, smallest, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit):
+        return smallest
+    raise ValueError(
+        f"head_dim up to {block_d} with {8 * elem_bytes}-bit inputs needs more shared memory than "
+        f"sm_{cc} offers per program ({limit // 1024} KiB) even with the smallest tiles; "
+        f"use float16 or bfloat16 inputs, or a smaller head_dim")
+
+
+def supported(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> bool:
+    """Whether some configuration of ``kernel`` fits this chip, head_dim tile and element size."""
+    try:
+        default(kernel, cc=cc, block_d=block_d, elem_bytes=elem_bytes)
+    except ValueError:
+        return False
+    return True
+
+
+def kept_candidates(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> list[Config]:
+    """``candidates`` filtered by ``keep`` for one chip and head_dim (the autotuner's list)."""
+    limit = smem_limit(cc)
+    return [c for c in candidates(kernel)
+            if keep(kernel, c, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit)]

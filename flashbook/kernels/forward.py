@@ -1,0 +1,164 @@
+"""The FlashAttention-2 forward pass as a Triton kernel (chapter 7).
+
+One program owns one tile of ``BLOCK_M`` query rows of one head. It keeps that
+Q tile, the running row maximum ``row_max``, the running ``row_sum`` and the
+output accumulator ``acc`` on chip, and streams the K and V tiles of its head
+past them (the online softmax of chapter 3). It writes O and the natural-log
+``lse`` of each row, nothing else: the backward pass recomputes the rest.
+
+Two tricks make the inner loop cheap:
+
+* ``exp2`` instead of ``exp``: the scale is multiplied by log2(e) once, so the
+  exponent costs one multiply and one ``ex2`` instruction.
+* The key tiles of a query tile fall into two groups. Tiles that every row of
+  the query tile may see entirely (all of them, when not causal, except a last
+  partial tile) need no mask: the *main* stage. The few tiles on the causal
+  diagonal, and a last tile that sticks out past ``seq_k``, need a mask: the
+  *masked* stage. Both are the same loop, ``_fwd_inner``, with a constexpr
+  ``STAGE``; tiles that are masked entirely are never visited at all.
+
+Shapes: q (batch, heads, seq_q, head_dim); k, v (batch, kv_heads, seq_k, head_dim)
+with ``heads = group * kv_heads`` (GQA; group 1 is plain multi-head attention).
+Any strides, except that the last dimension must be contiguous (the Python side
+makes sure of that).
+"""
+import triton
+import triton.language as tl
+
+MAIN: tl.constexpr = tl.constexpr(1)     # tiles wholly visible to every row: no mask
+MASKED: tl.constexpr = tl.constexpr(2)   # the causal diagonal and the ragged end
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 back into a natural log
+
+
+@triton.jit
+def load_tile(ptrs, rows, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load a 2-D tile, masking only the dimensions that can run past the end.
+
+    Unmasked loads are the fast path; a mask is added only where a constexpr says
+    the tile may stick out (a ragged last tile, a head_dim padded to a power of 2).
+    Out-of-range elements read as 0.
+    """
+    if MASK_ROWS and MASK_COLS:
+        x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+    elif MASK_ROWS:
+        x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    elif MASK_COLS:
+        x = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def causal_bounds(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr):
+    """Key range [0, hi) a query tile must visit, and where its masked part begins.
+
+    Query row i sees key j when j <= i + (seq_k - seq_q) (bottom-right aligned).
+    Keys below ``full_end`` are visible to every row of the tile and lie in whole
+    tiles (main stage); keys in [full_end, hi) need a mask (masked stage).
+    """
+    if CAUSAL:
+        diagonal = seq_k - seq_q
+        # the last row of the tile sees keys up to start_m + BLOCK_M - 1 + diagonal
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + diagonal, 0), seq_k)
+        # the first row sees keys up to start_m + diagonal: whole tiles below that are free
+        full_end = tl.minimum(tl.maximum(start_m + diagonal + 1, 0), seq_k)
+    else:
+        hi = seq_k
+        full_end = seq_k
+    full_end = (full_end // BLOCK_N) * BLOCK_N
+    return full_end, hi
+
+
+@triton.jit
+def _fwd_inner(acc, row_max, row_sum, q,
+               k_base, v_base, stride_kn, stride_vn,
+               offs_m, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
+               CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :],
+                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if STAGE == MASKED:
+            visible = cols[None, :] < seq_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            new_max = tl.maximum(row_max, tl.max(qk, 1))
+            # A row that has seen no key yet keeps a max of -inf; use 0 instead so
+            # that -inf - (-inf) never makes a NaN (its p is exp2(-inf) = 0 anyway).
+            new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+            qk = qk - new_max[:, None]
+        else:
+            new_max = tl.maximum(row_max, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - new_max[:, None]
+        p = tl.exp2(qk)
+        alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
+        row_sum = row_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :],
+                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        row_max = new_max
+    return acc, row_max, row_sum
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE,
+              stride_qb, stride_qh, stride_qm,
+              stride_kb, stride_kh, stride_kn,
+              stride_vb, stride_vh, stride_vn,
+              stride_ob, stride_oh, stride_om,
+              n_heads, group, seq_q, seq_k, qk_scale,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads)."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = (bh // n_heads).to(tl.int64)
+    h = bh % n_heads
+    h_kv = (h // group).to(tl.int64)  # GQA: `group` query heads share one K/V head
+    h = h.to(tl.int64)
+
+    q_base = Q + b * stride_qb + h * stride_qh
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
+    o_base = O + b * stride_ob + h * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :],
+                  offs_m, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    diagonal = seq_k - seq_q
+    full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, row_max, row_sum = _fwd_inner(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, offs_n, offs_d, seq_k, diagonal, 0, full_end, qk_scale,
+        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+    acc, row_max, row_sum = _fwd_inner(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
+        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
+
+    # A row that saw no key (causal, seq_q > seq_k) has row_sum 0: output 0, lse -inf.
+    seen = row_sum > 0.0
+    acc = acc / tl.where(seen, row_sum, 1.0)[:, None]
+    lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * LN2, float("-inf"))
+    row_ok = offs_m < seq_q
+    tl.store(LSE + bh.to(tl.int64) * seq_q + offs_m, lse, mask=row_ok)
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))

@@ -1,0 +1,131 @@
+"""Compile the kernels for a GPU that is not here: sm_75 (T4), sm_80 (A100), sm_90 (H100/H200).
+
+Triton can compile a kernel for any NVIDIA target without that GPU present (it
+ships its own ``ptxas``). This is how the book checks, on a machine with no GPU,
+that every configuration it would launch fits each chip: ``compile_kernel``
+returns the compiled kernel, whose ``metadata.shared`` is the shared memory one
+program really allocates (chapter 9 compares it with ``configs.smem_estimate``).
+
+Compilation needs ``TRITON_INTERPRET`` unset or 0 when triton is imported, so on
+a CPU-only machine run this in a separate process started with TRITON_INTERPRET=0
+(``python -m flashbook.kernels.targets`` does that for the whole table).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from . import configs
+from .configs import Config
+
+ARCHS = (75, 80, 90)
+DTYPES = ("fp16", "bf16", "fp32")
+_ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def _kernel_fn(kernel: str):
+    from .backward import _bwd_dkdv, _bwd_dq
+    from .forward import _attn_fwd
+
+    return {"forward": _attn_fwd, "backward_dkdv": _bwd_dkdv, "backward_dq": _bwd_dq}[kernel]
+
+
+def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
+                   causal: bool = True, atomic_dq: bool = False):
+    """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    fn = _kernel_fn(kernel)
+    constexprs = {
+        "HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim),
+        "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "CAUSAL": causal,
+        "DOT_PRECISION": "tf32",  # what autograd passes; it only matters for fp32 inputs
+    }
+    if kernel == "backward_dkdv":
+        constexprs["ATOMIC_DQ"] = atomic_dq
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ("LSE", "DELTA") or (name == "DQ" and atomic_dq):
+            signature[name] = "*fp32"
+        elif name.isupper():  # a tensor: Q, K, V, O, DO, DK, DV, DQ
+            signature[name] = f"*{dtype}"
+        elif name in ("qk_scale", "scale"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+        # what Triton assumes at launch for 16-byte aligned tensors and strides that are multiples of 16
+        if signature[name].startswith("*") or name.startswith("stride_"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+
+
+def plan(kernels=configs.KERNELS, archs=ARCHS, head_dims=configs.BLOCK_DS, dtypes=DTYPES):
+    """Every default configuration the library would launch, as compile jobs."""
+    jobs = []
+    for kernel in kernels:
+        for cc in archs:
+            for hd in head_dims:
+                for dtype in dtypes:
+                    config = configs.default(kernel, cc=cc, block_d=configs.block_d(hd),
+                                             elem_bytes=_ELEM_BYTES[dtype])
+                    jobs.append(dict(kernel=kernel, cc=cc, head_dim=hd, dtype=dtype,
+                                     config=[config.block_m, config.block_n,
+                                             config.num_warps, config.num_stages]))
+    return jobs
+
+
+def run_job(job: dict) -> dict:
+    """Compile one job from ``plan``; report shared memory (bytes) and registers if known."""
+    config = Config(*job["config"])
+    out = dict(job)
+    try:
+        compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
+                                  dtype=job["dtype"], causal=job.get("causal", True),
+                                  atomic_dq=job.get("atomic_dq", False))
+        out["shared"] = int(compiled.metadata.shared)
+        out["error"] = None
+    except Exception as e:  # reported, not raised: the caller decides what a failure means
+        out["shared"] = None
+        out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+    return out
+
+
+def main(argv=None) -> int:
+    """``python -m flashbook.kernels.targets [--workers N] [--all] [--out FILE]``.
+
+    Reads compile jobs (a JSON list of dicts like ``plan()``'s) on stdin, or takes
+    the whole ``plan()`` with ``--all``, and writes the results as JSON on stdout.
+    """
+    import argparse
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--workers", type=int, default=1, help="compile in this many processes")
+    parser.add_argument("--all", action="store_true", help="compile every default configuration")
+    parser.add_argument("--out", help="write the JSON results here instead of stdout")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("set TRITON_INTERPRET=0 to compile for a GPU target", file=sys.stderr)
+        return 2
+    jobs = plan() if args.all else json.load(sys.stdin)
+    if args.workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(args.workers) as pool:
+            results = list(pool.map(run_job, jobs))
+    else:
+        results = [run_job(job) for job in jobs]
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    else:
+        json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Every kernel configuration the library launches compiles for sm_75, sm_80 and sm_90.
+
+No GPU is needed: Triton compiles for a named target with the ``ptxas`` it ships.
+For each chip the test checks that the shared memory one program really allocates
+(``compiled.metadata.shared``) fits that chip's limit (``flashbook.runtime.CHIPS``),
+and that every head_dim the library accepts has a configuration that compiles.
+
+Compilation runs in a subprocess with TRITON_INTERPRET=0 (this process may have
+imported triton in interpreter mode). Results are cached in pytest's cache
+directory (Triton's own on-disk cache), so a second run takes seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flashbook import runtime
+from flashbook.kernels import configs
+
+ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+CHIP_OF = {75: "T4", 80: "A100", 90: "H100"}
+
+
+def _job(kernel, cc, head_dim, dtype, causal=True, atomic_dq=False):
+    if not configs.supported(kernel, cc=cc, block_d=configs.block_d(head_dim), elem_bytes=ELEM_BYTES[dtype]):
+        return None
+    config = configs.default(kernel, cc=cc, block_d=configs.block_d(head_dim),
+                             elem_bytes=ELEM_BYTES[dtype])
+    return dict(kernel=kernel, cc=cc, head_dim=head_dim, dtype=dtype, causal=causal,
+                atomic_dq=atomic_dq,
+                config=[config.block_m, config.block_n, config.num_warps, config.num_stages])
+
+
+def jobs_for(cc: int) -> list[dict]:
+    """The configurations to compile for one chip.
+
+    Every (kernel, head_dim tile) default in fp16, causal (the branch with the most
+    code). float32 where its default differs from fp16's, and at the widest tile,
+    where it needs the most shared memory. Plus the variants that change the code:
+    bfloat16, the atomic-dQ backward, a head_dim that is not a power of two
+    (masked loads), and non-causal.
+    """
+    jobs = []
+    for kernel in configs.KERNELS:
+        for bd in configs.BLOCK_DS:
+            fp16 = _job(kernel, cc, bd, "fp16")
+            fp32 = _job(kernel, cc, bd, "fp32")
+            jobs.append(fp16)
+            if fp32 is not None and (fp32["config"] != fp16["config"] or bd == configs.MAX_HEAD_DIM):
+                jobs.append(fp32)
+        jobs.append(_job(kernel, cc, 128, "bf16"))
+        jobs.append(_job(kernel, cc, 80, "fp16", causal=False))
+    jobs.append(_job("backward_dkdv", cc, 128, "fp16", atomic_dq=True))
+    assert None not in jobs, f"sm_{cc}: a 16-bit configuration is unsupported"
+    return jobs
+
+
+def compile_jobs(jobs: list[dict], cache_dir: str, tmp_path) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=cache_dir,
+               TRITON_DEFAULT_FP_FUSION="1")
+    out = tmp_path / "results.json"
+    workers = max(1, min(2, os.cpu_count() or 1))
+    proc = subprocess.run(
+        [sys.executable, "-m", "flashbook.kernels.targets", "--workers", str(workers), "--out", str(out)],
+        input=json.dumps(jobs), text=True, capture_output=True, env=env, timeout=900)
+    assert proc.returncode == 0, f"compile subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("cc", sorted(CHIP_OF))
+def test_defaults_compile_and_fit(cc, request, tmp_path):
+    cache_dir = str(request.config.cache.mkdir("triton-compile-targets"))
+    results = compile_jobs(jobs_for(cc), cache_dir, tmp_path)
+    limit = runtime.chip(CHIP_OF[cc]).smem_per_block_bytes
+    failures = [r for r in results if r["error"] or r["shared"] > limit]
+    report = "\n".join(
+        f"  {r['kernel']} head_dim={r['head_dim']} {r['dtype']} config={r['config']}: "
+        + (r["error"][:400] if r["error"] else f"shared {r['shared']} B > limit {limit} B")
+        for r in failures)
+    assert not failures, f"sm_{cc}: {len(failures)} of {len(results)} configurations fail:\n{report}"
+    # every head_dim tile the library accepts has a configuration that compiles, per kernel
+    compiled = {(r["kernel"], configs.block_d(r["head_dim"])) for r in results if not r["error"]}
+    for kernel in configs.KERNELS:
+        for bd in configs.BLOCK_DS:
+            assert (kernel, bd) in compiled, f"sm_{cc}: no {kernel} configuration for head_dim tile {bd}"
+
+
+def test_unsupported_combinations_are_only_fp32_at_large_head_dim():
+    """Only float32 with a 256-wide head_dim tile on the T4 finds no configuration; the
+    library then refuses it with a clear error instead of failing to launch."""
+    unsupported = [(kernel, cc, bd, elem)
+                   for kernel in configs.KERNELS for cc in CHIP_OF for bd in configs.BLOCK_DS
+                   for elem in (2, 4)
+                   if not configs.supported(kernel, cc=cc, block_d=bd, elem_bytes=elem)]
+    assert all(cc == 75 and bd == 256 and elem == 4 for _, cc, bd, elem in unsupported), unsupported
+    with pytest.raises(ValueError, match="shared memory"):
+        configs.default("backward_dkdv", cc=75, block_d=256, elem_bytes=4)
+
+
+def test_smem_estimate_is_close_for_the_defaults():
+    """The estimate that ``keep`` filters with is in the right range on sm_90 (exact for
+    the forward: a Q tile plus num_stages K and V tiles)."""
+    config = configs.Config(128, 64, 4, 3)
+    assert configs.smem_estimate("forward", config, 128, 2, cc=90) == 2 * (128 * 128 + 3 * 2 * 64 * 128)
+
+
+def test_keep_rejects_what_cannot_fit():
+    big = configs.Config(128, 128, 8, 4)
+    assert not configs.keep("forward", big, cc=75, block_d=256, elem_bytes=2)
+    assert configs.keep("forward", configs.Config(64, 64, 4, 2), cc=90, block_d=64, elem_bytes=2)
+    for cc in CHIP_OF:
+        for kernel in configs.KERNELS:
+            for bd in configs.BLOCK_DS:
+                for elem in (2, 4):
+                    kept = configs.kept_candidates(kernel, cc=cc, block_d=bd, elem_bytes=elem)
+                    limit = configs.smem_limit(cc)
+                    assert all(configs.smem_estimate(kernel, c, bd, elem, cc) <= limit for c in kept)

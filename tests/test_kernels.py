@@ -1,0 +1,237 @@
+"""The Triton kernels, run in the interpreter on the CPU (or on a GPU if there is one).
+
+Every case checks the output and all three gradients against the float64 truth
+(``flashbook.reference``). Tolerance, as in the FlashAttention repository's own
+tests: the same attention written in plain PyTorch and computed in the input
+dtype is the yardstick, and the kernel may be at most twice as far from the truth
+as it is. The yardstick rounds S, P, dP and dS to the input dtype; the kernel
+keeps S and the softmax statistics in fp32 but rounds P and dS before its matrix
+products, so it lands within that (measured: at most ~1.4x here for fp16). A floor
+of a few float32 ulps covers values that are exactly 0 (one key: dQ = dK = 0).
+In the interpreter float32 dots are exact float32 (no TF32).
+
+The shapes are small and odd on purpose (the interpreter is slow): lengths that
+are not multiples of any tile, seq_q != seq_k both ways, rows that see no key,
+head_dims that are not powers of two, grouped-query heads, transposed layouts.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flashbook
+from flashbook import runtime
+from flashbook.kernels import checks, configs
+from flashbook.kernels import flash_backward, flash_forward
+
+DEVICE = runtime.device()
+DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+
+
+def make(shape, dtype, gen, layout="bhsd"):
+    """Fresh normal inputs; layout 'bshd' builds (batch, seq, heads, d) and transposes."""
+    b, h, n, d = shape
+    if layout == "bshd":
+        x = torch.randn(b, n, h, d, generator=gen, dtype=torch.float32).to(dtype).transpose(1, 2)
+    elif layout == "strided_d":  # head_dim not contiguous: the library copies it
+        x = torch.randn(b, h, n, 2 * d, generator=gen, dtype=torch.float32).to(dtype)[..., ::2]
+    else:
+        x = torch.randn(b, h, n, d, generator=gen, dtype=torch.float32).to(dtype)
+    return x.to(DEVICE)
+
+
+def run_case(b, h, h_kv, n_q, n_k, d, causal, dtype, *, dq_mode="separate", layout="bhsd",
+             scale=None, seed=None):
+    seed = random.randrange(2**31) if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    q = make((b, h, n_q, d), dtype, gen, layout).requires_grad_()
+    k = make((b, h_kv, n_k, d), dtype, gen, layout).requires_grad_()
+    v = make((b, h_kv, n_k, d), dtype, gen, layout).requires_grad_()
+    do = make((b, h, n_q, d), dtype, gen, layout)
+    o = flashbook.flash_attention(q, k, v, causal=causal, scale=scale, dq_mode=dq_mode)
+    o.backward(do)
+    got = (o, q.grad, k.grad, v.grad)
+    want = checks.reference_grads(q, k, v, do, causal=causal, scale=scale)
+    yardstick = checks.torch_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal=causal, scale=scale,
+                                  dtype=dtype)
+    problems = []
+    for name, g, w, y in zip(("o", "dq", "dk", "dv"), got, want, yardstick):
+        assert g.shape == w.shape and g.dtype == dtype, f"{name}: {g.shape} {g.dtype}"
+        problem = checks.within_twice_yardstick(name, g.cpu(), w, y, head_dim=d)
+        if problem:
+            problems.append(problem)
+    assert not problems, f"seed {seed}: " + "; ".join(problems)
+    return q, k, v, o
+
+
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, dtype)
+CASES = {
+    "seq1": (1, 2, 2, 1, 1, 16, False, "fp32"),
+    "seq1-sees-all-keys": (1, 1, 1, 1, 17, 16, True, "fp16"),
+    "17-causal": (2, 2, 2, 17, 17, 16, True, "fp16"),
+    "113-causal": (1, 2, 2, 113, 113, 64, True, "fp16"),
+    "113-full-fp32": (1, 2, 2, 113, 113, 64, False, "fp32"),
+    "300-causal-d80": (1, 1, 1, 300, 300, 80, True, "fp16"),
+    "q-shorter-causal-d128": (1, 2, 2, 17, 300, 128, True, "fp32"),
+    "q-longer-full-d128": (1, 1, 1, 300, 113, 128, False, "fp16"),
+    "gqa-causal-rows-see-nothing": (1, 4, 2, 113, 40, 64, True, "fp16"),
+    "mqa-d80": (1, 4, 1, 17, 113, 80, False, "fp32"),
+    "gqa-d16-q-shorter": (2, 6, 3, 40, 113, 16, True, "fp32"),
+    "d256": (1, 1, 1, 40, 33, 256, True, "fp16"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference(case):
+    b, h, h_kv, n_q, n_k, d, causal, dtype = CASES[case]
+    run_case(b, h, h_kv, n_q, n_k, d, causal, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("case", ["113-causal", "gqa-causal-rows-see-nothing", "mqa-d80"])
+def test_atomic_dq_matches_reference(case):
+    b, h, h_kv, n_q, n_k, d, causal, dtype = CASES[case]
+    run_case(b, h, h_kv, n_q, n_k, d, causal, DTYPES[dtype], dq_mode="atomic")
+
+
+@settings(max_examples=8, deadline=None)
+@given(n_q=st.integers(1, 80), n_k=st.integers(1, 80), d=st.sampled_from([16, 24, 40, 64]),
+       group=st.sampled_from([1, 2]), causal=st.booleans(), dq_mode=st.sampled_from(["separate", "atomic"]))
+def test_any_shape(n_q, n_k, d, group, causal, dq_mode):
+    run_case(1, 2, 2 // group, n_q, n_k, d, causal, torch.float32, dq_mode=dq_mode)
+
+
+def test_custom_scale():
+    run_case(1, 2, 1, 40, 70, 32, True, torch.float32, scale=0.3)
+
+
+def test_transposed_layout_is_used_as_is():
+    """q, k, v built as (batch, seq, heads, d) and transposed: output and grads keep that layout."""
+    q, k, v, o = run_case(1, 2, 2, 113, 113, 64, True, torch.float16, layout="bshd")
+    assert not q.is_contiguous()
+    assert o.stride() == q.stride()
+    assert q.grad.stride() == q.stride() and k.grad.stride() == k.stride()
+
+
+def test_head_dim_not_contiguous():
+    run_case(1, 2, 2, 17, 33, 32, False, torch.float32, layout="strided_d")
+
+
+@pytest.mark.parametrize("fwd,dkdv,dq", [
+    (configs.Config(16, 32, 4, 1), configs.Config(32, 16, 4, 1), configs.Config(16, 32, 4, 1)),
+    (configs.Config(64, 64, 4, 1), configs.Config(64, 64, 4, 1), configs.Config(64, 64, 4, 1)),
+])
+@pytest.mark.parametrize("n_q,n_k", [(70, 45), (45, 70)])
+def test_other_tile_shapes(fwd, dkdv, dq, n_q, n_k):
+    """The causal loop bounds hold for tiles wider or narrower than the diagonal's offset."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q, k, v, do = (torch.randn(1, 2, n, 32, generator=gen).to(DEVICE) for n in (n_q, n_k, n_k, n_q))
+    o, lse = flash_forward(q, k, v, causal=True, config=fwd)
+    for mode in ("separate", "atomic"):
+        grads = flash_backward(q, k, v, o, lse, do, causal=True, dq_mode=mode,
+                                config_dkdv=dkdv, config_dq=dq)
+        want = checks.reference_grads(q, k, v, do, causal=True)
+        for name, g, w in zip(("o", "dq", "dk", "dv"), (o, *grads), want):
+            err, where = checks.max_error(g.cpu(), w)
+            assert err < 1e-5 * (1 + float(w.abs().max())), f"{mode} {name}: {err:.2e} at {where}"
+
+
+def test_lse_is_the_natural_log_logsumexp():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q, k, v = (torch.randn(1, 1, n, 16, generator=gen).to(DEVICE) for n in (40, 8, 8))
+    _, lse = flash_forward(q, k, v, causal=True)
+    s = (q.double() @ k.double().transpose(-1, -2)) / 4.0
+    allowed = torch.from_numpy(flashbook.reference.causal_mask(40, 8))
+    want = torch.logsumexp(s.cpu().masked_fill(~allowed, float("-inf")), dim=-1)
+    seen = allowed.any(-1)
+    assert torch.allclose(lse.cpu()[..., seen].double(), want[..., seen], atol=1e-5)
+    assert torch.all(lse.cpu()[..., ~seen] == float("-inf"))
+
+
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_rows_that_see_no_key_give_zeros(dq_mode):
+    """causal with seq_q > seq_k: the first seq_q - seq_k rows see no key at all."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen).to(DEVICE).requires_grad_() for n in (40, 8, 8))
+    o = flashbook.flash_attention(q, k, v, causal=True, dq_mode=dq_mode)
+    o.backward(torch.randn(o.shape, generator=gen).to(DEVICE))
+    blind = slice(0, 40 - 8)
+    for name, x in (("o", o), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert torch.isfinite(x).all(), f"{name} has NaN or inf"
+    assert torch.all(o[:, :, blind] == 0) and torch.all(q.grad[:, :, blind] == 0)
+    assert o[:, :, 32:].abs().sum() > 0
+
+
+def test_no_grad_forward_runs_without_saving():
+    q = torch.randn(1, 1, 5, 16).to(DEVICE)
+    with torch.no_grad():
+        o = flashbook.flash_attention(q, q, q)
+    assert o.shape == q.shape and not o.requires_grad
+
+
+# ------------------------------------------------------------------ bad input
+
+def _qkv(shape_q=(1, 2, 8, 16), shape_k=(1, 2, 8, 16), shape_v=None, dtype=torch.float32):
+    shape_v = shape_v or shape_k
+    return (torch.randn(shape_q, dtype=dtype), torch.randn(shape_k, dtype=dtype),
+            torch.randn(shape_v, dtype=dtype))
+
+
+BAD = {
+    "q not a tensor": (lambda: ([[1.0]], *_qkv()[1:]), {}, TypeError, "q must be a torch.Tensor"),
+    "q rank 3": (lambda: (torch.randn(2, 8, 16), *_qkv()[1:]), {}, ValueError, "q must have 4 dimensions"),
+    "k rank 5": (lambda: (_qkv()[0], torch.randn(1, 1, 2, 8, 16), _qkv()[2]), {}, ValueError,
+                 "k must have 4 dimensions"),
+    "integer dtype": (lambda: tuple(x.long() for x in _qkv()), {}, TypeError, "q must be float16"),
+    "float64": (lambda: tuple(x.double() for x in _qkv()), {}, TypeError, "q must be float16"),
+    "mixed dtypes": (lambda: (_qkv()[0].half(), *_qkv()[1:]), {}, TypeError, "same dtype"),
+    "batch mismatch": (lambda: _qkv(shape_k=(2, 2, 8, 16)), {}, ValueError, "batch size"),
+    "k/v heads differ": (lambda: _qkv(shape_k=(1, 2, 8, 16), shape_v=(1, 1, 8, 16)), {}, ValueError,
+                         "same number of heads"),
+    "heads not divisible": (lambda: _qkv(shape_q=(1, 3, 8, 16)), {}, ValueError, "must divide"),
+    "k/v lengths differ": (lambda: _qkv(shape_v=(1, 2, 9, 16)), {}, ValueError, "same sequence length"),
+    "head_dim mismatch": (lambda: _qkv(shape_k=(1, 2, 8, 32)), {}, ValueError, "k must have q's head_dim"),
+    "v head_dim mismatch": (lambda: _qkv(shape_v=(1, 2, 8, 32)), {}, ValueError, "v must have q's head_dim"),
+    "head_dim 0": (lambda: _qkv((1, 2, 8, 0), (1, 2, 8, 0)), {}, ValueError, "q must not be empty"),
+    "head_dim 257": (lambda: _qkv((1, 1, 2, 257), (1, 1, 2, 257)), {}, ValueError, "at most 256"),
+    "empty batch": (lambda: _qkv((0, 2, 8, 16), (0, 2, 8, 16)), {}, ValueError, "must not be empty"),
+    "empty seq_k": (lambda: _qkv(shape_k=(1, 2, 0, 16)), {}, ValueError, "k must not be empty"),
+    "scale 0": (lambda: _qkv(), {"scale": 0.0}, ValueError, "scale must be a finite number > 0"),
+    "scale negative": (lambda: _qkv(), {"scale": -1.0}, ValueError, "scale"),
+    "scale NaN": (lambda: _qkv(), {"scale": math.nan}, ValueError, "scale"),
+    "scale inf": (lambda: _qkv(), {"scale": math.inf}, ValueError, "scale"),
+    "scale string": (lambda: _qkv(), {"scale": "0.1"}, TypeError, "scale must be a real number"),
+    "causal not bool": (lambda: _qkv(), {"causal": "yes"}, TypeError, "causal must be True or False"),
+    "dq_mode unknown": (lambda: _qkv(), {"dq_mode": "fast"}, ValueError, "dq_mode must be one of"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_names_the_argument(case):
+    make_args, kwargs, error, message = BAD[case]
+    with pytest.raises(error, match=message):
+        flashbook.flash_attention(*make_args(), **kwargs)
+
+
+def test_mixed_devices_are_refused():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="same device"):
+        flashbook.flash_attention(q, k.to("meta"), v)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="CPU tensors are what the interpreter needs")
+def test_cuda_kernels_want_the_interpreter_device():
+    q, k, v = (x.to("meta") for x in _qkv())
+    with pytest.raises(ValueError, match="CPU tensors"):
+        flashbook.flash_attention(q, k, v)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="bfloat16 runs on a GPU")
+def test_bfloat16_is_refused_in_the_interpreter():
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16.*interpreter"):
+        flashbook.flash_attention(q, k, v)
