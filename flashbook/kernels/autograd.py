@@ -24,6 +24,11 @@ from typing import Callable
 import torch
 import triton
 
+try:
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # older Triton kept it beside the autotuner
+    from triton.runtime.autotuner import OutOfResources
+
 from .. import runtime
 from ..reference import resolve_scale
 from . import configs
@@ -125,7 +130,7 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------ configurations
 
-_tuned: dict[tuple, Config] = {}
+_chosen: dict[tuple, Config] = {}
 
 
 def _cc(device: torch.device) -> int:
@@ -133,26 +138,47 @@ def _cc(device: torch.device) -> int:
     return major * 10 + minor
 
 
-def _pick(kernel: str, x: torch.Tensor, bd: int, key: tuple, launch: Callable[[Config], None]) -> Config:
-    """The configuration for ``kernel``: fixed in the interpreter, tuned or default on a GPU."""
-    if runtime.INTERPRET or x.device.type != "cuda":
-        return configs.INTERPRETER[kernel]
-    cc = _cc(x.device)
-    elem = x.element_size()
-    if not _state["autotune"]:
-        return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem)
-    full_key = (kernel, cc, x.dtype, bd) + key
-    if full_key not in _tuned:
+def _run(kernel: str, x: torch.Tensor, bd: int, key: tuple, launch: Callable[[Config], None],
+         config: Config | None = None) -> Config:
+    """Launch ``kernel`` with a configuration, and return the one used.
+
+    An explicit ``config`` is used as given. The interpreter uses its own small
+    tiles. On a GPU: the first entry of the chip's preference list that launches
+    (a Triton version may need a little more shared memory than the estimate,
+    so a refusal moves on to the next entry), or, with autotuning on, the fastest
+    of every kept candidate for this shape class.
+    """
+    if config is None and (runtime.INTERPRET or x.device.type != "cuda"):
+        config = configs.INTERPRETER[kernel]
+    if config is not None:
+        launch(config)
+        return config
+    cc, elem = _cc(x.device), x.element_size()
+    full_key = (kernel, cc, x.dtype, bd) + (key if _state["autotune"] else ())
+    if full_key in _chosen:
+        launch(_chosen[full_key])
+        return _chosen[full_key]
+    if _state["autotune"]:
         from triton.testing import do_bench
 
         timings = {}
-        for config in configs.kept_candidates(kernel, cc=cc, block_d=bd, elem_bytes=elem):
+        for candidate in configs.kept_candidates(kernel, cc=cc, block_d=bd, elem_bytes=elem):
             try:
-                timings[config] = do_bench(lambda: launch(config), warmup=5, rep=20)
-            except Exception:  # out of resources on this chip: not a candidate
+                timings[candidate] = do_bench(lambda: launch(candidate), warmup=5, rep=20)
+            except OutOfResources:
                 continue
-        _tuned[full_key] = min(timings, key=timings.get)
-    return _tuned[full_key]
+        options = sorted(timings, key=timings.get)
+    else:
+        options = configs.preferred(kernel, cc=cc, block_d=bd, elem_bytes=elem)
+    for candidate in options:
+        try:
+            launch(candidate)
+        except OutOfResources:
+            continue
+        _chosen[full_key] = candidate
+        return candidate
+    configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem)  # raises the clear error if nothing fits
+    raise RuntimeError(f"no configuration of {kernel} could be launched on sm_{cc} for head_dim tile {bd}")
 
 
 def _seq_bucket(n: int) -> int:
@@ -190,9 +216,7 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config |
             CAUSAL=causal, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    if config is None:
-        config = _pick("forward", q, bd, (causal, _seq_bucket(seq_q), _seq_bucket(seq_k)), launch)
-    launch(config)
+    _run("forward", q, bd, (causal, _seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
     return o, lse
 
 
@@ -263,16 +287,12 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             CAUSAL=causal, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    if config_dkdv is None:
-        config_dkdv = _pick("backward_dkdv", q, bd, key + (atomic,), launch_dkdv)
-    launch_dkdv(config_dkdv)
+    _run("backward_dkdv", q, bd, key + (atomic,), launch_dkdv, config_dkdv)
     if atomic:
         # the atomics added unscaled dS K: scale once here, then cast to the input dtype
         dq = dq.mul_(scale).to(q.dtype)
     else:
-        if config_dq is None:
-            config_dq = _pick("backward_dq", q, bd, key, launch_dq)
-        launch_dq(config_dq)
+        _run("backward_dq", q, bd, key, launch_dq, config_dq)
     return dq, dk, dv
 
 

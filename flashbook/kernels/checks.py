@@ -57,11 +57,11 @@ def torch_attention(q, k, v, *, causal=False, scale=None):
 
 
 def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32):
-    """(o, dq, dk, dv) of ``torch_attention`` computed in ``dtype``, returned in q's dtype."""
+    """(o, dq, dk, dv) of ``torch_attention``, computed and returned in ``dtype``."""
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
     o = torch_attention(*leaves, causal=causal, scale=scale)
     o.backward(do.detach().to(dtype))
-    return tuple(x.to(q.dtype) for x in (o.detach(), *(t.grad for t in leaves)))
+    return (o.detach(), *(t.grad for t in leaves))
 
 
 def max_error(got, want) -> tuple[float, tuple]:

@@ -177,21 +177,24 @@ def _family(cc: int) -> str:
     return "sm_90" if cc >= 90 else "sm_80" if cc >= 80 else "sm_75"
 
 
-def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> Config:
-    """The configuration the library uses for ``kernel`` on compute capability ``cc``."""
+def preferred(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> list[Config]:
+    """The preference list for this chip, filtered by ``keep``: what the library tries, in order."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     limit = smem_limit(cc)
-    for config in _PREFERRED[_family(cc)][kernel]:
-        if keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit):
-            return config
-    smallest = Config(16, 16, 4, 1)
-    if keep(kernel, smallest, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit):
-        return smallest
-    raise ValueError(
-        f"head_dim up to {block_d} with {8 * elem_bytes}-bit inputs needs more shared memory than "
-        f"sm_{cc} offers per program ({limit // 1024} KiB) even with the smallest tiles; "
-        f"use float16 or bfloat16 inputs, or a smaller head_dim")
+    return [config for config in _PREFERRED[_family(cc)][kernel] + [Config(16, 16, 4, 1)]
+            if keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit)]
+
+
+def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> Config:
+    """The configuration the library uses for ``kernel`` on compute capability ``cc``."""
+    options = preferred(kernel, cc=cc, block_d=block_d, elem_bytes=elem_bytes)
+    if not options:
+        raise ValueError(
+            f"head_dim up to {block_d} with {8 * elem_bytes}-bit inputs needs more shared memory "
+            f"than sm_{cc} offers per program ({smem_limit(cc) // 1024} KiB) even with the "
+            f"smallest tiles; use float16 or bfloat16 inputs, or a smaller head_dim")
+    return options[0]
 
 
 def supported(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> bool:

@@ -1,0 +1,228 @@
+"""The kernels on a real GPU: ``pytest -m gpu`` (skipped without CUDA).
+
+1. The interpreter's matrix of odd shapes (``test_kernels.CASES``), in float16 and
+   bfloat16, against the float64 truth with the same yardstick as on the CPU
+   (plain PyTorch attention computed in the input dtype; at most 2x its error).
+2. Long sequences and full GPUs against torch's own FlashAttention: the kernel's
+   max error against a float64 reference must be at most twice the error of
+   ``scaled_dot_product_attention`` with the flash backend, for the output and
+   every gradient. GQA is compared with K/V repeated for SDPA. Where the flash
+   backend does not run a case (float32; bottom-right causal masks with
+   seq_q != seq_k), the memory-efficient backend is the yardstick and the record
+   says so.
+3. Determinism of the backward (the separate-dQ kernel is bitwise repeatable),
+   64-bit offsets (a batch stride past 2^31 elements), float32 in TF32 and IEEE.
+
+Set FLASHBOOK_GPU_RECORD=path.jsonl to append every comparison's numbers there
+(``benchmarks/gpu_check.py`` does, for ``benchmarks/results/``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+
+import pytest
+import torch
+
+import flashbook
+from flashbook import runtime
+from flashbook.kernels import checks, set_fp32_precision
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(runtime.device() != "cuda", reason="needs a CUDA GPU")]
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+RECORD = os.environ.get("FLASHBOOK_GPU_RECORD")
+
+
+def record(**fields):
+    if RECORD:
+        with open(RECORD, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+# ------------------------------------------------------------ 1. the odd shapes
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_odd_shapes(dtype, dq_mode):
+    from test_kernels import CASES, run_case
+
+    for name, (b, h, h_kv, n_q, n_k, d, causal, _) in CASES.items():
+        run_case(b, h, h_kv, n_q, n_k, d, causal, DTYPES[dtype], dq_mode=dq_mode)
+
+
+# ------------------------------------------------------------ 2. against SDPA
+
+def _sdpa_grads(q, k, v, do, *, causal, backend):
+    """torch SDPA with one backend; K/V repeated for GQA (autograd sums their grads back)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    qq, kk, vv = leaves
+    g = q.shape[1] // k.shape[1]
+    kk, vv = kk.repeat_interleave(g, 1), vv.repeat_interleave(g, 1)
+    n_q, n_k = q.shape[2], k.shape[2]
+    kwargs = {}
+    if causal and n_q == n_k:
+        kwargs["is_causal"] = True  # torch's is_causal is top-left aligned: same as ours only when square
+    elif causal:
+        kwargs["attn_mask"] = causal_lower_right(n_q, n_k)
+    with sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION,
+                       "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]]):
+        o = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, **kwargs)
+        o.backward(do)
+    return (o.detach(), *(x.grad for x in leaves))
+
+
+def _truth(q, k, v, do, *, causal):
+    """(o, dq, dk, dv) in float64 on the GPU, a group of heads at a time (N x N scores in float64)."""
+    b, h = q.shape[:2]
+    g = h // k.shape[1]
+    fit = max(1, 2**31 // (q.shape[2] * k.shape[2] * 8 * 6))  # heads whose float64 scores fill ~2 GiB
+    per = max(1, fit // g) * g  # whole groups, so each chunk holds its own K/V heads
+    out = [torch.empty(x.shape, device=x.device, dtype=torch.float64) for x in (q, q, k, v)]
+    for i in range(b):
+        for h0 in range(0, h, per):
+            hq, hk = slice(h0, min(h, h0 + per)), slice(h0 // g, min(h, h0 + per) // g)
+            res = checks.torch_grads(q[i:i + 1, hq], k[i:i + 1, hk], v[i:i + 1, hk], do[i:i + 1, hq],
+                                     causal=causal, dtype=torch.float64)
+            for dst, idx, r in zip(out, (hq, hq, hk, hk), res):
+                dst[i:i + 1, idx] = r
+    return out
+
+
+def _inputs(b, h, h_kv, n_q, n_k, d, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = ((b, h, n_q, d), (b, h_kv, n_k, d), (b, h_kv, n_k, d), (b, h, n_q, d))
+    return [torch.randn(s, generator=gen, device="cuda", dtype=torch.float32).to(dtype) for s in shapes]
+
+
+def compare_with_sdpa(label, b, h, h_kv, n_q, n_k, d, causal, dtype, *, backend="flash",
+                      dq_mode="separate"):
+    seed = random.randrange(2**31)
+    q, k, v, do = _inputs(b, h, h_kv, n_q, n_k, d, DTYPES[dtype], seed)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = flashbook.flash_attention(*leaves, causal=causal, dq_mode=dq_mode)
+    o.backward(do)
+    ours = (o.detach(), *(x.grad for x in leaves))
+    theirs = _sdpa_grads(q, k, v, do, causal=causal, backend=backend)
+    truth = _truth(q, k, v, do, causal=causal)
+    errors, problems = {}, []
+    for name, a, s, t in zip(("o", "dq", "dk", "dv"), ours, theirs, truth):
+        assert torch.isfinite(a).all(), f"{label}: {name} has NaN/inf"
+        err, where = checks.max_error(a, t)
+        base, _ = checks.max_error(s, t)
+        # the floor: a few float32 ulps, as in test_kernels (values that are exactly 0)
+        floor = 8 * torch.finfo(torch.float32).eps * math.sqrt(d) * (1 + float(t.abs().max()))
+        errors[name] = {"ours": err, "sdpa": base, "ratio": err / base if base > 0 else None}
+        if err > 2 * base + floor:
+            problems.append(f"{name}: {err:.3e} at {where} > 2 x SDPA's {base:.3e}")
+    record(test="sdpa", label=label, shape=[b, h, h_kv, n_q, n_k, d], causal=causal, dtype=dtype,
+           backend=backend, dq_mode=dq_mode, seed=seed, errors=errors, passed=not problems)
+    assert not problems, f"{label} (seed {seed}, SDPA {backend}): " + "; ".join(problems)
+
+
+# (label, batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, dtype)
+SDPA_CASES = [
+    (f"{dt}-d{d}-N{n}-{'causal' if c else 'full'}", 16384 // n, 2048 // d // (4 if n >= 8192 else 1),
+     2048 // d // (4 if n >= 8192 else 1), n, n, d, c, dt)
+    for dt in ("bf16", "fp16") for d in (64, 128) for n in (1024, 4096, 16384) for c in (False, True)
+    if not (dt == "fp16" and n == 16384)
+] + [
+    ("bf16-d16-N2048", 2, 8, 8, 2048, 2048, 16, True, "bf16"),
+    ("bf16-d32-N2048", 2, 8, 8, 2048, 2048, 32, False, "bf16"),
+    ("bf16-d80-N2000", 2, 8, 8, 2000, 2000, 80, True, "bf16"),
+    ("fp16-d96-N1500", 2, 8, 8, 1500, 1500, 96, False, "fp16"),
+    ("bf16-d256-N2048", 2, 4, 4, 2048, 2048, 256, True, "bf16"),
+    ("fp16-d256-N1111", 1, 4, 4, 1111, 1111, 256, False, "fp16"),
+    ("bf16-gqa8-d128-N4096", 2, 32, 4, 4096, 4096, 128, True, "bf16"),
+    ("bf16-mqa-d64-N3000", 2, 16, 1, 3000, 3000, 64, False, "bf16"),
+    ("bf16-fill-gpu-d128-N1024", 8, 32, 32, 1024, 1024, 128, True, "bf16"),
+]
+EFFICIENT_CASES = [  # cases the flash backend does not take
+    ("bf16-causal-q<k-d64", 2, 8, 8, 1000, 3000, 64, True, "bf16"),
+    ("bf16-causal-q>k-d128", 2, 8, 8, 3000, 1000, 128, True, "bf16"),
+    ("fp16-gqa-causal-q>k-d64", 2, 8, 2, 2500, 777, 64, True, "fp16"),
+]
+
+
+@pytest.mark.parametrize("case", SDPA_CASES, ids=[c[0] for c in SDPA_CASES])
+def test_within_twice_sdpa_flash_error(case):
+    compare_with_sdpa(*case, backend="flash")
+
+
+@pytest.mark.parametrize("case", EFFICIENT_CASES, ids=[c[0] for c in EFFICIENT_CASES])
+def test_within_twice_sdpa_efficient_error(case):
+    compare_with_sdpa(*case, backend="efficient")
+
+
+@pytest.mark.parametrize("case", [SDPA_CASES[1], SDPA_CASES[-1], EFFICIENT_CASES[-1]],
+                         ids=["d64-causal", "fill-gpu", "gqa-q>k"])
+def test_atomic_dq_within_twice_sdpa_error(case):
+    backend = "efficient" if case in EFFICIENT_CASES else "flash"
+    compare_with_sdpa(*case, backend=backend, dq_mode="atomic")
+
+
+# ------------------------------------------------------------ 3. the rest
+
+def test_backward_is_deterministic_with_separate_dq():
+    q, k, v, do = _inputs(4, 16, 16, 2048, 2048, 128, torch.bfloat16, 0)
+    runs = {}
+    for mode in ("separate", "atomic"):
+        grads = []
+        for _ in range(3):
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            flashbook.flash_attention(*leaves, causal=True, dq_mode=mode).backward(do)
+            grads.append([x.grad for x in leaves])
+        runs[mode] = [all(torch.equal(g[i], grads[0][i]) for g in grads[1:]) for i in range(3)]
+    record(test="determinism", separate_bitwise_equal=runs["separate"], atomic_bitwise_equal=runs["atomic"])
+    assert all(runs["separate"]), runs
+
+
+def test_offsets_past_2_to_the_31():
+    """A batch stride beyond 2^31 elements: offsets must be computed in 64 bits."""
+    n, d = 512, 64
+    stride_b = 2**31 + 1024 * d
+    buf = torch.randn(stride_b + n * d, device="cuda", dtype=torch.bfloat16)
+    q = torch.as_strided(buf, (2, 1, n, d), (stride_b, n * d, d, 1))
+    k = torch.randn(2, 1, n, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 1, n, d, device="cuda", dtype=torch.bfloat16)
+    o = flashbook.flash_attention(q, k, v, causal=True)
+    want = checks.torch_attention(q.double(), k.double(), v.double(), causal=True)
+    err, where = checks.max_error(o, want)
+    assert err < 2e-2, f"{err} at {where}"
+    del buf
+
+
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_float32(precision):
+    """float32 inputs: TF32 dots by default, IEEE float32 on request."""
+    q, k, v, do = _inputs(2, 4, 4, 1000, 1000, 64, torch.float32, 1)
+    set_fp32_precision(precision)
+    try:
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = flashbook.flash_attention(*leaves, causal=True)
+        o.backward(do)
+    finally:
+        set_fp32_precision("tf32")
+    truth = _truth(q, k, v, do, causal=True)
+    if precision == "ieee":
+        theirs = _sdpa_grads(q, k, v, do, causal=True, backend="efficient")
+    else:  # the yardstick: PyTorch's math with TF32 matrix products
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            theirs = checks.torch_grads(q, k, v, do, causal=True, dtype=torch.float32)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    errors = {}
+    for name, a, s, t in zip(("o", "dq", "dk", "dv"), (o, *(x.grad for x in leaves)), theirs, truth):
+        err, _ = checks.max_error(a, t)
+        base, _ = checks.max_error(s, t)
+        errors[name] = {"ours": err, "yardstick": base}
+        assert err <= 2 * base + 1e-6, f"{precision} {name}: {err:.3e} vs {base:.3e}"
+    record(test="fp32", precision=precision, errors=errors)
