@@ -212,7 +212,10 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_m = tl.program_id(0) * BLOCK_M
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the heaviest query tiles first, as in the forward
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads

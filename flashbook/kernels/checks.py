@@ -73,20 +73,26 @@ def max_error(got, want) -> tuple[float, tuple]:
     return float(diff.reshape(-1)[flat]), where
 
 
-def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int) -> str | None:
-    """None if ``got`` is within 2x the yardstick's error of ``want``, else what differs.
+def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int, factor: float = 2.0) -> str | None:
+    """None if ``got`` is within ``factor`` (2) x the yardstick's error of ``want``, else what differs.
 
-    ``yardstick`` is another computation of the same value (torch's float32 math
-    rounded to the input dtype, or torch's own fused kernel). A floor of a few
-    float32 ulps per sqrt(head_dim) covers values the yardstick gets exactly by
-    luck, such as gradients that are exactly 0 with a single key: the kernel's
-    float32 dot products of length head_dim round there, torch's formula cancels.
+    ``yardstick`` is another computation of the same value (PyTorch math in the
+    input dtype, or torch's own fused kernel). Two small floors are added:
+
+    * a few float32 ulps per sqrt(head_dim): values the yardstick gets exactly by
+      luck, such as gradients that are exactly 0 with a single key (the kernel's
+      float32 dot products of length head_dim round there, torch's formula cancels);
+    * one rounding step of the input dtype at magnitude 1/4 (eps / 4): on a small
+      tensor the yardstick's largest error may fall on a small value while the
+      kernel's falls on a large one, a difference of rounding luck, not accuracy
+      (the FlashAttention repository's tests add such a term too).
     """
     err, where = max_error(got, want)
     base, _ = max_error(yardstick, want)
-    floor = 8 * torch.finfo(torch.float32).eps * math.sqrt(head_dim) * (1 + float(want.abs().max()))
-    bound = 2 * base + floor
+    floor = (8 * torch.finfo(torch.float32).eps * math.sqrt(head_dim) * (1 + float(want.abs().max()))
+             + torch.finfo(got.dtype).eps / 4)
+    bound = factor * base + floor
     if err <= bound:
         return None
     return (f"{name}: max error {err:.3e} at {where} (got {float(got[where]):.6g}, want "
-            f"{float(want[where]):.6g}) exceeds 2 x {base:.3e} (yardstick) + {floor:.1e} (floor)")
+            f"{float(want[where]):.6g}) exceeds {factor:g} x {base:.3e} (yardstick) + {floor:.1e} (floors)")

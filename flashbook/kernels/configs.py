@@ -134,33 +134,38 @@ def smem_limit(cc: int) -> int:
     return min(_CC_SMEM.values())
 
 
-# The first entry of each list that `keep` allows is the default. Tuned on an H200
-# for sm_90; sm_80 follows FlashAttention-2's own choices for the A100; sm_75 has
-# 64 KiB of shared memory and so smaller tiles and fewer stages.
-_PREFERRED: dict[str, dict[str, list[Config]]] = {
+# Each entry is (largest head_dim tile it is meant for, configuration); the first
+# entry that admits the head_dim and that `keep` allows is the default.
+# sm_90: measured on an H200 (bf16, N = 4096; benchmarks/results/gpu_tests_h200.json):
+# 128 x 64 tiles with 8 warps and 3 stages lead the forward and the dQ kernel at
+# head_dim 64 and 128; the dK/dV kernel prefers 64 x 64 with 4 warps at head_dim 64
+# and 64 x 128 with 8 warps at 128. sm_80 follows the same shapes with the A100's
+# smaller shared memory; sm_75 (T4) has 64 KiB and no tensor-core path in Triton.
+ANY = BLOCK_DS[-1]
+_PREFERRED: dict[str, dict[str, list[tuple[int, Config]]]] = {
     "sm_90": {
-        "forward": [Config(128, 128, 8, 3), Config(128, 64, 4, 3), Config(128, 64, 8, 2),
-                    Config(64, 64, 4, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 1)],
-        "backward_dkdv": [Config(32, 128, 8, 3), Config(64, 128, 8, 2), Config(32, 64, 4, 2),
-                          Config(32, 32, 4, 2), Config(32, 32, 4, 1)],
-        "backward_dq": [Config(128, 32, 8, 3), Config(128, 64, 8, 2), Config(64, 32, 4, 2),
-                        Config(32, 32, 4, 2), Config(32, 32, 4, 1)],
+        "forward": [(ANY, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
+                    (ANY, Config(64, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
+        "backward_dkdv": [(64, Config(64, 64, 4, 3)), (ANY, Config(64, 128, 8, 3)), (ANY, Config(64, 128, 8, 2)),
+                          (ANY, Config(32, 64, 4, 3)), (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
+        "backward_dq": [(ANY, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
+                        (ANY, Config(64, 32, 4, 2)), (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
     },
     "sm_80": {
-        "forward": [Config(128, 64, 4, 3), Config(128, 32, 8, 2), Config(64, 64, 4, 2),
-                    Config(64, 32, 4, 2), Config(32, 32, 4, 2), Config(32, 32, 4, 1)],
-        "backward_dkdv": [Config(32, 128, 8, 2), Config(32, 64, 4, 2), Config(32, 32, 4, 2),
-                          Config(32, 32, 4, 1)],
-        "backward_dq": [Config(128, 32, 8, 2), Config(64, 32, 4, 2), Config(32, 32, 4, 2),
-                        Config(32, 32, 4, 1)],
+        "forward": [(ANY, Config(128, 64, 4, 3)), (ANY, Config(128, 32, 8, 2)), (ANY, Config(64, 64, 4, 2)),
+                    (ANY, Config(64, 32, 4, 2)), (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
+        "backward_dkdv": [(64, Config(64, 64, 4, 3)), (ANY, Config(32, 128, 8, 2)), (ANY, Config(32, 64, 4, 2)),
+                          (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
+        "backward_dq": [(ANY, Config(128, 64, 8, 2)), (ANY, Config(128, 32, 8, 2)), (ANY, Config(64, 32, 4, 2)),
+                        (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
     },
     "sm_75": {
         # Triton (since 3.2) has no tensor-core path below sm_80: tl.dot becomes FMAs
         # whose operands go through shared memory. Small tiles, 8 warps to share the
         # arithmetic, no pipelining (there are no asynchronous copies either).
-        "forward": [Config(64, 32, 8, 1), Config(32, 32, 8, 1), Config(16, 16, 4, 1)],
-        "backward_dkdv": [Config(32, 32, 8, 1), Config(16, 32, 8, 1), Config(16, 16, 4, 1)],
-        "backward_dq": [Config(32, 32, 8, 1), Config(32, 16, 8, 1), Config(16, 16, 4, 1)],
+        "forward": [(ANY, Config(64, 32, 8, 1)), (ANY, Config(32, 32, 8, 1))],
+        "backward_dkdv": [(ANY, Config(32, 32, 8, 1)), (ANY, Config(16, 32, 8, 1))],
+        "backward_dq": [(ANY, Config(32, 32, 8, 1)), (ANY, Config(32, 16, 8, 1))],
     },
 }
 
@@ -182,8 +187,10 @@ def preferred(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> list[Co
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     limit = smem_limit(cc)
-    return [config for config in _PREFERRED[_family(cc)][kernel] + [Config(16, 16, 4, 1)]
-            if keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit)]
+    entries = _PREFERRED[_family(cc)][kernel] + [(ANY, Config(16, 16, 4, 1))]  # the last resort
+    return [config for bound, config in entries
+            if block_d <= bound and keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes,
+                                         smem_limit=limit)]
 
 
 def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> Config:

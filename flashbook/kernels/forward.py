@@ -121,7 +121,10 @@ def _attn_fwd(Q, K, V, O, LSE,
               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_m = tl.program_id(0) * BLOCK_M
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the last query tiles see the most keys: start them first, so none runs alone at the end
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads
