@@ -9,15 +9,19 @@ assume is checked here, once, with an error that names the argument.
 
 Precision: inputs may be float16, bfloat16 or float32; scores, softmax statistics
 and every accumulator are float32. For float32 inputs the matrix products on a
-GPU use TF32 tensor cores (``input_precision="tf32"``: a 10-bit mantissa, about
-1e-3 relative error per product, as torch does with ``allow_tf32``);
-``set_fp32_precision("ieee")`` makes them exact float32 products, slower. The
-Triton interpreter (no GPU) always computes in full float32 and cannot run
-bfloat16, so bfloat16 is refused there.
+GPU use TF32 tensor cores by default (``input_precision="tf32"``, a 10-bit
+mantissa). Measured on an H200 (unit-normal inputs, N = 1000, d = 64, causal):
+max errors 2.5e-3 (o) to 5.4e-3 (dv) against float64, 2 to 4 times those of
+PyTorch's own math with TF32 matrix products (most likely because the conversion
+to TF32 truncates instead of rounding, a bias that adds up along long sums).
+``set_fp32_precision("ieee")`` makes them float32 products, without tensor cores
+(much slower): measured within 2x the error of PyTorch's float32 SDPA. The Triton
+interpreter (no GPU) always computes in float32 and cannot run bfloat16, so
+bfloat16 is refused there. float16 and bfloat16 inputs, on an H200, stay within
+twice the error of PyTorch's FlashAttention (SDPA flash backend) against float64.
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Callable
 
@@ -46,7 +50,10 @@ _state = {
 
 
 def set_fp32_precision(precision: str) -> None:
-    """How float32 inputs are multiplied on a GPU: ``"tf32"`` (default, fast) or ``"ieee"``."""
+    """How float32 inputs are multiplied on a GPU: ``"tf32"`` (default, fast) or ``"ieee"``.
+
+    See the module docstring for the errors measured with each.
+    """
     if precision not in ("tf32", "ieee"):
         raise ValueError(f"precision must be 'tf32' or 'ieee', got {precision!r}")
     _state["fp32_precision"] = precision
@@ -333,7 +340,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
         o with q's shape, dtype and memory layout.
 
     Precision: float32 accumulation for every dtype; float32 inputs use TF32 matrix
-    products on a GPU (see ``set_fp32_precision``). head_dim up to 256: sizes that
+    products on a GPU unless ``set_fp32_precision("ieee")`` (module docstring: the
+    errors measured with each). head_dim up to 256: sizes that
     are not a power of two are padded on chip and masked. bfloat16 needs a GPU.
     """
     check_inputs(q, k, v, causal, scale, dq_mode)
