@@ -1,0 +1,138 @@
+"""What chapters 7 and 8 claim about the kernels' tiles, checked on the kernels themselves.
+
+Chapter 7 runs the forward kernel's own ``causal_bounds`` (through a probe kernel)
+and says the kernel visits exactly the tiles of chapter 4's NumPy loop, masking
+those the causal diagonal cuts. Chapter 8 watches the backward kernels with
+poisoned inputs (NaN in dO or V shows which tiles a program visits; lse = -inf
+shows whether the visit runs unmasked) and says they visit exactly chapter 5's
+tiles. These tests assert the same on more shapes, so a change to the kernels'
+bounds fails here before it fails a chapter.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import flashbook.kernels
+from flashbook import runtime, tiled
+from flashbook.kernels import configs, flash_backward, flash_forward
+
+import triton
+import triton.language as tl
+
+DEVICE = runtime.device()
+causal_bounds = sys.modules["flashbook.kernels.forward"].causal_bounds
+
+
+@triton.jit
+def bounds_probe(out_ptr, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr):
+    pid = tl.program_id(0)
+    full_end, hi = causal_bounds(pid * BLOCK_M, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    tl.store(out_ptr + 2 * pid, full_end)
+    tl.store(out_ptr + 2 * pid + 1, hi)
+
+
+def forward_stages(n_q, n_k, block_m, block_n, causal):
+    """(T_r, T_c) of "main" / "masked" / "skipped" from the kernel's causal_bounds."""
+    t_r, t_c = triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n)
+    out = torch.zeros(t_r, 2, dtype=torch.int32, device=DEVICE)
+    bounds_probe[(t_r,)](out, n_q, n_k, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal)
+    kinds = np.full((t_r, t_c), "skipped", dtype=object)
+    for i, (full_end, hi) in enumerate(out.tolist()):
+        for j in range(t_c):
+            kinds[i, j] = "main" if j * block_n < full_end else "masked" if j * block_n < hi else "skipped"
+    return kinds
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32), (64, 64), (16, 16)])
+@pytest.mark.parametrize("n_q, n_k", [(128, 128), (100, 100), (40, 110), (112, 48), (1, 77), (77, 1)])
+def test_forward_visits_chapter_4_tiles(n_q, n_k, block_m, block_n, causal):
+    kinds = forward_stages(n_q, n_k, block_m, block_n, causal)
+    visited = (kinds != "skipped").sum(axis=1).tolist()
+    assert visited == tiled.visible_key_tiles(n_q, n_k, block_m, block_n, causal)
+    ch4 = tiled.tile_kinds(n_q, n_k, block_m, block_n, causal=causal)
+    assert np.all(kinds[ch4 == "partial"] == "masked"), "a tile the diagonal cuts ran unmasked"
+    extra = (kinds == "masked") & (ch4 == "full")
+    # the only whole tiles allowed in the masked stage: the ragged last key tile
+    assert extra[:, :-1].sum() == 0 and (n_k % block_n != 0 or not extra.any())
+
+
+def _fresh(n_q, n_k, d=16):
+    gen = torch.Generator().manual_seed(n_q * 1000 + n_k)
+    q, k, v = (torch.randn(1, 1, n, d, generator=gen).to(DEVICE) for n in (n_q, n_k, n_k))
+    o, lse = flash_forward(q, k, v, causal=True)
+    return q, k, v, o, lse, torch.randn(o.shape, generator=gen).to(DEVICE)
+
+
+def dkdv_stages(n_q, n_k, config):
+    """The dK/dV kernel observed: NaN rows of dO show visits, lse = -inf shows unmasked ones."""
+    q, k, v, o, lse, do = _fresh(n_q, n_k)
+    t_r, t_c = triton.cdiv(n_q, config.block_m), triton.cdiv(n_k, config.block_n)
+    kinds = np.full((t_r, t_c), "skipped", dtype=object)
+
+    def dv_tiles(lse_, do_):
+        _, _, dv = flash_backward(q, k, v, o, lse_, do_, causal=True, dq_mode="atomic", config_dkdv=config)
+        return [dv[..., j * config.block_n:(j + 1) * config.block_n, :] for j in range(t_c)]
+
+    with np.errstate(all="ignore"):
+        for i in range(t_r):
+            rows = slice(i * config.block_m, (i + 1) * config.block_m)
+            do_nan, lse_inf = do.clone(), lse.clone()
+            do_nan[..., rows, :] = math.nan
+            lse_inf[..., rows] = -math.inf
+            for j, (seen, main) in enumerate(zip(dv_tiles(lse, do_nan), dv_tiles(lse_inf, do))):
+                if torch.isnan(seen).any():
+                    kinds[i, j] = "masked" if torch.isfinite(main).all() else "main"
+    return kinds
+
+
+def dq_visits(n_q, n_k, config):
+    """The dQ kernel observed: NaN rows of V tile j show which query tiles visit it."""
+    q, k, v, o, lse, do = _fresh(n_q, n_k)
+    t_r, t_c = triton.cdiv(n_q, config.block_m), triton.cdiv(n_k, config.block_n)
+    seen = np.zeros((t_r, t_c), dtype=bool)
+    with np.errstate(all="ignore"):
+        for j in range(t_c):
+            v_nan = v.clone()
+            v_nan[..., j * config.block_n:(j + 1) * config.block_n, :] = math.nan
+            dq, _, _ = flash_backward(q, k, v_nan, o, lse, do, causal=True, config_dq=config)
+            for i in range(t_r):
+                seen[i, j] = bool(torch.isnan(dq[..., i * config.block_m:(i + 1) * config.block_m, :]).any())
+    return seen
+
+
+def _schedule(n_q, n_k, block_m, block_n):
+    return set(tiled.tile_schedule(n_q, n_k, block_m, block_n, causal=True))
+
+
+@pytest.mark.parametrize("n_q, n_k, block_m, block_n", [(72, 72, 16, 32), (64, 64, 32, 16), (40, 70, 16, 16),
+                                                         (70, 40, 16, 32)])
+def test_dkdv_kernel_visits_chapter_5_tiles(n_q, n_k, block_m, block_n):
+    kinds = dkdv_stages(n_q, n_k, configs.Config(block_m, block_n, 4, 1))
+    assert {tuple(ij) for ij in np.argwhere(kinds != "skipped")} == _schedule(n_q, n_k, block_m, block_n)
+    ch5 = tiled.tile_kinds(n_q, n_k, block_m, block_n, causal=True)
+    assert np.all(kinds[ch5 == "partial"] == "masked"), "a tile the diagonal cuts ran unmasked"
+
+
+@pytest.mark.parametrize("n, block_m, block_n", [(64, 16, 32), (64, 32, 16), (64, 16, 16), (128, 32, 32)])
+def test_masked_tiles_number_n_over_the_smaller_block(n, block_m, block_n):
+    """Chapters 7 and 8, exercises: causal, N a multiple of both blocks, the diagonal band
+    holds N / min(B_r, B_c) tiles, in the forward and in the dK/dV kernel alike."""
+    dkdv = dkdv_stages(n, n, configs.Config(block_m, block_n, 4, 1))
+    forward = forward_stages(n, n, block_m, block_n, True)
+    assert int((dkdv == "masked").sum()) == n // min(block_m, block_n)
+    assert int((forward == "masked").sum()) == n // min(block_m, block_n)
+
+
+@pytest.mark.parametrize("n_q, n_k, block_m, block_n", [(72, 72, 32, 16), (40, 70, 16, 16), (70, 40, 32, 16)])
+def test_dq_kernel_visits_chapter_5_tiles(n_q, n_k, block_m, block_n):
+    seen = dq_visits(n_q, n_k, configs.Config(block_m, block_n, 4, 1))
+    assert {tuple(ij) for ij in np.argwhere(seen)} == _schedule(n_q, n_k, block_m, block_n)
+    stages = forward_stages(n_q, n_k, block_m, block_n, True)     # _bwd_dq uses the same bounds
+    assert np.array_equal(seen, stages != "skipped")
