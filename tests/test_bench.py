@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -540,3 +541,422 @@ def test_block_sweep_hook_prefers_the_kernels_own_hook_and_adapts_forward():
 
     hook, why = bench.block_sweep_hook(SimpleNamespace())
     assert hook is None and "forward_with_config" in why
+
+
+# ------------------------------------------------------------------ recorded runs (chapter 9)
+
+H200_PROVENANCE = {
+    "command": "python -m flashbook.bench", "driver": "580.1", "cuda": "13.0", "cudnn": 91900,
+    "torch": "2.11.0", "triton": "3.6.0", "python": "3.12.3", "flashbook": "0.1.0",
+    "git_commit": None, "source_sha256": "ab" * 32,
+    "gpu": {"name": "NVIDIA H200", "capability": "sm_90", "sms": 132,
+            "memory_bytes": 150_109_880_320,
+            "datasheet": {"chip": "H200", "bf16_tflops": 989.0, "fp16_tflops": 989.0,
+                          "hbm_tb_s": 4.8}},
+    "settings": {"dtype": "bf16", "tokens": 32768, "seed": 0, "max_naive_gb": 60.0},
+    "timing": {"statistic": "median", "rep_ms": 100.0, "min_reps": 5},
+    "conventions": {},
+}
+
+#: Made-up but plausible TFLOP/s (forward, backward) per implementation, never zero.
+_SPEEDS = {"naive": (55.0, 120.0), "sdpa-math": (16.0, 35.0), "sdpa-efficient": (130.0, 110.0),
+           "sdpa-cudnn": (450.0, 420.0), "sdpa-flash": (300.0, 260.0),
+           "flashbook": (372.0, 255.0), "flashbook-atomic": (365.0, 130.0)}
+
+
+def _synthetic_results(seqs=(1024, 2048, 4096), head_dims=(64, 128)):
+    """Rows as the harness writes them: every implementation on every shape; naive and
+    sdpa-math skipped at the longest d=64 shapes, cuDNN unsupported at one shape."""
+    rows = []
+    for shape in bench.make_shapes(seqs, head_dims, (False, True)):
+        b, h, n, d = shape.batch, shape.heads, shape.seq, shape.head_dim
+        for impl, (fwd, bwd) in _SPEEDS.items():
+            grow = 1 + 0.05 * math.log2(n / 1024)        # fused kernels speed up with N
+            fwd, bwd = (fwd * grow, bwd * grow) if impl not in ("naive", "sdpa-math") \
+                else (fwd, bwd)
+            if shape.causal:
+                fwd, bwd = 0.8 * fwd, 0.8 * bwd
+            r = bench.Result(impl, b, h, n, d, shape.causal, "bf16")
+            naive_like = impl in ("naive", "sdpa-math")
+            r.floor_fwd_bwd_bytes = bench.attention_memory_bytes(
+                b, h, n, n, d, impl="naive" if naive_like else "flash", pass_="fwd+bwd",
+                include_inputs=False)
+            if naive_like and n == max(seqs) and d == min(head_dims):
+                r.status, r.note = "oom-skipped", "needs about 99.9 GB, over the 60 GB limit"
+            elif impl == "sdpa-cudnn" and (n, d, shape.causal) == (min(seqs), 64, True):
+                r.status, r.note = "unsupported", "first run: RuntimeError: no kernel"
+            else:
+                r.fwd_tflops, r.bwd_tflops = fwd, bwd
+                r.fwd_ms = shape.flops_fwd / (fwd * 1e12) * 1e3
+                r.bwd_ms = shape.flops_bwd / (bwd * 1e12) * 1e3
+                elem = 4 if impl == "sdpa-math" else 2
+                r.peak_fwd_bwd_bytes = (bench.naive_memory_estimate(b, h, n, n, d, elem_bytes=elem)
+                                        if naive_like else int(1.05 * r.floor_fwd_bwd_bytes))
+                r.peak_fwd_bytes = r.peak_fwd_bwd_bytes // 2
+                r.err_out, r.err_grad, r.check = 0.0031, 0.0042, "pass"
+            rows.append(r)
+    return rows
+
+
+def _synthetic_blocks(head_dims=(64, 128), seq=4096):
+    from flashbook.kernels import configs
+
+    limit = bench.runtime.chip("H200").smem_per_block_bytes
+    rows = []
+    for d in head_dims:
+        shape = bench.make_shapes((seq,), (d,), (False,))[0]
+        for cfg in bench.block_configs():
+            r = bench.BlockResult(seq, d, shape.batch, shape.heads, False, "bf16", **cfg)
+            need = configs.smem_estimate("forward", configs.Config(**cfg), configs.block_d(d),
+                                         2, 90)
+            if need > limit:
+                r.status = "out-of-resources"
+                r.note = (f"OutOfResources: out of resource: shared memory, Required: {need}, "
+                          f"Hardware limit: {limit}.")
+            else:
+                r.n_regs = min(255, cfg["block_m"] * d // (16 * cfg["num_warps"]) + 40)
+                r.n_spills = 24 if r.n_regs == 255 and cfg["num_warps"] == 4 else 0
+                r.fwd_tflops = (300.0 + cfg["block_m"] + cfg["block_n"] / 2
+                                + 10 * cfg["num_stages"] - 60 * (r.n_spills > 0))
+                r.fwd_ms = shape.flops_fwd / (r.fwd_tflops * 1e12) * 1e3
+                r.shared_bytes, r.err_out = need, 0.0022
+            rows.append(r)
+    return rows
+
+
+def _write_run(directory, rows, fields, csv_name, date):
+    bench.write_csv(rows, directory / csv_name, fields)
+    prov = dict(H200_PROVENANCE, date_utc=date, files={csv_name: "synthetic"})
+    (directory / "provenance.json").write_text(json.dumps(prov))
+    return directory / csv_name
+
+
+def _synthetic_root(root):
+    """A results root as the harness leaves it: an older run, the newest run, and the
+    block sweep in a directory of its own."""
+    _write_run(root / "2026-01-02-nvidia-h200", _synthetic_results(seqs=(1024,)),
+               bench.RESULT_FIELDS, "results.csv", "2026-01-02T10:00:00+00:00")
+    newest = _write_run(root / "2026-03-04-nvidia-h200", _synthetic_results(),
+                        bench.RESULT_FIELDS, "results.csv", "2026-03-04T10:00:00+00:00")
+    blocks = _write_run(root / "2026-03-04-nvidia-h200-2", _synthetic_blocks(),
+                        bench.BLOCK_FIELDS, "blocks.csv", "2026-03-04T11:00:00+00:00")
+    return newest, blocks
+
+
+def test_latest_results_finds_the_newest_run_by_its_provenance(tmp_path):
+    newest, blocks = _synthetic_root(tmp_path)
+    assert bench.latest_results(tmp_path) == newest
+    assert bench.latest_blocks(tmp_path) == blocks
+    older = tmp_path / "2026-01-02-nvidia-h200" / "results.csv"
+    assert bench.find_runs(tmp_path) == [newest, older]
+    # without provenance the date in the directory name decides; nesting is allowed
+    later = tmp_path / "extra" / "2026-05-06-h200"
+    bench.write_csv(_synthetic_results(seqs=(1024,)), later / "results.csv", bench.RESULT_FIELDS)
+    assert bench.run_date(later / "results.csv") == "2026-05-06"
+    assert bench.latest_results(tmp_path) == later / "results.csv"
+    assert bench.latest_results(tmp_path / "nowhere") is None
+
+
+def test_provenance_names_the_csv_it_describes(tmp_path):
+    # a block sweep written into the directory of a run replaced that run's provenance
+    run = tmp_path / "2026-03-04-h200"
+    _write_run(run, _synthetic_results(seqs=(1024,)), bench.RESULT_FIELDS, "results.csv",
+               "2026-03-04T10:00:00+00:00")
+    _write_run(run, _synthetic_blocks(head_dims=(64,)), bench.BLOCK_FIELDS, "blocks.csv",
+               "2026-03-04T11:00:00+00:00")
+    assert bench.provenance_for(run / "blocks.csv")["date_utc"] == "2026-03-04T11:00:00+00:00"
+    assert bench.provenance_for(run / "results.csv") == {}          # not the sweep's machine
+    # a second provenance file beside it, naming results.csv, is found
+    (run / "results-provenance.json").write_text(json.dumps(
+        dict(H200_PROVENANCE, date_utc="2026-03-04T10:00:00+00:00", files={"results.csv": "x"})))
+    assert bench.provenance_for(run / "results.csv")["gpu"]["name"] == "NVIDIA H200"
+    # one that names no file at all is taken for any CSV beside it
+    bare = tmp_path / "bare"
+    bench.write_csv(_synthetic_results(seqs=(1024,)), bare / "results.csv", bench.RESULT_FIELDS)
+    (bare / "provenance.json").write_text(json.dumps({"date_utc": "2026-07-08", "files": {}}))
+    assert bench.provenance_for(bare / "results.csv")["date_utc"] == "2026-07-08"
+
+
+def test_results_root_honours_the_environment(tmp_path, monkeypatch):
+    newest, _ = _synthetic_root(tmp_path / "results")
+    monkeypatch.setenv(bench.RESULTS_ENV, str(tmp_path / "results"))
+    assert bench.results_root() == tmp_path / "results"
+    assert bench.latest_results() == newest
+    monkeypatch.setenv(bench.RESULTS_ENV, str(tmp_path / "missing"))
+    assert bench.results_root() is None and bench.latest_results() is None
+    assert bench.latest_blocks() is None
+    monkeypatch.delenv(bench.RESULTS_ENV)
+    monkeypatch.chdir(tmp_path)                  # a chapter runs in notebooks/: the parent counts
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert bench.results_root() == tmp_path / "benchmarks" / "results"
+
+
+def test_load_results_gives_typed_columns(tmp_path):
+    rows = _some_results()
+    path = bench.write_csv(rows, tmp_path / "run" / "results.csv", bench.RESULT_FIELDS)
+    df, prov = bench.load_results(tmp_path / "run")          # a directory means its results.csv
+    assert prov == {} and list(df.columns) == bench.RESULT_FIELDS
+    assert df["causal"].tolist() == [False, True, True]
+    assert df["fwd_tflops"].iloc[0] == 1.2345678901234567
+    assert df["peak_fwd_bwd_bytes"].iloc[0] == 34359738368
+    assert math.isnan(df["fwd_ms"].iloc[1]) and df["check"].iloc[1] == ""
+    assert df["note"].iloc[1] == "first run: RuntimeError: No available kernel, 'quoted', comma"
+    # a live run (Result objects) reads the same
+    live = bench.results_frame(rows)
+    for col in ("impl", "status", "check", "note", "causal", "seq"):
+        assert live[col].tolist() == df[col].tolist(), col
+    assert np.allclose(live["bwd_ms"], df["bwd_ms"], equal_nan=True)
+    with pytest.raises(FileNotFoundError, match="results.csv"):
+        bench.load_results(tmp_path / "empty")
+    # a column a later harness might add survives as what it is
+    text = path.read_text().splitlines()
+    extra = [text[0] + ",gpu,clock_mhz"] + [line + f",H200,{1980 - i}" for i, line in
+                                            enumerate(text[1:])]
+    path.write_text("\n".join(extra) + "\n")
+    df, _ = bench.load_results(path)
+    assert df["gpu"].tolist() == ["H200"] * 3 and df["clock_mhz"].tolist() == [1980, 1979, 1978]
+    blocks = bench.results_frame(_synthetic_blocks(head_dims=(64,)))
+    assert list(blocks.columns) == bench.BLOCK_FIELDS
+
+
+def _frame(rows):
+    return bench.results_frame(rows)
+
+
+def test_speedup_table_divides_times_and_memory():
+    df = _frame(_synthetic_results())
+    table = bench.speedup_table(df, "sdpa-flash")
+    assert len(table) == 12 and list(table.columns) == ["fwd", "bwd", "memory"]
+    flash_fwd, flash_bwd = _SPEEDS["sdpa-flash"]
+    ours_fwd, ours_bwd = _SPEEDS["flashbook"]
+    # same FLOPs on both sides, so the time ratio is the TFLOP/s ratio
+    assert np.allclose(table["fwd"], ours_fwd / flash_fwd)
+    assert np.allclose(table["bwd"], ours_bwd / flash_bwd)
+    assert np.allclose(table["memory"], 1.0)
+    cudnn = bench.speedup_table(df, "sdpa-cudnn")
+    missing = cudnn.xs((1024, 64, True), level=("seq", "head_dim", "causal"))
+    assert missing.isna().all(axis=None)                      # cuDNN did not run there
+    assert cudnn.notna().all(axis=1).sum() == 11
+    ours_vs_naive = bench.speedup_table(df, "naive")
+    assert ours_vs_naive["fwd"].isna().sum() == 2             # naive skipped at 4K, d=64
+    with pytest.raises(ValueError, match="no rows for impl 'triton'"):
+        bench.speedup_table(df, "triton")
+
+
+def test_targets_are_judged_per_shape_and_counted():
+    df = _frame(_synthetic_results())
+    table = bench.target_table(df)
+    labels = [t.label for t in bench.PERFORMANCE_TARGETS]
+    assert list(dict.fromkeys(table["target"])) == labels
+    per_target = table.groupby("target", sort=False).size()
+    assert per_target[labels[0]] == 12                          # every shape
+    goals = table[table["kind"] == "goal"]
+    assert set(goals["head_dim"]) == {128} and set(goals["seq"]) == {4096}
+    summary = bench.target_summary(table)
+    # 372/300 = 1.24 >= 1.15; 255/260 = 0.98 < 1.0; memory equal; 372/450 = 0.83 < 0.9;
+    # 255/420 = 0.61 < 0.8
+    assert summary.loc[labels[0], "met"] == 12 and summary.loc[labels[0], "missed"] == 0
+    assert summary.loc[labels[1], "met"] == 0 and summary.loc[labels[1], "missed"] == 12
+    assert summary.loc[labels[1], "worst_ratio"] == pytest.approx(255 / 260)
+    assert summary.loc[labels[2], "met"] == 12
+    assert summary.loc[labels[3], "missed"] == 2 and summary.loc[labels[4], "missed"] == 2
+    # a shape where the baseline did not run is counted as not measured, not as missed
+    cudnn_all = bench.target_table(df, targets=(bench.Target("x", "fwd", "sdpa-cudnn", 0.5),))
+    s = bench.target_summary(cudnn_all, targets=(bench.Target("x", "fwd", "sdpa-cudnn", 0.5),))
+    assert (s.loc["x", "shapes"], s.loc["x", "measured"], s.loc["x", "met"]) == (12, 11, 11)
+    t = bench.Target("m", "memory", "sdpa-flash", 1.1)
+    assert t.met(1.1) is True and t.met(1.2) is False and t.met(float("nan")) is None
+
+
+def test_roofline_points_use_the_counting_formulas():
+    df = _frame(_synthetic_results())
+    points = bench.roofline_points(df, ["naive", "flashbook"])
+    ok = df[df["impl"].isin(["naive", "flashbook"]) & (df["status"] == "ok")]
+    assert len(points) == 2 * len(ok)
+    row = points[(points["impl"] == "naive") & (points["pass"] == "bwd") & (points["seq"] == 2048)
+                 & (points["head_dim"] == 128) & ~points["causal"]].iloc[0]
+    b, h = int(row["batch"]), int(row["heads"])
+    assert row["flops"] == bench.attention_flops(b, h, 2048, 2048, 128, pass_="bwd")
+    assert row["hbm_bytes"] == bench.attention_hbm_bytes(b, h, 2048, 2048, 128, impl="naive",
+                                                         pass_="bwd")
+    assert row["intensity"] == pytest.approx(row["flops"] / row["hbm_bytes"])
+    assert row["tflops"] == pytest.approx(_SPEEDS["naive"][1])
+    # naive attention sits left of the H200's ridge, the fused kernel far right of it
+    ceil = bench.roofline_ceilings(H200_PROVENANCE)
+    assert ceil["ridge"] == pytest.approx(989 / 4.8)
+    assert (points[points["algorithm"] == "naive"]["intensity"] < ceil["ridge"]).all()
+    assert (points[points["algorithm"] == "flash"]["intensity"] > ceil["ridge"]).all()
+    # a point under the roof is a time above the floor that roofline_ms gives
+    for r in points.itertuples():
+        floor = bench.roofline_ms(r.flops, r.hbm_bytes, "H200", "bf16")["floor_ms"]
+        attainable = min(ceil["peak_tflops"], r.intensity * ceil["hbm_tb_s"])
+        assert (r.tflops <= attainable * (1 + 1e-12)) == \
+            (r.flops / (r.tflops * 1e12) * 1e3 >= floor * (1 - 1e-12))
+    # sdpa-math computes in fp32: its matrices are 4-byte
+    math_pts = bench.roofline_points(df, ["sdpa-math"])
+    b, h, n, d = (int(math_pts.iloc[0][k]) for k in ("batch", "heads", "seq", "head_dim"))
+    assert math_pts.iloc[0]["hbm_bytes"] == bench.attention_hbm_bytes(b, h, n, n, d, impl="naive",
+                                                                      dtype_bytes=4)
+
+
+def test_roofline_ceilings_say_where_they_come_from():
+    data = bench.roofline_ceilings(H200_PROVENANCE)
+    assert (data["chip"], data["peak_tflops"], data["hbm_tb_s"]) == ("H200", 989.0, 4.8)
+    assert data["peak_source"] == data["hbm_source"] == "datasheet"
+    measured = dict(H200_PROVENANCE, measured={"bf16_tflops": 720.5, "hbm_tb_s": 4.1})
+    m = bench.roofline_ceilings(measured)
+    assert (m["peak_tflops"], m["peak_source"], m["hbm_tb_s"], m["hbm_source"]) == \
+        (720.5, "measured", 4.1, "measured")
+    assert m["ridge"] == pytest.approx(720.5 / 4.1)
+    assert bench.roofline_ceilings({}, chip="A100", dtype="fp16")["peak_tflops"] == 312.0
+    assert bench.roofline_ceilings({"gpu": {"name": "NVIDIA A100-SXM4-80GB"}})["chip"] == "A100"
+    with pytest.raises(ValueError, match="chip must name one of"):
+        bench.roofline_ceilings({"gpu": {"name": "Some GPU"}})
+    with pytest.raises(ValueError, match="no bf16 tensor cores"):
+        bench.roofline_ceilings({}, chip="T4")
+
+
+def test_seed_shape_rows_prefers_the_sizes_the_article_states():
+    df = _frame(_synthetic_results())
+    rows, why = bench.seed_shape_rows(df)
+    # the harness has B=8, H=32, N=4096 only at d=64: that beats B=8, H=16 at d=128
+    assert set(rows["impl"]) == set(_SPEEDS) and not rows["causal"].any()
+    assert {(r.batch, r.heads, r.seq, r.head_dim) for r in rows.itertuples()} == {(8, 32, 4096, 64)}
+    assert why == ("B=8, H=32, N=4096, d=64, the closest measured shape: the seed's B, H and N, "
+                   "but d=64 instead of 128")
+    rows, why = bench.seed_shape_rows(df[df["head_dim"] == 128])
+    assert set(rows["heads"]) == {16} and "H=16 instead of 32" in why
+    exact = _frame([bench.Result("flashbook", 8, 32, 4096, 128, False, "bf16", fwd_ms=1.5)])
+    rows, why = bench.seed_shape_rows(exact)
+    assert len(rows) == 1 and why.endswith("the seed's own shape")
+    rows, why = bench.seed_shape_rows(df[df["seq"] == 1024])
+    assert set(rows["seq"]) == {1024} and "N=1024 instead of 4096" in why
+
+
+def test_block_state_reads_the_sweep_and_checks_every_chip():
+    from flashbook.kernels import configs
+
+    blocks = _frame(_synthetic_blocks())
+    state = bench.block_state(blocks, 128, 128, 64, 8, 3, measured_arch="sm_90")
+    assert state.config == (128, 64, 8, 3) and state.seq == 4096
+    ran = blocks[(blocks["head_dim"] == 128) & (blocks["status"] == "ok")]
+    assert state.n_ran == len(ran) and state.n_configs == len(bench.block_configs())
+    assert state.tflops == pytest.approx(300 + 128 + 32 + 30)
+    assert state.ranking[0][1] == ran["fwd_tflops"].max()
+    assert [t for _, t in state.ranking] == sorted(ran["fwd_tflops"], reverse=True)
+    assert state.ranking[state.rank - 1][0] == state.config
+    need = configs.smem_estimate("forward", configs.Config(128, 64, 8, 3), 128, 2, 90)
+    assert state.shared_bytes == need
+    assert state.fits["H200"] == {"bytes": need, "limit": 227 * 1024, "fits": True,
+                                  "how": "measured"}
+    assert state.fits["A100"]["how"] == "model"
+    assert state.fits["A100"]["fits"] == (need <= 163 * 1024)
+    assert state.fits["T4"]["bytes"] == configs.smem_estimate(
+        "forward", configs.Config(128, 64, 8, 3), 128, 2, 75)
+    assert "number" in state.summary() and "KiB of shared memory" in state.summary()
+    # a config that did not fit: the compiler's number from its error message
+    big = bench.block_state(blocks, 128, 128, 128, 8, 4, measured_arch="sm_90")
+    assert big.rank is None and big.row["status"] == "out-of-resources"
+    assert big.shared_bytes == configs.smem_estimate("forward", configs.Config(128, 128, 8, 4),
+                                                     128, 2, 90)
+    assert not any(f["fits"] for f in big.fits.values())
+    assert "out-of-resources" in big.summary()
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        bench.block_state(blocks, 96, 64, 64, 4, 2)
+    # a sweep where everything ran reads its shared memory as integers
+    assert bench.block_shared_bytes({"shared_bytes": np.int64(49152)}) == 49152.0
+    assert bench.block_shared_bytes({"shared_bytes": None, "note": "Required: 294912, Hard"}) \
+        == 294912.0
+    assert math.isnan(bench.block_shared_bytes({"shared_bytes": "", "note": "error: other"}))
+    all_ok = blocks[blocks["status"] == "ok"].copy()
+    all_ok["shared_bytes"] = all_ok["shared_bytes"].astype("int64")
+    assert bench.block_state(all_ok, 64, 64, 32, 4, 2, measured_arch="sm_90").shared_bytes == \
+        configs.smem_estimate("forward", configs.Config(64, 32, 4, 2), 64, 2, 90)
+
+
+def test_best_blocks_picks_the_fastest_warps_and_stages():
+    blocks = _frame(_synthetic_blocks())
+    best = bench.best_blocks(blocks)
+    assert len(best) == 2 * 2 * 3                      # head_dims x B_r x B_c
+    for r in best.itertuples():
+        same = blocks[(blocks["head_dim"] == r.head_dim) & (blocks["block_m"] == r.block_m)
+                      & (blocks["block_n"] == r.block_n) & (blocks["status"] == "ok")]
+        assert r.fwd_tflops == same["fwd_tflops"].max()
+
+
+# ------------------------------------------------------------------ chapter 9 on recorded runs
+
+CHAPTER_9 = REPO / "notebooks" / "09_benchmarks.ipynb"
+
+
+def _run_chapter_9(results_root, monkeypatch, tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv(bench.RESULTS_ENV, str(results_root))
+    nb = nbformat.read(CHAPTER_9, as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(CHAPTER_9.parent)}}).execute()
+    figures, text, glued = {}, {}, {}
+    for cell in nb.cells:
+        outputs = cell.get("outputs", [])
+        figures[cell.id] = sum("image/png" in o.get("data", {}) for o in outputs)
+        text[cell.id] = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+        for o in outputs:
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name:
+                glued[name] = o["data"]["application/papermill.record/text/plain"]
+    # every number the prose quotes was glued, or the book build warns (and fails)
+    quoted = {key.split(":")[0] for cell in nb.cells if cell.cell_type == "markdown"
+              for key in re.findall(r"\{glue:text\}`([^`]+)`", cell.source)}
+    assert quoted <= set(glued), f"quoted but never glued: {sorted(quoted - set(glued))}"
+    return figures, text, glued
+
+
+def _recorded_roots():
+    roots = [pytest.param("synthetic", id="synthetic")]
+    recorded = REPO / "benchmarks" / "results"
+    roots.append(pytest.param("recorded", id="recorded", marks=pytest.mark.skipif(
+        bench.latest_results(recorded) is None or bench.latest_blocks(recorded) is None,
+        reason="no results.csv and blocks.csv recorded in benchmarks/results/")))
+    return roots
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", _recorded_roots())
+def test_chapter_9_draws_every_figure_from_recorded_results(which, tmp_path, monkeypatch):
+    if which == "synthetic":
+        root = tmp_path / "results"
+        _synthetic_root(root)
+    else:
+        root = REPO / "benchmarks" / "results"
+    figures, text, glued = _run_chapter_9(root, monkeypatch, tmp_path)
+    expected = [cid for cid in figures if cid.startswith("fig-")]
+    assert set(expected) >= {"fig-tflops", "fig-memory", "fig-roofline", "fig-block-default",
+                             "fig-block-heatmap"}
+    for cid in expected:
+        assert figures[cid] == 1, f"{cid} drew {figures[cid]} figures: {text[cid][:300]}"
+    everything = "".join(text.values())
+    assert "No recorded results" not in everything and "No block sweep" not in everything
+    blank = sorted(name for name, value in glued.items() if value.strip("'\"") == "n/a")
+    assert not blank, f"numbers the prose quotes but the data did not give: {blank}"
+    if which == "synthetic":    # the prose quotes what the data say
+        assert glued["t_fwd_flash"].strip("'") == "at 12 of the 12 shapes measured"
+        assert glued["t_bwd_flash"].strip("'") == "at 0 of the 12 shapes measured"
+        assert glued["naive_missing"].strip("'") == "d=64 N=4096 full, d=64 N=4096 causal"
+        assert glued["roof_source"].strip("'") == "datasheet"
+
+
+@pytest.mark.slow
+def test_chapter_9_says_so_when_nothing_is_recorded(tmp_path, monkeypatch):
+    empty = tmp_path / "results"
+    empty.mkdir()
+    figures, text, glued = _run_chapter_9(empty, monkeypatch, tmp_path)
+    assert "No recorded results were found" in text["locate"]
+    for cid in figures:
+        if cid.startswith("fig-"):
+            assert figures[cid] == 0 and ("No recorded results" in text[cid]
+                                          or "No block sweep" in text[cid]), cid
+    # the arithmetic that needs no GPU is still there
+    assert glued["seed_n_time_impossible"].strip("'") == "4"
