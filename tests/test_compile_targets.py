@@ -21,41 +21,48 @@ import pytest
 from flashbook import runtime
 from flashbook.kernels import configs
 
-ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 CHIP_OF = {75: "T4", 80: "A100", 90: "H100"}
 
 
-def _job(kernel, cc, head_dim, dtype, causal=True, atomic_dq=False):
-    if not configs.supported(kernel, cc=cc, block_d=configs.block_d(head_dim), elem_bytes=ELEM_BYTES[dtype]):
+def _config(kernel, cc, bd, elem):
+    if not configs.supported(kernel, cc=cc, block_d=bd, elem_bytes=elem):
         return None
-    config = configs.default(kernel, cc=cc, block_d=configs.block_d(head_dim),
-                             elem_bytes=ELEM_BYTES[dtype])
-    return dict(kernel=kernel, cc=cc, head_dim=head_dim, dtype=dtype, causal=causal,
-                atomic_dq=atomic_dq,
+    return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem)
+
+
+def _job(kernel, cc, head_dim, dtype, config, causal=True, atomic_dq=False):
+    return dict(kernel=kernel, cc=cc, head_dim=head_dim, dtype=dtype, causal=causal, atomic_dq=atomic_dq,
                 config=[config.block_m, config.block_n, config.num_warps, config.num_stages])
 
 
 def jobs_for(cc: int) -> list[dict]:
-    """The configurations to compile for one chip.
+    """The compilations that cover every configuration the library launches on one chip.
 
-    Every (kernel, head_dim tile) default in fp16, causal (the branch with the most
-    code). float32 where its default differs from fp16's, and at the widest tile,
-    where it needs the most shared memory. Plus the variants that change the code:
-    bfloat16, the atomic-dQ backward, a head_dim that is not a power of two
-    (masked loads), and non-causal.
+    Shared memory only grows with the head_dim tile and the element size, so each
+    (kernel, configuration) is compiled once, at the largest tile and element size
+    that selects it: if it fits there, it fits wherever else it is used. On top of
+    that, the smallest tile (16) for each kernel, causal (the branch with the most
+    code) throughout, the forward in bfloat16 and the backward in float16, a head_dim
+    that is not a power of two (80, masked loads) for the 128 tile, and the atomic-dQ
+    backward once.
     """
-    jobs = []
+    widest = {}  # (kernel, config) -> (block_d, elem_bytes) with the most bytes per tile row
     for kernel in configs.KERNELS:
         for bd in configs.BLOCK_DS:
-            fp16 = _job(kernel, cc, bd, "fp16")
-            fp32 = _job(kernel, cc, bd, "fp32")
-            jobs.append(fp16)
-            if fp32 is not None and (fp32["config"] != fp16["config"] or bd == configs.MAX_HEAD_DIM):
-                jobs.append(fp32)
-        jobs.append(_job(kernel, cc, 128, "bf16"))
-        jobs.append(_job(kernel, cc, 80, "fp16", causal=False))
-    jobs.append(_job("backward_dkdv", cc, 128, "fp16", atomic_dq=True))
-    assert None not in jobs, f"sm_{cc}: a 16-bit configuration is unsupported"
+            for elem in (2, 4):
+                config = _config(kernel, cc, bd, elem)
+                if config is not None:
+                    widest[kernel, config] = max(widest.get((kernel, config), (0, 0)), (bd, elem),
+                                                 key=lambda be: (be[0] * be[1], be[1]))
+    jobs = []
+    for (kernel, config), (bd, elem) in widest.items():
+        dtype = "fp32" if elem == 4 else "bf16" if kernel == "forward" else "fp16"
+        jobs.append(_job(kernel, cc, 80 if bd == 128 else bd, dtype, config))
+    for kernel in configs.KERNELS:
+        smallest = _config(kernel, cc, 16, 2)
+        if widest[kernel, smallest] != (16, 2):
+            jobs.append(_job(kernel, cc, 16, "fp16", smallest))
+    jobs.append(_job("backward_dkdv", cc, 128, "fp16", _config("backward_dkdv", cc, 128, 2), atomic_dq=True))
     return jobs
 
 
@@ -82,11 +89,15 @@ def test_defaults_compile_and_fit(cc, request, tmp_path):
         + (r["error"][:400] if r["error"] else f"shared {r['shared']} B > limit {limit} B")
         for r in failures)
     assert not failures, f"sm_{cc}: {len(failures)} of {len(results)} configurations fail:\n{report}"
-    # every head_dim tile the library accepts has a configuration that compiles, per kernel
-    compiled = {(r["kernel"], configs.block_d(r["head_dim"])) for r in results if not r["error"]}
+    # every head_dim tile the library accepts has its configuration compiled, per kernel
+    compiled = {(r["kernel"], configs.Config(*r["config"])) for r in results if not r["error"]}
     for kernel in configs.KERNELS:
         for bd in configs.BLOCK_DS:
-            assert (kernel, bd) in compiled, f"sm_{cc}: no {kernel} configuration for head_dim tile {bd}"
+            for elem in (2, 4):
+                config = _config(kernel, cc, bd, elem)
+                assert config is None or (kernel, config) in compiled, \
+                    f"sm_{cc}: {kernel} for head_dim tile {bd} ({8 * elem}-bit) has no compiled configuration"
+            assert _config(kernel, cc, bd, 2) is not None, f"sm_{cc}: {kernel} does not support head_dim {bd}"
 
 
 def test_unsupported_combinations_are_only_fp32_at_large_head_dim():
