@@ -1182,7 +1182,7 @@ def block_sweep_hook(kernels):
     hook = getattr(kernels, "forward_with_config", None)
     if callable(hook):
         return hook, "flashbook.kernels.forward_with_config"
-    forward = getattr(kernels, "forward", None)
+    forward = getattr(kernels, "flash_forward", None) or getattr(kernels, "forward", None)
     config_cls = getattr(getattr(kernels, "configs", None), "Config", None)
     try:
         takes_config = "config" in inspect.signature(forward).parameters
@@ -1190,7 +1190,7 @@ def block_sweep_hook(kernels):
         takes_config = False
     if not (callable(forward) and config_cls and takes_config):
         return None, ("flashbook.kernels has no forward_with_config(q, k, v, causal, scale, "
-                      "block_m, block_n, num_warps, num_stages), nor a forward(..., config=) "
+                      "block_m, block_n, num_warps, num_stages), nor a flash_forward(..., config=) "
                       "with configs.Config")
     jit_functions = [v for v in getattr(forward, "__globals__", {}).values()
                      if hasattr(v, "device_caches")]
