@@ -21,7 +21,9 @@ Kernels 2 and 3 each recompute P: that is the price of writing every gradient
 exactly once, with no atomics, so the result is deterministic. The alternative,
 ``ATOMIC_DQ``, lets kernel 2 also add its share ``dS K`` of dQ straight into an
 fp32 buffer with ``tl.atomic_add``: one kernel and one recomputation fewer, but
-the order of the additions (and so the last bits of dQ) changes from run to run.
+the order of the additions (and so the last bits of dQ) may change from run to
+run, and the atomics cost more than the recomputation they save (both measured
+on an H200: benchmarks/results/gpu_tests_h200.json).
 
 Causal masking skips whole tiles exactly as the forward does: a key tile owned
 by ``_bwd_dkdv`` is seen only by query rows ``i >= j - (seq_k - seq_q)``, so its

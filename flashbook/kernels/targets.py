@@ -7,8 +7,9 @@ returns the compiled kernel, whose ``metadata.shared`` is the shared memory one
 program really allocates (chapter 9 compares it with ``configs.smem_estimate``).
 
 Compilation needs ``TRITON_INTERPRET`` unset or 0 when triton is imported, so on
-a CPU-only machine run this in a separate process started with TRITON_INTERPRET=0
-(``python -m flashbook.kernels.targets`` does that for the whole table).
+a CPU-only machine (where ``flashbook`` turns the interpreter on) it runs in a
+separate process: ``compile_elsewhere(plan())`` does that from Python, and
+``TRITON_INTERPRET=0 python -m flashbook.kernels.targets --all`` from a shell.
 """
 from __future__ import annotations
 
@@ -93,6 +94,33 @@ def run_job(job: dict) -> dict:
         out["shared"] = None
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     return out
+
+
+def compile_elsewhere(jobs: list[dict], *, workers: int = 1, cache_dir: str | None = None,
+                      timeout: float = 1800) -> list[dict]:
+    """Run ``run_job`` for each job in a fresh Python process with TRITON_INTERPRET=0.
+
+    ``cache_dir`` becomes Triton's cache (TRITON_CACHE_DIR): a second call with the
+    same jobs then takes seconds. Returns ``run_job``'s results, in order.
+    """
+    import os
+    import subprocess
+    import tempfile
+
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, stated to keep 3.9 quiet
+    if cache_dir:
+        env["TRITON_CACHE_DIR"] = str(cache_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.json")
+        proc = subprocess.run(
+            [sys.executable, "-m", "flashbook.kernels.targets", "--workers", str(workers), "--out", out],
+            input=json.dumps(jobs), text=True, capture_output=True, env=env, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compilation process failed ({proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
 
 
 def main(argv=None) -> int:
