@@ -237,3 +237,21 @@ def test_bfloat16_is_refused_in_the_interpreter():
     q, k, v = _qkv(dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="bfloat16.*interpreter"):
         flashbook.flash_attention(q, k, v)
+
+
+def test_backward_checks_what_forward_saved():
+    """lse is indexed by row alone: a wrong one must be refused, not read."""
+    from flashbook.kernels import flash_backward, flash_forward
+    q, k, v = _qkv(shape_q=(1, 2, 16, 16), shape_k=(1, 2, 16, 16))
+    o, lse = flash_forward(q, k, v)
+    do = torch.randn_like(o)
+    with pytest.raises(ValueError, match=r"lse must be a tensor of shape \(1, 2, 16\)"):
+        flash_backward(q, k, v, o, lse[:, :1], do)
+    with pytest.raises(ValueError, match="lse must be a tensor of shape"):
+        flash_backward(q, k, v, o, lse.transpose(1, 2)[..., :2].reshape(1, 16, 2), do)
+    with pytest.raises(TypeError, match="lse must be float32"):
+        flash_backward(q, k, v, o, lse.half(), do)
+    with pytest.raises(ValueError, match="do must be a tensor of shape"):
+        flash_backward(q, k, v, o, lse, do[..., :8])
+    dq, dk, dv = flash_backward(q, k, v, o, lse, do)   # and the right ones still work
+    assert torch.isfinite(dq).all() and dq.abs().max() > 0

@@ -240,6 +240,17 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     for name, x, like in (("o", o, q), ("do", do, q)):
         if not isinstance(x, torch.Tensor) or x.shape != like.shape:
             raise ValueError(f"{name} must be a tensor of shape {tuple(like.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
+    # lse is read with the row index alone: a wrong shape, dtype or layout would read
+    # the wrong rows (or past the end) without any error from the kernels.
+    lse_shape = q.shape[:3]
+    if not isinstance(lse, torch.Tensor) or lse.shape != lse_shape:
+        raise ValueError(f"lse must be a tensor of shape {tuple(lse_shape)} (batch, heads, seq_q), "
+                         f"got {tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__}")
+    if lse.dtype != torch.float32 or lse.device != q.device:
+        raise TypeError(f"lse must be float32 on {q.device} (as flash_forward returns it), "
+                        f"got {lse.dtype} on {lse.device}")
     q, k, v, o, do = (_last_dim_contiguous(x) for x in (q, k, v, o, do))
     do = do.to(q.dtype)
     lse = lse.contiguous()
