@@ -76,6 +76,13 @@ def test_defaults_compile_and_fit(cc, request):
         + (r["error"][:400] if r["error"] else f"shared {r['shared']} B > limit {limit} B")
         for r in failures)
     assert not failures, f"sm_{cc}: {len(failures)} of {len(results)} configurations fail:\n{report}"
+    # What the book says about tensor cores: every kernel's tl.dot uses them on sm_80
+    # and sm_90; on sm_75 (the T4) Triton compiles it to plain FMAs.
+    for r in results:
+        if cc == 75:
+            assert r["tensor_core_ops"] == 0, f"sm_75 {r['kernel']}: Triton now emits mma; update the book"
+        else:
+            assert r["tensor_core_ops"] > 0, f"sm_{cc} {r['kernel']} {r['dtype']}: no tensor-core instruction"
     # every head_dim tile the library accepts has its configuration compiled, per kernel
     compiled = {(r["kernel"], configs.Config(*r["config"])) for r in results if not r["error"]}
     for kernel in configs.KERNELS:

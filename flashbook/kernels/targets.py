@@ -89,9 +89,14 @@ def run_job(job: dict) -> dict:
                                   dtype=job["dtype"], causal=job.get("causal", True),
                                   atomic_dq=job.get("atomic_dq", False))
         out["shared"] = int(compiled.metadata.shared)
+        # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
+        # Triton emits none: tl.dot becomes plain fused multiply-adds there.
+        ptx = compiled.asm.get("ptx", "")
+        out["tensor_core_ops"] = ptx.count("mma.sync") + ptx.count("wgmma.mma_async")
         out["error"] = None
     except Exception as e:  # reported, not raised: the caller decides what a failure means
         out["shared"] = None
+        out["tensor_core_ops"] = None
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     return out
 
