@@ -41,6 +41,29 @@ if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") is None:
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run the kernels here, or None if it can.
+
+    The interpreter of triton 3.6 and older breaks on NumPy 2.4 and newer (loops
+    over a run-time range fail); triton 3.7.1 fixed it.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        triton_version = version("triton")
+    except PackageNotFoundError:
+        return "triton is not installed: pip install 'triton>=3.7.1'"
+    import numpy
+
+    def parts(v):
+        return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
+
+    if parts(triton_version) < (3, 7, 1) and parts(numpy.__version__) >= (2, 4):
+        return (f"Triton's interpreter in triton {triton_version} fails with numpy "
+                f"{numpy.__version__}: pip install 'triton>=3.7.1' (or 'numpy<2.4')")
+    return None
+
+
 def device() -> str:
     """The torch device the book's kernels use: ``"cuda"`` or ``"cpu"``."""
     return "cuda" if HAS_CUDA and not INTERPRET else "cpu"

@@ -56,3 +56,16 @@ def test_chip_facts_are_consistent():
     assert h200.ridge_flop_per_byte == pytest.approx(989e12 / 4.8e12)
     with pytest.raises(ValueError, match="chip must be one of"):
         runtime.chip("V100")
+
+
+def test_interpreter_problem_names_the_fix(monkeypatch):
+    import importlib.metadata
+    import numpy
+    real_version = importlib.metadata.version
+    assert runtime.interpreter_problem() is None  # this environment works
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "3.6.0" if name == "triton" else real_version(name))
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    assert "triton>=3.7.1" in runtime.interpreter_problem()
+    monkeypatch.setattr(numpy, "__version__", "2.3.5")
+    assert runtime.interpreter_problem() is None

@@ -122,6 +122,9 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate"):
         if q.device.type != "cpu":
             raise ValueError(f"q, k and v must be CPU tensors here (the kernels run in Triton's "
                              f"interpreter), got device {q.device}")
+        problem = runtime.interpreter_problem()
+        if problem:
+            raise RuntimeError(problem)
         if q.dtype == torch.bfloat16:
             raise TypeError("q, k and v are bfloat16, which Triton's CPU interpreter cannot compute "
                             "correctly; use float16 or float32 here, or run on a CUDA GPU")
