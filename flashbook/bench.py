@@ -707,6 +707,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-blocks", action="store_true",
                    help="instead: sweep block sizes of flashbook's forward kernel "
                         "(default seq 4K, d 64 and 128, not causal)")
+    p.add_argument("--ladder", action="store_true",
+                   help="time each rung of chapter 10's performance ladder (forward) and "
+                        "the two dQ strategies (backward); writes ladder.csv")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
     return p
@@ -724,7 +727,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.rep_ms = 50.0 if args.quick else 100.0
     if args.rep_ms <= 0 or args.warmup_ms < 0:
         parser.error("--rep-ms must be > 0 and --warmup-ms >= 0")
-    if args.sweep_blocks:
+    if args.ladder:
+        seqs = args.seq or LADDER_SEQS
+        head_dims = args.head_dim or DEFAULT_HEAD_DIMS
+        causals = args.causal or (False, True)
+    elif args.sweep_blocks:
         seqs = args.seq or SWEEP_SEQS
         head_dims = args.head_dim or DEFAULT_HEAD_DIMS
         causals = args.causal or (False,)
@@ -1262,6 +1269,96 @@ def run_block_sweep(args, hook, *, progress=True) -> list:
         del q, k, v
     bar.close()
     return results
+
+
+LADDER_SEQS = (4096, 16384)
+
+
+@dataclass
+class LadderResult:
+    """One rung of chapter 10's ladder on one shape (``pass_`` "fwd" or "bwd")."""
+
+    rung: int
+    name: str
+    pass_: str
+    seq: int
+    head_dim: int
+    batch: int
+    heads: int
+    causal: bool
+    dtype: str
+    status: str = "ok"
+    ms: float | None = None
+    tflops: float | None = None
+    err_out: float | None = None
+    note: str = ""
+
+
+LADDER_FIELDS = [f.name for f in dataclasses.fields(LadderResult)]
+
+
+def run_ladder(args, *, progress=True) -> list:
+    """Time every forward rung of ``kernels.ladder.RUNGS`` and both backward dQ
+    strategies on every shape; each output is checked against float64."""
+    import torch
+
+    from .kernels import flash_attention
+    from .kernels.ladder import RUNGS, run_rung
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    timer = CudaTimer(args.warmup_ms, args.rep_ms)
+    memory = CudaMemory()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    steps = [("fwd", i, r.name) for i, r in enumerate(RUNGS)]
+    steps += [("bwd", len(RUNGS) + i, f"dQ {mode}") for i, mode in enumerate(("atomic", "separate"))]
+    bar = _progress(len(steps) * len(args.shapes), progress)
+    results = []
+    for shape in args.shapes:
+        q, k, v, do = make_inputs(shape, dtype, "cuda", gen)
+        with torch.no_grad():
+            o_ref = naive_attention(q[:1, :1].double(), k[:1, :1].double(), v[:1, :1].double(),
+                                    causal=shape.causal)
+        for pass_, index, name in steps:
+            bar.set_description(f"{shape.label()} {name}")
+            res = LadderResult(index, name, pass_, shape.seq, shape.head_dim, shape.batch,
+                               shape.heads, shape.causal, args.dtype)
+            try:
+                if pass_ == "fwd":
+                    rung = RUNGS[index]
+                    with torch.no_grad():
+                        def call(rung=rung):
+                            return run_rung(rung, q, k, v, causal=shape.causal)
+                        res.err_out = _rel_err(call()[0][:1, :1], o_ref)
+                        res.ms = timer(call)
+                    res.tflops = tflops(shape.flops_fwd, res.ms)
+                else:
+                    mode = name.split()[-1]
+                    out = flash_attention(q, k, v, causal=shape.causal, dq_mode=mode)
+                    res.err_out = _rel_err(out[:1, :1].detach(), o_ref)
+                    res.ms = timer(lambda out=out: torch.autograd.grad(out, (q, k, v), do,
+                                                                       retain_graph=True))
+                    res.tflops = tflops(2.5 * shape.flops_fwd, res.ms)
+                    del out
+            except Exception as exc:  # noqa: BLE001
+                res.status, res.note = classify_error(exc, "flashbook")
+            finally:
+                memory.release()
+            results.append(res)
+            bar.update(1)
+        del q, k, v, do
+    bar.close()
+    return results
+
+
+def format_ladder_table(results) -> str:
+    lines = [f"{'shape':<28} {'pass':<4} {'rung':<22} {'ms':>9} {'TFLOP/s':>8} {'err':>9}"]
+    for r in results:
+        shape = shape_label(r.head_dim, r.seq, r.causal)
+        lines.append(f"{shape:<28} {r.pass_:<4} {r.name:<22} {_fmt(r.ms, '.3f'):>9} "
+                     f"{_fmt(r.tflops, '.1f'):>8} {_fmt(r.err_out, '.1e'):>9}"
+                     + ("" if r.status == "ok" else f"  {r.status}: {r.note[:60]}"))
+    return "\n".join(lines)
 
 
 # =============================================================================
@@ -2089,7 +2186,13 @@ def main(argv=None) -> int:
     out_dir = args.out or default_out_dir(gpu["name"])
     progress = not args.no_progress
 
-    if args.sweep_blocks:
+    if args.ladder:
+        print(f"Performance ladder of flashbook's kernels on {gpu['name']}: "
+              f"{len(args.shapes)} shapes")
+        results = run_ladder(args, progress=progress)
+        print(format_ladder_table(results))
+        csv_name, fields = "ladder.csv", LADDER_FIELDS
+    elif args.sweep_blocks:
         try:
             from . import kernels
         except Exception as exc:  # noqa: BLE001
@@ -2116,7 +2219,8 @@ def main(argv=None) -> int:
 
     write_csv(results, out_dir / csv_name, fields)
     prov = collect_provenance(argv, args)
-    prov["files"] = {csv_name: "one row per " + ("config and shape" if args.sweep_blocks
+    prov["files"] = {csv_name: "one row per " + ("rung and shape" if args.ladder
+                                                 else "config and shape" if args.sweep_blocks
                                                  else "implementation and shape")}
     write_provenance(prov, out_dir / "provenance.json")
     print(f"\nWrote {out_dir / csv_name} and {out_dir / 'provenance.json'}")

@@ -255,3 +255,30 @@ def test_backward_checks_what_forward_saved():
         flash_backward(q, k, v, o, lse, do[..., :8])
     dq, dk, dv = flash_backward(q, k, v, o, lse, do)   # and the right ones still work
     assert torch.isfinite(dq).all() and dq.abs().max() > 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_ladder_rung_is_exact(causal):
+    """Chapter 10's rungs switch optimisations off; each must still be attention."""
+    import os
+
+    import numpy as np
+
+    from flashbook import reference
+    from flashbook.kernels.ladder import RUNGS, run_rung
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q = torch.randn(1, 2, 45, 32, dtype=torch.float32)     # ragged: 45 rows, 3 tiles of 16
+    k = torch.randn(1, 2, 70, 32, dtype=torch.float32)
+    v = torch.randn(1, 2, 70, 32, dtype=torch.float32)
+    want = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=causal)
+    for rung in RUNGS:
+        o, lse = run_rung(rung, q, k, v, causal=causal)
+        err = np.abs(o.double().numpy() - want).max()
+        # fp32 in the interpreter: products exact to ~1e-7 relative, sums of 70 terms
+        assert err < 1e-5, f"rung {rung.name!r}: max error {err:.2e}"
+        s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(32)
+        if causal:
+            s = s.masked_fill(~torch.from_numpy(reference.causal_mask(45, 70)), float("-inf"))
+        assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-5), rung.name
+    with pytest.raises(TypeError, match="rung must be one of"):
+        run_rung("exp2", q, k, v)

@@ -77,7 +77,8 @@ def _fwd_inner(acc, row_max, row_sum, q,
                k_base, v_base, stride_kn, stride_vn,
                offs_m, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
-               CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               EXP2: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -98,8 +99,12 @@ def _fwd_inner(acc, row_max, row_sum, q,
         else:
             new_max = tl.maximum(row_max, tl.max(qk, 1) * qk_scale)
             qk = qk * qk_scale - new_max[:, None]
-        p = tl.exp2(qk)
-        alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
+        if EXP2:
+            p = tl.exp2(qk)
+            alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
+        else:  # chapter 10's first rung: natural exp, scores and maxima in natural units
+            p = tl.exp(qk)
+            alpha = tl.exp(row_max - new_max)
         row_sum = row_sum * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :],
@@ -118,11 +123,17 @@ def _attn_fwd(Q, K, V, O, LSE,
               n_heads, group, seq_q, seq_k, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads)."""
+              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              EXP2: tl.constexpr, SKIP_MASKED: tl.constexpr, SPLIT: tl.constexpr,
+              HEAVY_FIRST: tl.constexpr):
+    """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
+
+    The last four flags are the rungs of chapter 10's performance ladder; the
+    library always runs with all four on (``configs.Features()``).
+    """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     pid_m = tl.program_id(0)
-    if CAUSAL:  # the last query tiles see the most keys: start them first, so none runs alone at the end
+    if CAUSAL and HEAVY_FIRST:  # the last query tiles see the most keys: start them first, so none runs alone at the end
         pid_m = tl.num_programs(0) - 1 - pid_m
     start_m = pid_m * BLOCK_M
     bh = tl.program_id(1)
@@ -148,19 +159,26 @@ def _attn_fwd(Q, K, V, O, LSE,
 
     diagonal = seq_k - seq_q
     full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if not SKIP_MASKED:  # visit every key tile, even those no row of this tile may see
+        hi = seq_k
+    if not SPLIT:  # no unmasked main stage: every tile pays for the mask
+        full_end = 0
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         offs_m, offs_n, offs_d, seq_k, diagonal, 0, full_end, qk_scale,
-        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, EXP2)
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         offs_m, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
+        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, EXP2)
 
     # A row that saw no key (causal, seq_q > seq_k) has row_sum 0: output 0, lse -inf.
     seen = row_sum > 0.0
     acc = acc / tl.where(seen, row_sum, 1.0)[:, None]
-    lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * LN2, float("-inf"))
+    if EXP2:
+        lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * LN2, float("-inf"))
+    else:
+        lse = tl.where(seen, row_max + tl.log(tl.where(seen, row_sum, 1.0)), float("-inf"))
     row_ok = offs_m < seq_q
     tl.store(LSE + bh.to(tl.int64) * seq_q + offs_m, lse, mask=row_ok)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]

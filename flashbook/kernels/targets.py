@@ -45,6 +45,8 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     }
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
+    if kernel == "forward":  # the library's own features (chapter 10's top rung)
+        constexprs.update(EXP2=True, SKIP_MASKED=True, SPLIT=True, HEAVY_FIRST=True)
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
