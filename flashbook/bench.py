@@ -1698,6 +1698,24 @@ def provenance_for(csv_path) -> dict:
     return fallback
 
 
+def provenance_summary(prov: dict) -> dict:
+    """What a chapter shows beside measured numbers, read from one provenance dict:
+    GPU, driver, CUDA, cuDNN, torch, triton, date and command, each as text
+    ("not recorded" where the provenance lacks it)."""
+    prov = prov or {}
+    gpu = prov.get("gpu") or {}
+    name = gpu.get("name") if isinstance(gpu, dict) else gpu
+    if name and isinstance(gpu, dict) and (gpu.get("capability") or gpu.get("sms")):
+        extras = [str(gpu["capability"])] if gpu.get("capability") else []
+        extras += [f"{gpu['sms']} SMs"] if gpu.get("sms") else []
+        name = f"{name} ({', '.join(extras)})"
+    values = {"GPU": name, "driver": prov.get("driver"), "CUDA": prov.get("cuda"),
+              "cuDNN": prov.get("cudnn"), "torch": prov.get("torch"),
+              "triton": prov.get("triton"), "date (UTC)": prov.get("date_utc"),
+              "command": prov.get("command")}
+    return {k: "not recorded" if v in (None, "") else str(v) for k, v in values.items()}
+
+
 def run_date(csv_path) -> str:
     """When a CSV was measured, as text that sorts in time order: the provenance's
     ``date_utc``, else a YYYY-MM-DD in the directory names, else the file's mtime."""
@@ -1731,6 +1749,30 @@ def latest_results(root=None, csv_name: str = "results.csv"):
 def latest_blocks(root=None):
     """The newest recorded ``blocks.csv`` (from ``--sweep-blocks``), or None."""
     return latest_results(root, "blocks.csv")
+
+
+def latest_ladder(root=None):
+    """The newest recorded ``ladder.csv`` (from ``--ladder``), or None."""
+    return latest_results(root, "ladder.csv")
+
+
+#: The columns that name one shape of the ladder (a pass is a ladder of its own).
+LADDER_KEYS = ("pass_", "batch", "heads", "seq", "head_dim", "causal", "dtype")
+
+
+def ladder_speedups(ladder):
+    """The ladder (``load_results`` of a ``ladder.csv``) sorted by pass, shape and
+    rung, with two columns added per row: ``vs_prev``, the previous rung's time
+    over this one's, and ``vs_first``, the pass's first rung's time over this
+    one's (> 1: this rung is faster; the same as the ratio of TFLOP/s, since every
+    rung of a pass does the same FLOPs). NaN where either did not run."""
+    keys = [k for k in LADDER_KEYS if k in ladder.columns]
+    out = ladder.sort_values(keys + ["rung"]).reset_index(drop=True)
+    ms = out["ms"].where(out["status"].eq("ok")).astype(float)
+    groups = ms.groupby([out[k] for k in keys], sort=False)
+    out["vs_prev"] = groups.shift(1) / ms
+    out["vs_first"] = groups.transform(lambda s: s.iloc[0]) / ms
+    return out
 
 
 def _typed_frame(df):

@@ -960,3 +960,45 @@ def test_chapter_9_says_so_when_nothing_is_recorded(tmp_path, monkeypatch):
                                           or "No block sweep" in text[cid]), cid
     # the arithmetic that needs no GPU is still there
     assert glued["seed_n_time_impossible"].strip("'") == "4"
+
+
+def test_ladder_speedups_divide_times_within_each_pass_and_shape(tmp_path):
+    rows = []
+    for causal in (False, True):
+        for rung, ms in enumerate((4.0, 2.0, 1.0)):
+            rows.append(bench.LadderResult(rung, f"rung {rung}", "fwd", 1024, 64, 2, 4, causal,
+                                           "bf16", ms=ms * (2 if causal else 1)))
+        rows.append(bench.LadderResult(3, "dQ atomic", "bwd", 1024, 64, 2, 4, causal, "bf16", ms=9.0))
+        rows.append(bench.LadderResult(4, "dQ separate", "bwd", 1024, 64, 2, 4, causal, "bf16",
+                                       status="error", note="boom"))
+    path = bench.write_csv(rows[::-1], tmp_path / "2026-01-01-h200-ladder" / "ladder.csv",
+                           bench.LADDER_FIELDS)
+    assert bench.latest_ladder(tmp_path) == path
+    assert bench.latest_ladder(tmp_path / "nowhere") is None
+    df, _ = bench.load_results(path)
+    out = bench.ladder_speedups(df)
+    assert len(out) == len(rows)
+    fwd = out[out["pass_"] == "fwd"]
+    for causal in (False, True):
+        part = fwd[fwd["causal"] == causal]
+        assert part["rung"].tolist() == [0, 1, 2]                 # sorted by rung within a shape
+        assert math.isnan(part["vs_prev"].iloc[0])
+        assert part["vs_prev"].iloc[1:].tolist() == [2.0, 2.0]
+        assert part["vs_first"].tolist() == [1.0, 2.0, 4.0]
+    bwd = out[out["pass_"] == "bwd"]
+    assert bwd["vs_first"].iloc[0] == 1.0                         # its own first rung, not fwd's
+    failed = bwd[bwd["status"] == "error"]
+    assert failed["vs_prev"].isna().all() and failed["vs_first"].isna().all()
+
+
+def test_provenance_summary_reads_what_was_recorded_and_says_what_was_not():
+    prov = {"gpu": {"name": "NVIDIA H200", "capability": "sm_90", "sms": 132},
+            "driver": "580.1", "torch": "2.11.0", "triton": "3.6.0", "cudnn": 91900,
+            "date_utc": "2026-11-29T08:13:25+00:00", "command": "python -m flashbook.bench --ladder"}
+    out = bench.provenance_summary(prov)
+    assert out["GPU"] == "NVIDIA H200 (sm_90, 132 SMs)"
+    assert out["driver"] == "580.1" and out["triton"] == "3.6.0" and out["cuDNN"] == "91900"
+    assert out["command"] == "python -m flashbook.bench --ladder"
+    assert out["CUDA"] == "not recorded"
+    assert set(bench.provenance_summary({}).values()) == {"not recorded"}
+    assert bench.provenance_summary({"gpu": {"name": "T4"}})["GPU"] == "T4"
