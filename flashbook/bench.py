@@ -1089,13 +1089,19 @@ BLOCK_GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8
 
 
 @dataclass
-class BlockResult:
+class ShapeRow:
+    """The shape columns a sweep or ladder row starts with."""
+
     seq: int
     head_dim: int
     batch: int
     heads: int
     causal: bool
     dtype: str
+
+
+@dataclass
+class BlockResult(ShapeRow):
     block_m: int
     block_n: int
     num_warps: int
@@ -1275,18 +1281,12 @@ LADDER_SEQS = (4096, 16384)
 
 
 @dataclass
-class LadderResult:
+class LadderResult(ShapeRow):
     """One rung of chapter 10's ladder on one shape (``pass_`` "fwd" or "bwd")."""
 
     rung: int
     name: str
     pass_: str
-    seq: int
-    head_dim: int
-    batch: int
-    heads: int
-    causal: bool
-    dtype: str
     status: str = "ok"
     ms: float | None = None
     tflops: float | None = None
@@ -1321,8 +1321,8 @@ def run_ladder(args, *, progress=True) -> list:
                                     causal=shape.causal)
         for pass_, index, name in steps:
             bar.set_description(f"{shape.label()} {name}")
-            res = LadderResult(index, name, pass_, shape.seq, shape.head_dim, shape.batch,
-                               shape.heads, shape.causal, args.dtype)
+            res = LadderResult(shape.seq, shape.head_dim, shape.batch, shape.heads,
+                               shape.causal, args.dtype, index, name, pass_)
             try:
                 if pass_ == "fwd":
                     rung = RUNGS[index]

@@ -963,14 +963,16 @@ def test_chapter_9_says_so_when_nothing_is_recorded(tmp_path, monkeypatch):
 
 
 def test_ladder_speedups_divide_times_within_each_pass_and_shape(tmp_path):
+    shape = dict(seq=1024, head_dim=64, batch=2, heads=4, dtype="bf16")
     rows = []
     for causal in (False, True):
         for rung, ms in enumerate((4.0, 2.0, 1.0)):
-            rows.append(bench.LadderResult(rung, f"rung {rung}", "fwd", 1024, 64, 2, 4, causal,
-                                           "bf16", ms=ms * (2 if causal else 1)))
-        rows.append(bench.LadderResult(3, "dQ atomic", "bwd", 1024, 64, 2, 4, causal, "bf16", ms=9.0))
-        rows.append(bench.LadderResult(4, "dQ separate", "bwd", 1024, 64, 2, 4, causal, "bf16",
-                                       status="error", note="boom"))
+            rows.append(bench.LadderResult(rung=rung, name=f"rung {rung}", pass_="fwd", **shape,
+                                           causal=causal, ms=ms * (2 if causal else 1)))
+        rows.append(bench.LadderResult(rung=3, name="dQ atomic", pass_="bwd", **shape,
+                                       causal=causal, ms=9.0))
+        rows.append(bench.LadderResult(rung=4, name="dQ separate", pass_="bwd", **shape,
+                                       causal=causal, status="error", note="boom"))
     path = bench.write_csv(rows[::-1], tmp_path / "2026-01-01-h200-ladder" / "ladder.csv",
                            bench.LADDER_FIELDS)
     assert bench.latest_ladder(tmp_path) == path
