@@ -59,3 +59,40 @@ def glue(name: str, value, display: bool = True):
             show(value)
         return
     myst_glue(name, value, display=display)
+
+
+def glue_text(name: str, value, fmt: str = "") -> None:
+    """Glue ``value`` for the prose as text, formatted once by ``fmt`` ("n/a" for None),
+    so the number in the text and the number the code computed are the same."""
+    glue(name, "n/a" if value is None else format(value, fmt), display=False)
+
+
+def _lines_with(obj, needle: str) -> list[int]:
+    """1-based numbers of the lines of ``obj``'s (dedented) source that contain ``needle``."""
+    return [i for i, line in enumerate(source(obj).splitlines(), 1) if needle in line]
+
+
+def show_between(obj, start: str, end: str, nth: int = 0):
+    """Show ``obj``'s source from the ``nth`` line containing ``start`` to the next line
+    containing ``end``. The lines are searched for, so they follow the code when it changes."""
+    starts = _lines_with(obj, start)
+    if len(starts) <= nth:
+        raise ValueError(f"start {start!r} is on {len(starts)} lines of {obj!r}, "
+                         f"so there is no occurrence number {nth}")
+    first = starts[nth]
+    ends = [i for i in _lines_with(obj, end) if i >= first]
+    if not ends:
+        raise ValueError(f"end {end!r} does not follow line {first} of {obj!r}")
+    show_source(obj, lines=(first, ends[0]))
+
+
+def line_of(obj, needle: str) -> str:
+    """``"L<number>  <code>"``: the one line of ``obj``'s file that contains ``needle``,
+    numbered as in the file (a chapter's line-by-line table uses it, and fails loudly
+    if the code changed under it)."""
+    fn = getattr(obj, "fn", obj)  # a @triton.jit kernel keeps its Python function in .fn
+    lines, first = inspect.getsourcelines(fn)
+    hits = [i for i, line in enumerate(lines) if needle in line]
+    if len(hits) != 1:
+        raise ValueError(f"needle {needle!r} is on {len(hits)} lines of {fn.__name__}, not one")
+    return f"L{first + hits[0]}  " + lines[hits[0]].split("  #")[0].strip()

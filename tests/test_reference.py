@@ -154,3 +154,21 @@ def test_show_source_returns_library_code():
         source(reference.attention, lines=(5, 1))
     with pytest.raises(TypeError, match="obj"):
         source(42)
+
+
+def test_source_helpers_find_lines_by_content(monkeypatch):
+    from flashbook import display
+    assert display.line_of(reference.attention, "def attention(").split()[1] == "def"
+    number = int(display.line_of(reference.attention, "def attention(").split()[0][1:])
+    import inspect
+    assert number == inspect.getsourcelines(reference.attention)[1]
+    with pytest.raises(ValueError, match="not one"):
+        display.line_of(reference.attention, "q")           # on many lines
+    with pytest.raises(ValueError, match="no occurrence"):
+        display.show_between(reference.attention, "no such text", "return")
+    shown = {}
+    monkeypatch.setattr(display, "show_source", lambda obj, lines: shown.update(lines=lines))
+    display.show_between(reference.attention, "def attention(", "return p @ v")
+    first, last = shown["lines"]
+    text = display.source(reference.attention, lines=(first, last))
+    assert text.startswith("def attention(") and text.rstrip().endswith("return p @ v")
