@@ -33,7 +33,7 @@ constexpr ``STAGE = MASKED``.
 import triton
 import triton.language as tl
 
-from .forward import LOG2E, MAIN, MASKED, causal_bounds, load_tile
+from .forward import LOG2E, MAIN, MASKED, causal_bounds, load_tile, visible_keys
 
 
 @triton.jit
@@ -191,10 +191,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         if STAGE == MASKED:
-            visible = cols[None, :] < seq_k
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + diagonal)
-            p = tl.where(visible, p, 0.0)
+            p = tl.where(visible_keys(rows, cols, seq_k, diagonal, CAUSAL), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)

@@ -51,6 +51,16 @@ def load_tile(ptrs, rows, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_CO
 
 
 @triton.jit
+def visible_keys(rows, cols, seq_k, diagonal, CAUSAL: tl.constexpr):
+    """(rows x cols) mask of the scores a masked-stage tile keeps: keys that exist,
+    and, when causal, key j for query row i only if j <= i + (seq_k - seq_q)."""
+    visible = cols[None, :] < seq_k
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None] + diagonal)
+    return visible
+
+
+@triton.jit
 def causal_bounds(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr):
     """Key range [0, hi) a query tile must visit, and where its masked part begins.
@@ -87,9 +97,7 @@ def _fwd_inner(acc, row_max, row_sum, q,
                       cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if STAGE == MASKED:
-            visible = cols[None, :] < seq_k
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + diagonal)
+            visible = visible_keys(offs_m, cols, seq_k, diagonal, CAUSAL)
             qk = tl.where(visible, qk * qk_scale, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(qk, 1))
             # A row that has seen no key yet keeps a max of -inf; use 0 instead so
