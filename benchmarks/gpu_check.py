@@ -7,7 +7,12 @@
 --bench  times forward and backward against torch's SDPA (flash backend) in bf16,
          head_dim 64 and 128, N = 1K..16K, batch x heads filling the GPU
          (batch = 16384 / N, heads = 2048 / head_dim, as FlashAttention-2's own benchmark);
---sweep  times a short list of block configurations per kernel (what ``configs`` prefers).
+--sweep  times a short list of block configurations per kernel (what ``configs`` prefers);
+--pairs  times the whole backward for a few (dK/dV, dQ) configuration pairs at every
+         shape of the full sweep (batch = 32768 / N): what the sm_90 defaults were chosen from;
+--autotune  switches ``set_autotune(True)`` on at head_dim 128, N = 4096: how long the
+         tuning takes, which configurations it picks, how fast they run against the
+         defaults, and that the tuned results agree with the default ones.
 
 Everything lands in DIR/gpu_check.json (environment, command, pass counts, errors,
 timings), written after each phase so a run cut short still leaves its numbers.
@@ -206,12 +211,98 @@ def run_sweep(deadline: float, n=4096, dims=(64, 128)) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------ backward configuration pairs
+
+PAIRS = {  # head_dim -> (dK/dV config, dQ config) pairs; the first is the default at the time
+    128: [(Config(64, 128, 8, 3), Config(128, 64, 8, 3)), (Config(64, 64, 4, 2), Config(128, 64, 8, 3)),
+          (Config(64, 128, 8, 3), Config(128, 64, 8, 4)), (Config(64, 64, 4, 2), Config(128, 64, 8, 4)),
+          (Config(32, 64, 4, 3), Config(128, 64, 8, 3)), (Config(64, 128, 8, 2), Config(128, 64, 8, 3))],
+    64: [(Config(64, 64, 4, 3), Config(128, 64, 8, 3)), (Config(64, 64, 4, 2), Config(128, 64, 8, 3)),
+         (Config(64, 64, 4, 3), Config(128, 64, 8, 4)), (Config(64, 128, 8, 3), Config(128, 64, 8, 3))],
+}
+
+
+def run_pairs(deadline: float, seqs=(1024, 2048, 4096, 8192, 16384)) -> list[dict]:
+    rows = []
+    for d, pairs in PAIRS.items():
+        for causal in (False, True):
+            for n in seqs:
+                b, h = 32768 // n, 2048 // d
+                gen = torch.Generator(device="cuda").manual_seed(2)
+                q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                               for _ in range(4))
+                o, lse = flash_forward(q, k, v, causal=causal)
+                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                for dkdv, dq in pairs:
+                    if time.time() > deadline:
+                        return rows
+                    row = {"seq": n, "head_dim": d, "causal": causal, "dkdv": str(dkdv), "dq": str(dq)}
+                    try:
+                        ms = _bench(lambda: flash_backward(q, k, v, o, lse, do, causal=causal,
+                                                           config_dkdv=dkdv, config_dq=dq))
+                        row.update(ms=round(ms, 4), tflops=round(flops / (ms * 1e-3) / 1e12, 1))
+                    except Exception as e:
+                        row["error"] = repr(e)[:300]
+                    rows.append(row)
+                    print(row, flush=True)
+                del q, k, v, do, o, lse
+                torch.cuda.empty_cache()
+    return rows
+
+
+# ------------------------------------------------------------------ autotuning
+
+def run_autotune(deadline: float, n=4096, d=128) -> list[dict]:
+    from flashbook.kernels import autograd, set_autotune
+
+    rows = []
+    for causal in (False, True):
+        if time.time() > deadline:
+            break
+        b, h = 16384 // n, 2048 // d
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                       for _ in range(4))
+        flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+        row = {"seq": n, "head_dim": d, "batch": b, "heads": h, "causal": causal, "dtype": "bf16"}
+        try:
+            results = {}
+            for tuned in (False, True):
+                set_autotune(tuned)
+                label = "tuned" if tuned else "default"
+                t = time.time()
+                o, lse = flash_forward(q, k, v, causal=causal)
+                grads = flash_backward(q, k, v, o, lse, do, causal=causal)
+                torch.cuda.synchronize()
+                row[f"{label}_first_call_s"] = round(time.time() - t, 2)
+                results[label] = (o, *grads)
+                row[f"{label}_fwd_ms"] = _bench(lambda: flash_forward(q, k, v, causal=causal))
+                row[f"{label}_bwd_ms"] = _bench(lambda: flash_backward(q, k, v, o, lse, do, causal=causal))
+                row[f"{label}_fwd_tflops"] = round(flops / (row[f"{label}_fwd_ms"] * 1e-3) / 1e12, 1)
+                row[f"{label}_bwd_tflops"] = round(2.5 * flops / (row[f"{label}_bwd_ms"] * 1e-3) / 1e12, 1)
+            # the same sums in another tile order: they agree to a few bf16 roundings
+            for name, x, y in zip(("o", "dq", "dk", "dv"), results["default"], results["tuned"]):
+                row[f"rel_diff_{name}"] = float((x.float() - y.float()).norm() / y.float().norm())
+            row["agree"] = all(row[f"rel_diff_{name}"] < 2e-2 for name in ("o", "dq", "dk", "dv"))
+            row["tuned_configs"] = {"-".join(str(p) for p in key[:1] + key[4:]): str(c)
+                                    for key, c in autograd._chosen.items() if len(key) > 5}
+        except Exception as e:
+            row["error"] = repr(e)[:500]
+        finally:
+            set_autotune(False)
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tests", action="store_true")
     parser.add_argument("--bench", action="store_true")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--autotune", action="store_true")
+    parser.add_argument("--pairs", action="store_true")
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--test-timeout", type=int, default=300)
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
@@ -236,6 +327,12 @@ def main() -> int:
         save(args.out, result)
     if args.sweep:
         result["sweep"] = run_sweep(START + args.budget)
+        save(args.out, result)
+    if args.pairs:
+        result["pairs"] = run_pairs(START + args.budget)
+        save(args.out, result)
+    if args.autotune:
+        result["autotune"] = run_autotune(START + args.budget)
         save(args.out, result)
     return 0
 

@@ -22,10 +22,10 @@ from flashbook.kernels import configs, targets
 CHIP_OF = {75: "T4", 80: "A100", 90: "H100"}
 
 
-def _config(kernel, cc, bd, elem):
+def _config(kernel, cc, bd, elem, causal=False):
     if not configs.supported(kernel, cc=cc, block_d=bd, elem_bytes=elem):
         return None
-    return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem)
+    return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal)
 
 
 def _job(kernel, cc, head_dim, dtype, config, causal=True, atomic_dq=False):
@@ -38,7 +38,7 @@ def jobs_for(cc: int) -> list[dict]:
 
     Shared memory only grows with the head_dim tile and the element size, so each
     (kernel, configuration) is compiled once, at the largest tile and element size
-    that selects it: if it fits there, it fits wherever else it is used. On top of
+    that selects it for either mask: if it fits there, it fits wherever else it is used. On top of
     that, the smallest tile (16) for each kernel, causal (the branch with the most
     code) throughout, the forward in bfloat16 and the backward in float16, a head_dim
     that is not a power of two (80, masked loads) for the 128 tile, and the atomic-dQ
@@ -48,10 +48,11 @@ def jobs_for(cc: int) -> list[dict]:
     for kernel in configs.KERNELS:
         for bd in configs.BLOCK_DS:
             for elem in (2, 4):
-                config = _config(kernel, cc, bd, elem)
-                if config is not None:
-                    widest[kernel, config] = max(widest.get((kernel, config), (0, 0)), (bd, elem),
-                                                 key=lambda be: (be[0] * be[1], be[1]))
+                for causal in (False, True):  # a few defaults differ between the masks
+                    config = _config(kernel, cc, bd, elem, causal)
+                    if config is not None:
+                        widest[kernel, config] = max(widest.get((kernel, config), (0, 0)), (bd, elem),
+                                                     key=lambda be: (be[0] * be[1], be[1]))
     jobs = []
     for (kernel, config), (bd, elem) in widest.items():
         dtype = "fp32" if elem == 4 else "bf16" if kernel == "forward" else "fp16"
@@ -124,3 +125,21 @@ def test_keep_rejects_what_cannot_fit():
                     kept = configs.kept_candidates(kernel, cc=cc, block_d=bd, elem_bytes=elem)
                     limit = configs.smem_limit(cc)
                     assert all(configs.smem_estimate(kernel, c, bd, elem, cc) <= limit for c in kept)
+
+
+def test_mask_specific_defaults():
+    """At head_dim 128 on sm_90 the dK/dV kernel has one default per mask (measured on
+    an H200: benchmarks/results/backward_pairs_h200.json); everything else is shared."""
+    def pick(kernel, causal, cc=90, bd=128):
+        return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=2, causal=causal)
+
+    assert pick("backward_dkdv", False) == configs.Config(64, 64, 4, 2)
+    assert pick("backward_dkdv", True) == configs.Config(64, 128, 8, 3)
+    assert pick("backward_dq", False) == pick("backward_dq", True) == configs.Config(128, 64, 8, 4)
+    for kernel in configs.KERNELS:
+        for cc in CHIP_OF:
+            for bd in configs.BLOCK_DS:
+                if (kernel, cc, bd) != ("backward_dkdv", 90, 128):
+                    assert pick(kernel, False, cc, bd) == pick(kernel, True, cc, bd), (kernel, cc, bd)
+    with pytest.raises(TypeError, match="causal"):
+        configs.default("forward", cc=90, block_d=64, elem_bytes=2, causal="yes")

@@ -148,7 +148,7 @@ def _cc(device: torch.device) -> int:
     return major * 10 + minor
 
 
-def _run(kernel: str, x: torch.Tensor, bd: int, key: tuple, launch: Callable[[Config], None],
+def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch: Callable[[Config], None],
          config: Config | None = None) -> Config:
     """Launch ``kernel`` with a configuration, and return the one used.
 
@@ -164,7 +164,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, key: tuple, launch: Callable[[Co
         launch(config)
         return config
     cc, elem = _cc(x.device), x.element_size()
-    full_key = (kernel, cc, x.dtype, bd) + (key if _state["autotune"] else ())
+    full_key = (kernel, cc, x.dtype, bd, causal) + (key if _state["autotune"] else ())
     if full_key in _chosen:
         launch(_chosen[full_key])
         return _chosen[full_key]
@@ -179,7 +179,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, key: tuple, launch: Callable[[Co
                 continue
         options = sorted(timings, key=timings.get)
     else:
-        options = configs.preferred(kernel, cc=cc, block_d=bd, elem_bytes=elem)
+        options = configs.preferred(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal)
     for candidate in options:
         try:
             launch(candidate)
@@ -187,7 +187,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, key: tuple, launch: Callable[[Co
             continue
         _chosen[full_key] = candidate
         return candidate
-    configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem)  # raises the clear error if nothing fits
+    configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal)  # raises the clear error if nothing fits
     raise RuntimeError(f"no configuration of {kernel} could be launched on sm_{cc} for head_dim tile {bd}")
 
 
@@ -232,7 +232,7 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config |
             HEAVY_FIRST=features.heavy_first,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    _run("forward", q, bd, (causal, _seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
+    _run("forward", q, bd, causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
     return o, lse
 
 
@@ -280,7 +280,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     dv = torch.empty_like(v)
     atomic = dq_mode == "atomic"
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else torch.empty_like(q)
-    key = (causal, group, _seq_bucket(seq_q), _seq_bucket(seq_k))
+    key = (group, _seq_bucket(seq_q), _seq_bucket(seq_k))
 
     def launch_dkdv(cfg: Config):
         if atomic:
@@ -314,12 +314,12 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             CAUSAL=causal, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    _run("backward_dkdv", q, bd, key + (atomic,), launch_dkdv, config_dkdv)
+    _run("backward_dkdv", q, bd, causal, key + (atomic,), launch_dkdv, config_dkdv)
     if atomic:
         # the atomics added unscaled dS K: scale once here, then cast to the input dtype
         dq = dq.mul_(scale).to(q.dtype)
     else:
-        _run("backward_dq", q, bd, key, launch_dq, config_dq)
+        _run("backward_dq", q, bd, causal, key, launch_dq, config_dq)
     return dq, dk, dv
 
 

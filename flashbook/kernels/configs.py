@@ -147,21 +147,30 @@ def smem_limit(cc: int) -> int:
     return min(_CC_SMEM.values())
 
 
-# Each entry is (largest head_dim tile it is meant for, configuration); the first
-# entry that admits the head_dim and that `keep` allows is the default.
-# sm_90: measured on an H200 (bf16, N = 4096; benchmarks/results/gpu_tests_h200.json):
-# 128 x 64 tiles with 8 warps and 3 stages lead the forward and the dQ kernel at
-# head_dim 64 and 128; the dK/dV kernel prefers 64 x 64 with 4 warps at head_dim 64
-# and 64 x 128 with 8 warps at 128. sm_80 follows the same shapes with the A100's
-# smaller shared memory; sm_75 (T4) has 64 KiB and no tensor-core path in Triton.
+# Each entry is (largest head_dim tile it is meant for, configuration), or with a
+# third element, the masks it is meant for ("full" or "causal"); the first entry
+# that admits the head_dim and the mask, and that `keep` allows, is the default.
+# sm_90, measured on an H200 in bf16:
+# * forward and dQ: 128 x 64 tiles with 8 warps lead at head_dim 64 and 128
+#   (benchmarks/results/gpu_tests_h200.json, N = 4096); the dQ kernel takes a fourth
+#   pipeline stage at head_dim 128;
+# * dK/dV: 64 x 64 with 4 warps at head_dim 64; at 128, 64 x 64 with 4 warps and
+#   2 stages without a mask (two programs share a multiprocessor), 64 x 128 with
+#   8 warps under the causal mask (benchmarks/results/backward_pairs_h200.json:
+#   7-10% and 5-8% faster backward passes than the one configuration for both).
+# sm_80 follows the same shapes with the A100's smaller shared memory; sm_75 (T4)
+# has 64 KiB and no tensor-core path in Triton.
 ANY = BLOCK_DS[-1]
-_PREFERRED: dict[str, dict[str, list[tuple[int, Config]]]] = {
+MASKS = ("full", "causal")
+_PREFERRED: dict[str, dict[str, list[tuple]]] = {
     "sm_90": {
         "forward": [(ANY, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
                     (ANY, Config(64, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
-        "backward_dkdv": [(64, Config(64, 64, 4, 3)), (ANY, Config(64, 128, 8, 3)), (ANY, Config(64, 128, 8, 2)),
+        "backward_dkdv": [(64, Config(64, 64, 4, 3)), (ANY, Config(64, 64, 4, 2), "full"),
+                          (ANY, Config(64, 128, 8, 3)), (ANY, Config(64, 128, 8, 2)),
                           (ANY, Config(32, 64, 4, 3)), (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
-        "backward_dq": [(ANY, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
+        "backward_dq": [(64, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 4)), (ANY, Config(128, 64, 8, 3)),
+                        (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
                         (ANY, Config(64, 32, 4, 2)), (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
     },
     "sm_80": {
@@ -195,20 +204,24 @@ def _family(cc: int) -> str:
     return "sm_90" if cc >= 90 else "sm_80" if cc >= 80 else "sm_75"
 
 
-def preferred(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> list[Config]:
-    """The preference list for this chip, filtered by ``keep``: what the library tries, in order."""
+def preferred(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bool = False) -> list[Config]:
+    """The preference list for this chip and mask, filtered by ``keep``: what the library tries, in order."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
     limit = smem_limit(cc)
+    mask = MASKS[causal]
     entries = _PREFERRED[_family(cc)][kernel] + [(ANY, Config(16, 16, 4, 1))]  # the last resort
-    return [config for bound, config in entries
-            if block_d <= bound and keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes,
-                                         smem_limit=limit)]
+    return [config for bound, config, *only in entries
+            if block_d <= bound and (not only or only[0] == mask)
+            and keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit)]
 
 
-def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> Config:
-    """The configuration the library uses for ``kernel`` on compute capability ``cc``."""
-    options = preferred(kernel, cc=cc, block_d=block_d, elem_bytes=elem_bytes)
+def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bool = False) -> Config:
+    """The configuration the library uses for ``kernel`` on compute capability ``cc``
+    (for the causal mask when ``causal``: a few entries differ between the masks)."""
+    options = preferred(kernel, cc=cc, block_d=block_d, elem_bytes=elem_bytes, causal=causal)
     if not options:
         raise ValueError(
             f"head_dim up to {block_d} with {8 * elem_bytes}-bit inputs needs more shared memory "

@@ -68,17 +68,24 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
 
 
 def plan(kernels=configs.KERNELS, archs=ARCHS, head_dims=configs.BLOCK_DS, dtypes=DTYPES):
-    """Every default configuration the library would launch, as compile jobs."""
+    """Every default configuration the library would launch, as compile jobs.
+
+    Each job compiles the causal kernel (the one with the most code); where the
+    mask has a default of its own, a second job compiles that one without the mask.
+    """
     jobs = []
     for kernel in kernels:
         for cc in archs:
             for hd in head_dims:
                 for dtype in dtypes:
-                    config = configs.default(kernel, cc=cc, block_d=configs.block_d(hd),
-                                             elem_bytes=_ELEM_BYTES[dtype])
-                    jobs.append(dict(kernel=kernel, cc=cc, head_dim=hd, dtype=dtype,
-                                     config=[config.block_m, config.block_n,
-                                             config.num_warps, config.num_stages]))
+                    picks = {causal: configs.default(kernel, cc=cc, block_d=configs.block_d(hd),
+                                                     elem_bytes=_ELEM_BYTES[dtype], causal=causal)
+                             for causal in (True, False)}
+                    for causal, config in picks.items():
+                        if causal or config != picks[True]:
+                            jobs.append(dict(kernel=kernel, cc=cc, head_dim=hd, dtype=dtype, causal=causal,
+                                             config=[config.block_m, config.block_n,
+                                                     config.num_warps, config.num_stages]))
     return jobs
 
 
