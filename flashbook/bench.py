@@ -1394,11 +1394,19 @@ def _driver_version():
 
 
 def _git_commit():
+    """HEAD's commit, with "+changes" when the package's sources differ from it
+    (``source_sha256`` then names the sources that ran)."""
     root = Path(__file__).resolve().parents[1]
     try:
         done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
                               capture_output=True, text=True, timeout=10, check=False)
-        return (done.stdout.strip() or None) if done.returncode == 0 else None
+        commit = (done.stdout.strip() or None) if done.returncode == 0 else None
+        if commit:
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "flashbook"],
+                                   capture_output=True, text=True, timeout=10, check=False)
+            if dirty.returncode == 0 and dirty.stdout.strip():
+                commit += "+changes"
+        return commit
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -2197,6 +2205,75 @@ NO_GPU_MESSAGE = (
     "No CUDA GPU on this machine: there is nothing to time here, so nothing was run.\n"
     "Run `python -m flashbook.bench` on a machine with an NVIDIA GPU; results measured "
     "on real GPUs, with their provenance, are in benchmarks/results/.")
+
+
+#: Where ``benchmarks/hopper_fwd_experiment.py``'s recorded run lives, under the results root.
+HOPPER_EXPERIMENT = "hopper_fwd_h200.json"
+
+
+#: ``benchmarks/gpu_check.py --autotune``'s recorded run, under the results root.
+AUTOTUNE_RUN = "autotune_h200.json"
+
+
+def load_recorded_json(name: str, root=None):
+    """One recorded JSON file of the results root (a dict), or None when it is not there."""
+    base = results_root(root)
+    path = base / name if base is not None else None
+    if path is None or not path.is_file():
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_hopper_experiment(root=None):
+    """``(DataFrame, environment dict)`` of the recorded Hopper forward experiment
+    (tensor descriptors and automatic warp specialisation; chapter 10), or
+    ``(None, {})`` when none is recorded. One row per shape and variant, with
+    ``tma`` and ``ws`` flags and ``tflops`` (NaN where the variant failed)."""
+    import pandas as pd
+
+    data = load_recorded_json(HOPPER_EXPERIMENT, root)
+    if data is None:
+        return None, {}
+    df = pd.DataFrame(data["rows"])
+    if "tflops" not in df:
+        df["tflops"] = float("nan")
+    if "error" not in df:
+        df["error"] = None
+    df["tma"] = df["variant"].str.startswith("tma ")
+    df["ws"] = df["variant"].str.endswith(" ws")
+    return df, data.get("environment", {})
+
+
+def hopper_experiment_table(rows):
+    """Per shape: the library kernel's and cuDNN's TFLOP/s, the best descriptor (TMA)
+    variant without and with warp specialisation, each over the library kernel, and how
+    many variants failed to compile. ``rows`` is ``load_hopper_experiment``'s frame."""
+    import pandas as pd
+
+    out = []
+    for (seq, d, causal), g in rows.groupby(["seq", "head_dim", "causal"], sort=True):
+        lib = g.loc[g["variant"] == "flashbook", "tflops"]
+        cudnn = g.loc[g["variant"] == "cudnn", "tflops"]
+        if lib.empty or not lib.notna().all():
+            raise ValueError(f"rows must hold a timed 'flashbook' variant for every shape; "
+                             f"none at seq={seq}, head_dim={d}, causal={causal}")
+        lib = float(lib.iloc[0])
+        row = {"seq": int(seq), "head_dim": int(d), "causal": bool(causal), "flashbook": lib,
+               "cudnn": float(cudnn.iloc[0]) if len(cudnn) else float("nan")}
+        for key, pick in (("tma", g["tma"] & ~g["ws"]), ("tma_ws", g["tma"] & g["ws"])):
+            ran = g[pick & g["tflops"].notna()]
+            if ran.empty:
+                row[f"best_{key}"], row[f"best_{key}_tflops"], row[f"{key}_vs_flashbook"] = None, float("nan"), float("nan")
+            else:
+                best = ran.loc[ran["tflops"].idxmax()]
+                row[f"best_{key}"] = best["variant"]
+                row[f"best_{key}_tflops"] = float(best["tflops"])
+                row[f"{key}_vs_flashbook"] = float(best["tflops"]) / lib
+        row["failed"] = int((g["tma"] & g["tflops"].isna()).sum())
+        row["tried"] = int(g["tma"].sum())
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 def _resolve_impl_names(requested) -> list:

@@ -1004,3 +1004,55 @@ def test_provenance_summary_reads_what_was_recorded_and_says_what_was_not():
     assert out["CUDA"] == "not recorded"
     assert set(bench.provenance_summary({}).values()) == {"not recorded"}
     assert bench.provenance_summary({"gpu": {"name": "T4"}})["GPU"] == "T4"
+
+
+# ------------------------------------------------------------ the Hopper experiment (chapter 10)
+
+def _hopper_rows():
+    rows = []
+    for causal in (False, True):
+        base = 400.0 if causal else 500.0
+        rows += [
+            {"seq": 4096, "head_dim": 128, "causal": causal, "variant": "cudnn", "tflops": base * 1.2},
+            {"seq": 4096, "head_dim": 128, "causal": causal, "variant": "flashbook", "tflops": base},
+            {"seq": 4096, "head_dim": 128, "causal": causal, "variant": "tma BM128-BN64-w8-s3", "tflops": base * 0.9},
+            {"seq": 4096, "head_dim": 128, "causal": causal, "variant": "tma BM128-BN128-w8-s3", "tflops": base * 1.05},
+            {"seq": 4096, "head_dim": 128, "causal": causal, "variant": "tma BM128-BN64-w8-s3 ws", "tflops": base * 0.8},
+            {"seq": 4096, "head_dim": 128, "causal": causal, "variant": "tma BM128-BN64-w4-s3 ws",
+             "error": "RuntimeError: PassManager::run failed"},
+        ]
+    return rows
+
+
+def test_hopper_experiment_table_picks_the_best_variant_per_shape(tmp_path):
+    (tmp_path / bench.HOPPER_EXPERIMENT).write_text(json.dumps({"environment": {"gpu": "test"},
+                                                               "rows": _hopper_rows()}))
+    rows, env = bench.load_hopper_experiment(tmp_path)
+    assert env == {"gpu": "test"}
+    table = bench.hopper_experiment_table(rows).set_index("causal")
+    for causal, base in ((False, 500.0), (True, 400.0)):
+        r = table.loc[causal]
+        assert r["flashbook"] == base and r["cudnn"] == pytest.approx(base * 1.2)
+        assert r["best_tma"] == "tma BM128-BN128-w8-s3" and r["tma_vs_flashbook"] == pytest.approx(1.05)
+        assert r["best_tma_ws"] == "tma BM128-BN64-w8-s3 ws" and r["tma_ws_vs_flashbook"] == pytest.approx(0.8)
+        assert (r["failed"], r["tried"]) == (1, 4)
+    assert bench.load_hopper_experiment(tmp_path / "nothing") == (None, {})
+    with pytest.raises(ValueError, match="flashbook"):
+        bench.hopper_experiment_table(rows[rows["variant"] != "flashbook"])
+
+
+def test_recorded_hopper_experiment_agrees_with_its_raw_rows():
+    """The recorded H200 run, read back: every ratio equals the raw timings' quotient."""
+    rows, env = bench.load_hopper_experiment()
+    assert rows is not None and env["gpu"] == "NVIDIA H200"
+    table = bench.hopper_experiment_table(rows)
+    assert len(table) == 6 and set(table["seq"]) == {4096, 8192, 16384}
+    with open(bench.results_root() / bench.HOPPER_EXPERIMENT) as f:
+        raw = json.load(f)["rows"]
+    for r in table.itertuples():
+        same = [x for x in raw if (x["seq"], x["head_dim"], x["causal"]) == (r.seq, r.head_dim, r.causal)]
+        lib = next(x["tflops"] for x in same if x["variant"] == "flashbook")
+        best = max(x["tflops"] for x in same if x["variant"].startswith("tma ") and not x["variant"].endswith(" ws")
+                   and "tflops" in x)
+        assert r.tma_vs_flashbook == pytest.approx(best / lib)
+        assert r.failed == sum("error" in x for x in same) and r.tried == 12
