@@ -39,7 +39,7 @@ from triton.testing import do_bench  # noqa: E402
 
 from flashbook.kernels import flash_forward  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
-from flashbook.kernels.forward import LN2, LOG2E, MAIN, MASKED, causal_bounds, visible_keys  # noqa: E402
+from flashbook.kernels.forward import LN2, LOG2E, MAIN, MASKED, causal_bounds, shifted_scores  # noqa: E402
 
 
 @triton.jit
@@ -50,15 +50,8 @@ def _tma_inner(acc, row_max, row_sum, q, desc_k, desc_v, kv_row0, offs_m, offs_n
         start_n = tl.multiple_of(start_n, BLOCK_N)
         k = desc_k.load([kv_row0 + start_n, 0])
         qk = tl.dot(q, tl.trans(k))
-        if STAGE == MASKED:
-            cols = start_n + offs_n
-            qk = tl.where(visible_keys(offs_m, cols, seq_k, diagonal, CAUSAL), qk * qk_scale, float("-inf"))
-            new_max = tl.maximum(row_max, tl.max(qk, 1))
-            new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-            qk = qk - new_max[:, None]
-        else:
-            new_max = tl.maximum(row_max, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - new_max[:, None]
+        qk, new_max = shifted_scores(qk, row_max, offs_m, start_n + offs_n, seq_k, diagonal, qk_scale,
+                                     STAGE, CAUSAL)
         p = tl.exp2(qk)
         alpha = tl.exp2(row_max - new_max)
         row_sum = row_sum * alpha + tl.sum(p, 1)

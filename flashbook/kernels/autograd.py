@@ -64,6 +64,9 @@ def set_autotune(enabled: bool) -> None:
 
     Off by default: the first call then costs one compilation per kernel rather
     than dozens. Also switched on by the environment variable FLASHBOOK_AUTOTUNE=1.
+    On an H200 at head_dim 128 the tuning took 200-250 s per mask, and since each
+    candidate is timed for only ~20 ms its forward pick was slower than the default
+    (benchmarks/results/autotune_h200.json): the defaults are the better start.
     """
     _state["autotune"] = bool(enabled)
 

@@ -15,7 +15,8 @@ Two tricks make the inner loop cheap:
   partial tile) need no mask: the *main* stage. The few tiles on the causal
   diagonal, and a last tile that sticks out past ``seq_k``, need a mask: the
   *masked* stage. Both are the same loop, ``_fwd_inner``, with a constexpr
-  ``STAGE``; tiles that are masked entirely are never visited at all.
+  ``STAGE`` (which ``shifted_scores`` reads); tiles that are masked entirely are
+  never visited at all.
 
 Shapes: q (batch, heads, seq_q, head_dim); k, v (batch, kv_heads, seq_k, head_dim)
 with ``heads = group * kv_heads`` (GQA; group 1 is plain multi-head attention).
@@ -83,6 +84,28 @@ def causal_bounds(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
+def shifted_scores(qk, row_max, offs_m, cols, seq_k, diagonal, qk_scale,
+                   STAGE: tl.constexpr, CAUSAL: tl.constexpr):
+    """One tile's scaled scores minus the new running row maximum, and that maximum.
+
+    Main stage: the scale is folded into the subtraction (one multiply-add per
+    score). Masked stage: the scores a row may not see become -inf first.
+    """
+    if STAGE == MASKED:
+        visible = visible_keys(offs_m, cols, seq_k, diagonal, CAUSAL)
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(qk, 1))
+        # A row that has seen no key yet keeps a max of -inf; use 0 instead so
+        # that -inf - (-inf) never makes a NaN (its p is exp2(-inf) = 0 anyway).
+        new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        qk = qk - new_max[:, None]
+    else:
+        new_max = tl.maximum(row_max, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - new_max[:, None]
+    return qk, new_max
+
+
+@triton.jit
 def _fwd_inner(acc, row_max, row_sum, q,
                k_base, v_base, stride_kn, stride_vn,
                offs_m, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
@@ -96,17 +119,7 @@ def _fwd_inner(acc, row_max, row_sum, q,
         k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :],
                       cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if STAGE == MASKED:
-            visible = visible_keys(offs_m, cols, seq_k, diagonal, CAUSAL)
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
-            new_max = tl.maximum(row_max, tl.max(qk, 1))
-            # A row that has seen no key yet keeps a max of -inf; use 0 instead so
-            # that -inf - (-inf) never makes a NaN (its p is exp2(-inf) = 0 anyway).
-            new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-            qk = qk - new_max[:, None]
-        else:
-            new_max = tl.maximum(row_max, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - new_max[:, None]
+        qk, new_max = shifted_scores(qk, row_max, offs_m, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
         if EXP2:
             p = tl.exp2(qk)
             alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
