@@ -20,6 +20,8 @@ BUFFER_COLORS = {
     "lse": "#2F2F2F", "delta": "#6F6F6F",
 }
 ORDER_NAMES = {"fa2": "FlashAttention-2 order", "fa1": "FlashAttention-1 order"}
+#: The kernels' loop stages (``flashbook.kernels.probes.STAGES``), the same in chapters 7 and 8.
+STAGE_COLORS = {"main": "#55A868", "masked": "#DD8452", "skipped": "#E6E6E6"}
 _SKIPPED = "#E6E6E6"
 
 
@@ -165,3 +167,53 @@ def traffic_bars(ax, traffic: dict, *, highlight: str | None = None, title: str 
     ax.set_xticks([])
     ax.set_title(title or "HBM traffic (reads + writes)", fontsize=10)
     return ax
+
+
+def stage_grid(ax, kinds, n_q: int, n_k: int, block_m: int, block_n: int, *, causal: bool = True,
+               per: str = "row", title: str = ""):
+    """Tiles at their true sizes, coloured by stage (``STAGE_COLORS``); the hatched region
+    is what the causal mask removes. ``kinds`` is a (T_r, T_c) array of stage names, as
+    ``flashbook.kernels.probes.stage_map`` gives it. The counts "main+masked" are written
+    per program: at the right of each row (``per="row"``: one program per query tile) or
+    above each column (``per="column"``: one program per key tile)."""
+    kinds = np.asarray(kinds, dtype=object)
+    t_r, t_c = -(-n_q // block_m), -(-n_k // block_n)
+    if kinds.shape != (t_r, t_c):
+        raise ValueError(f"kinds must have shape (T_r, T_c) = ({t_r}, {t_c}) for these sizes, got {kinds.shape}")
+    unknown = set(kinds.ravel()) - set(STAGE_COLORS)
+    if unknown:
+        raise ValueError(f"kinds must hold only {sorted(STAGE_COLORS)}, got {sorted(unknown)}")
+    if per not in ("row", "column"):
+        raise ValueError(f"per must be 'row' or 'column', got {per!r}")
+    for (i, j), kind in np.ndenumerate(kinds):
+        r0, c0 = i * block_m, j * block_n
+        ax.add_patch(Rectangle((c0, r0), min(block_n, n_k - c0), min(block_m, n_q - r0),
+                               facecolor=STAGE_COLORS[kind], edgecolor="white", lw=1))
+    if causal:  # row i sees keys j <= i + (n_k - n_q): hatch everything right of that
+        edge = [(min(max(i + n_k - n_q + 1, 0), n_k), y) for i in range(n_q) for y in (i, i + 1)]
+        ax.add_patch(Polygon([(n_k, 0)] + edge + [(n_k, n_q)], closed=True, facecolor="none",
+                             edgecolor="black", hatch="///", lw=0.6, alpha=0.45))
+    if per == "column":
+        for j in range(t_c):
+            main, masked = ((kinds[:, j] == s).sum() for s in ("main", "masked"))
+            ax.text(min(j * block_n + block_n / 2, n_k - 1), -2, f"{main}+{masked}", ha="center", fontsize=7)
+    else:
+        for i in range(t_r):
+            main, masked = ((kinds[i] == s).sum() for s in ("main", "masked"))
+            ax.text(n_k + 1, min(i * block_m + block_m / 2, n_q - 0.5), f"{main}+{masked}",
+                    va="center", fontsize=7)
+    ax.set_xlim(0, n_k)
+    ax.set_ylim(n_q, 0)
+    ax.set_aspect("equal")
+    ax.set_xlabel(f"key ($B_c$ = {block_n})")
+    ax.set_ylabel(f"query ($B_r$ = {block_m})")
+    ax.set_title(title, fontsize=9, pad=18 if per == "column" else 6)
+    return ax
+
+
+def stage_legend(fig):
+    """One legend for a figure of stage grids, below them."""
+    from matplotlib.patches import Patch
+
+    return fig.legend(handles=[Patch(color=c, label=s) for s, c in STAGE_COLORS.items()],
+                      loc="lower center", ncol=len(STAGE_COLORS))

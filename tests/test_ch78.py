@@ -11,7 +11,6 @@ bounds fails here before it fails a chapter.
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -19,34 +18,16 @@ import torch
 
 import flashbook.kernels
 from flashbook import runtime, tiled
-from flashbook.kernels import configs, flash_backward, flash_forward
+from flashbook.kernels import configs, flash_backward, flash_forward, probes
 
 import triton
-import triton.language as tl
 
 DEVICE = runtime.device()
-causal_bounds = sys.modules["flashbook.kernels.forward"].causal_bounds
-
-
-@triton.jit
-def bounds_probe(out_ptr, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr):
-    pid = tl.program_id(0)
-    full_end, hi = causal_bounds(pid * BLOCK_M, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    tl.store(out_ptr + 2 * pid, full_end)
-    tl.store(out_ptr + 2 * pid + 1, hi)
 
 
 def forward_stages(n_q, n_k, block_m, block_n, causal):
     """(T_r, T_c) of "main" / "masked" / "skipped" from the kernel's causal_bounds."""
-    t_r, t_c = triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n)
-    out = torch.zeros(t_r, 2, dtype=torch.int32, device=DEVICE)
-    bounds_probe[(t_r,)](out, n_q, n_k, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal)
-    kinds = np.full((t_r, t_c), "skipped", dtype=object)
-    for i, (full_end, hi) in enumerate(out.tolist()):
-        for j in range(t_c):
-            kinds[i, j] = "main" if j * block_n < full_end else "masked" if j * block_n < hi else "skipped"
-    return kinds
+    return probes.stage_map(n_q, n_k, block_m, block_n, causal)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -136,3 +117,51 @@ def test_dq_kernel_visits_chapter_5_tiles(n_q, n_k, block_m, block_n):
     assert {tuple(ij) for ij in np.argwhere(seen)} == _schedule(n_q, n_k, block_m, block_n)
     stages = forward_stages(n_q, n_k, block_m, block_n, True)     # _bwd_dq uses the same bounds
     assert np.array_equal(seen, stages != "skipped")
+
+
+# ------------------------------------------------------------ the stage map and its figure
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_q, n_k, block_m, block_n", [(100, 100, 32, 16), (40, 110, 16, 32), (112, 48, 64, 16)])
+def test_stage_map_matches_the_mask_tile_by_tile(n_q, n_k, block_m, block_n, causal):
+    """Brute force from the mask: a tile is main when every row of the query tile sees every
+    key of a whole key tile, skipped when no row sees any key, masked otherwise."""
+    kinds = probes.stage_map(n_q, n_k, block_m, block_n, causal)
+    diagonal = n_k - n_q
+    for (i, j), kind in np.ndenumerate(kinds):
+        rows = np.arange(i * block_m, (i + 1) * block_m)[:, None]   # the tile's rows, as the kernel counts them
+        cols = np.arange(j * block_n, (j + 1) * block_n)[None, :]
+        seen = (cols < n_k) & ((cols <= rows + diagonal) if causal else True)
+        want = "main" if seen.all() else "skipped" if not seen.any() else "masked"
+        assert kind == want, (i, j, kind, want)
+
+
+def test_stage_map_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="block_m"):
+        probes.stage_map(64, 64, 24, 16)
+    with pytest.raises(ValueError, match="seq_k"):
+        probes.stage_map(64, 0, 16, 16)
+    with pytest.raises(TypeError, match="causal"):
+        probes.stage_map(64, 64, 16, 16, causal=1)
+
+
+def test_stage_grid_draws_one_patch_per_tile():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashbook import plots
+
+    kinds = probes.stage_map(40, 110, 16, 32, True)
+    fig, (a, b) = plt.subplots(1, 2)
+    plots.stage_grid(a, kinds, 40, 110, 16, 32, causal=True, per="row")
+    plots.stage_grid(b, kinds, 40, 110, 16, 32, causal=False, per="column")
+    assert len(a.patches) == kinds.size + 1 and len(b.patches) == kinds.size   # + the hatched mask
+    assert len(a.texts) == kinds.shape[0] and len(b.texts) == kinds.shape[1]
+    colors = {p.get_facecolor()[:3] for p in a.patches[:kinds.size]}
+    assert len(colors) == len(set(kinds.ravel()))
+    with pytest.raises(ValueError, match="shape"):
+        plots.stage_grid(a, kinds[:, :2], 40, 110, 16, 32)
+    with pytest.raises(ValueError, match="per"):
+        plots.stage_grid(a, kinds, 40, 110, 16, 32, per="diagonal")
+    plt.close(fig)

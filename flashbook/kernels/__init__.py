@@ -7,6 +7,8 @@
                  and the differentiable ``flash_attention``
 - ``targets``:   compiling for sm_75 / sm_80 / sm_90 without that GPU (shared memory per config)
 - ``checks``:    references and error yardsticks for tests and self-checks
+- ``probes``:    ``stage_map``: which key tiles each query tile visits, as the kernels' own
+                 ``causal_bounds`` decides (the stage figures of chapters 7 and 8)
 """
 from . import configs
 from .autograd import (
