@@ -246,7 +246,10 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     ``dq_mode="separate"`` (default) computes dQ in its own kernel: deterministic.
     ``dq_mode="atomic"`` adds dQ into an fp32 buffer with atomics from the dK/dV
     kernel: one kernel fewer, but the summation order, and so the last bits of
-    dQ, may change between runs on a GPU.
+    dQ, may change between runs on a GPU. It uses the dK/dV tiles chosen for the
+    separate mode; on sm_90 at head_dim 128 without a mask those are 64 x 64, which
+    doubles the atomic traffic: 44.5 ms against 16.3 ms with 64 x 128 tiles at
+    N = 4096 (benchmarks/results/*-ladder*/ladder.csv).
     """
     scale = check_inputs(q, k, v, causal, scale, dq_mode)
     for name, x, like in (("o", o, q), ("do", do, q)):
