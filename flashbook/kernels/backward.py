@@ -49,10 +49,10 @@ def _bwd_delta(O, DO, DELTA,
     h = (bh % n_heads).to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = load_tile(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                  offs_m, seq_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-    do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                   offs_m, seq_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+    o = load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_om, seq_q,
+                  offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+    do = load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_dom, seq_q,
+                   offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
 
@@ -69,10 +69,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols,
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
-        q = load_tile(q_base + rows[:, None] * stride_qm + offs_d[None, :],
-                      rows, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
-        do = load_tile(do_base + rows[:, None] * stride_dom + offs_d[None, :],
-                       rows, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        q = load_tile(q_base, rows, stride_qm, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        do = load_tile(do_base, rows, stride_dom, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         if STAGE == MASKED:
             lse = tl.load(lse_base + rows, mask=rows < seq_q, other=0.0)
             delta = tl.load(delta_base + rows, mask=rows < seq_q, other=0.0)
@@ -123,10 +121,10 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     cols = start_n + tl.arange(0, BLOCK_N)
-    k = load_tile(K + b * stride_kb + h_kv * stride_kh + cols[:, None] * stride_kn + offs_d[None, :],
-                  cols, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)
-    v = load_tile(V + b * stride_vb + h_kv * stride_vh + cols[:, None] * stride_vn + offs_d[None, :],
-                  cols, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)
+    k = load_tile(K + b * stride_kb + h_kv * stride_kh, cols, stride_kn, seq_k,
+                  offs_d, HEAD_DIM, True, not EVEN_D)
+    v = load_tile(V + b * stride_vb + h_kv * stride_vh, cols, stride_vn, seq_k,
+                  offs_d, HEAD_DIM, True, not EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -184,10 +182,8 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :],
-                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
-        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :],
-                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        v = load_tile(v_base, cols, stride_vn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         if STAGE == MASKED:
@@ -224,10 +220,9 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + offs_d[None, :],
-                  rows, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
-    do = load_tile(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + offs_d[None, :],
-                   rows, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+    q = load_tile(Q + b * stride_qb + h * stride_qh, rows, stride_qm, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+    do = load_tile(DO + b * stride_dob + h * stride_doh, rows, stride_dom, seq_q,
+                   offs_d, HEAD_DIM, True, not EVEN_D)
     row_ok = rows < seq_q
     lse = tl.load(LSE + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)

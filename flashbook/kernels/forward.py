@@ -33,13 +33,16 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 ba
 
 
 @triton.jit
-def load_tile(ptrs, rows, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """Load a 2-D tile, masking only the dimensions that can run past the end.
+def load_tile(base, rows, stride, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load the (rows x cols) tile of a matrix at ``base`` whose rows are ``stride``
+    elements apart and whose columns are contiguous, masking only the dimensions
+    that can run past the end.
 
     Unmasked loads are the fast path; a mask is added only where a constexpr says
     the tile may stick out (a ragged last tile, a head_dim padded to a power of 2).
     Out-of-range elements read as 0.
     """
+    ptrs = base + rows[:, None] * stride + cols[None, :]
     if MASK_ROWS and MASK_COLS:
         x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
     elif MASK_ROWS:
@@ -116,8 +119,7 @@ def _fwd_inner(acc, row_max, row_sum, q,
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :],
-                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         qk, new_max = shifted_scores(qk, row_max, offs_m, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
         if EXP2:
@@ -128,8 +130,7 @@ def _fwd_inner(acc, row_max, row_sum, q,
             alpha = tl.exp(row_max - new_max)
         row_sum = row_sum * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :],
-                      cols, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        v = load_tile(v_base, cols, stride_vn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
@@ -172,8 +173,7 @@ def _attn_fwd(Q, K, V, O, LSE,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :],
-                  offs_m, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+    q = load_tile(q_base, offs_m, stride_qm, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
