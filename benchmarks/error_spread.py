@@ -12,19 +12,16 @@ output and each gradient, the ratio of the maxima and the ratio of the RMS error
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
 
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import flashbook  # noqa: E402
-import triton  # noqa: E402
-from test_kernels_gpu import DTYPES, _inputs, _sdpa_grads, _truth  # noqa: E402
+from gpu_check import environment  # noqa: E402
+from test_kernels_gpu import three_ways  # noqa: E402
 
 CASES = [("fp16-d64-N1024-full", 16, 32, 32, 1024, 1024, 64, False, "fp16"),
          ("bf16-d128-N4096-causal", 4, 16, 16, 4096, 4096, 128, True, "bf16"),
@@ -38,19 +35,11 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     result = {"what": __doc__.split("\n\n")[2].replace("\n", " "),
-              "environment": {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "triton": triton.__version__, "command": " ".join(["python3"] + sys.argv)},
+              "environment": environment(),
               "rows": []}
     for label, b, h, h_kv, n_q, n_k, d, causal, dtype in CASES:
         for seed in range(args.seeds):
-            q, k, v, do = _inputs(b, h, h_kv, n_q, n_k, d, DTYPES[dtype], seed)
-            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-            o = flashbook.flash_attention(*leaves, causal=causal)
-            o.backward(do)
-            ours = (o.detach(), *(x.grad for x in leaves))
-            theirs = _sdpa_grads(q, k, v, do, causal=causal, backend="flash")
-            truth = _truth(q, k, v, do, causal=causal)
+            ours, theirs, truth = three_ways(b, h, h_kv, n_q, n_k, d, causal, dtype, seed)
             row = {"case": label, "seed": seed}
             for name, a, s, t in zip(("o", "dq", "dk", "dv"), ours, theirs, truth):
                 ea, es = (a.double() - t).abs(), (s.double() - t).abs()

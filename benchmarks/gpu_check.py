@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
+from flashbook import bench  # noqa: E402
 import triton  # noqa: E402
 from flashbook.kernels import configs, flash_attention, flash_backward, flash_forward  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
@@ -123,14 +124,23 @@ def _sdpa(q, k, v, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def _qkvdo(b, h, n, d, seed, dtype=torch.bfloat16):
+    """Fresh standard-normal q, k, v, dO of shape (b, h, n, d) on the GPU, from ``seed``."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4)]
+
+
+def _tflops(flops, ms) -> float:
+    return round(bench.tflops(flops, ms), 1)
+
+
 def time_case(n, d, causal, dtype=torch.bfloat16, modes=("separate", "atomic")) -> dict:
     b, h = 16384 // n, 2048 // d
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    q, k, v, do = _qkvdo(b, h, n, d, 0, dtype)
     for x in (q, k, v):
         x.requires_grad_()
-    flops_fwd = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
-    flops_bwd = 2.5 * flops_fwd  # the convention of FlashAttention's benchmarks
+    flops_fwd = bench.attention_flops(b, h, n, n, d, causal)
+    flops_bwd = bench.attention_flops(b, h, n, n, d, causal, "bwd")  # 2.5 x forward, FlashAttention's convention
     row = {"batch": b, "heads": h, "seq": n, "head_dim": d, "causal": causal, "dtype": str(dtype)}
     grads = [q, k, v]
     row["sdpa_fwd_ms"] = _bench(lambda: _sdpa(q, k, v, causal))
@@ -143,7 +153,7 @@ def time_case(n, d, causal, dtype=torch.bfloat16, modes=("separate", "atomic")) 
     for key in list(row):
         if key.endswith("_ms"):
             flops = flops_fwd if "fwd" in key else flops_bwd
-            row[key.replace("_ms", "_tflops")] = round(flops / (row[key] * 1e-3) / 1e12, 1)
+            row[key.replace("_ms", "_tflops")] = _tflops(flops, row[key])
     row["speedup_fwd"] = round(row["sdpa_fwd_ms"] / row["ours_fwd_ms"], 3)
     row["speedup_bwd"] = round(row["sdpa_bwd_ms"] / row["ours_bwd_separate_ms"], 3)
     return row
@@ -184,11 +194,9 @@ def run_sweep(deadline: float, n=4096, dims=(64, 128)) -> list[dict]:
     for d in dims:
         for causal in (False, True):
             b, h = 16384 // n, 2048 // d
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                           for _ in range(4))
+            q, k, v, do = _qkvdo(b, h, n, d, 0)
             o, lse = flash_forward(q, k, v, causal=causal)
-            flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+            flops = bench.attention_flops(b, h, n, n, d, causal)
             for kernel, cands in SWEEP.items():
                 for cfg in cands:
                     if time.time() > deadline:
@@ -196,11 +204,11 @@ def run_sweep(deadline: float, n=4096, dims=(64, 128)) -> list[dict]:
                     try:
                         if kernel == "forward":
                             ms = _bench(lambda: flash_forward(q, k, v, causal=causal, config=cfg))
-                            tf = flops / (ms * 1e-3) / 1e12
+                            tf = bench.tflops(flops, ms)
                         else:
                             kw = {"config_dkdv": cfg} if kernel == "backward_dkdv" else {"config_dq": cfg}
                             ms = _bench(lambda: flash_backward(q, k, v, o, lse, do, causal=causal, **kw))
-                            tf = 2.5 * flops / (ms * 1e-3) / 1e12
+                            tf = bench.tflops(2.5 * flops, ms)
                         row = {"kernel": kernel, "config": str(cfg), "seq": n, "head_dim": d,
                                "causal": causal, "ms": round(ms, 4), "tflops": round(tf, 1)}
                     except Exception as e:
@@ -228,11 +236,9 @@ def run_pairs(deadline: float, seqs=(1024, 2048, 4096, 8192, 16384)) -> list[dic
         for causal in (False, True):
             for n in seqs:
                 b, h = 32768 // n, 2048 // d
-                gen = torch.Generator(device="cuda").manual_seed(2)
-                q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                               for _ in range(4))
+                q, k, v, do = _qkvdo(b, h, n, d, 2)
                 o, lse = flash_forward(q, k, v, causal=causal)
-                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                flops = bench.attention_flops(b, h, n, n, d, causal, "bwd")
                 for dkdv, dq in pairs:
                     if time.time() > deadline:
                         return rows
@@ -240,7 +246,7 @@ def run_pairs(deadline: float, seqs=(1024, 2048, 4096, 8192, 16384)) -> list[dic
                     try:
                         ms = _bench(lambda: flash_backward(q, k, v, o, lse, do, causal=causal,
                                                            config_dkdv=dkdv, config_dq=dq))
-                        row.update(ms=round(ms, 4), tflops=round(flops / (ms * 1e-3) / 1e12, 1))
+                        row.update(ms=round(ms, 4), tflops=_tflops(flops, ms))
                     except Exception as e:
                         row["error"] = repr(e)[:300]
                     rows.append(row)
@@ -260,10 +266,8 @@ def run_autotune(deadline: float, n=4096, d=128) -> list[dict]:
         if time.time() > deadline:
             break
         b, h = 16384 // n, 2048 // d
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                       for _ in range(4))
-        flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+        q, k, v, do = _qkvdo(b, h, n, d, 1)
+        flops = bench.attention_flops(b, h, n, n, d, causal)
         row = {"seq": n, "head_dim": d, "batch": b, "heads": h, "causal": causal, "dtype": "bf16"}
         try:
             results = {}
@@ -278,8 +282,8 @@ def run_autotune(deadline: float, n=4096, d=128) -> list[dict]:
                 results[label] = (o, *grads)
                 row[f"{label}_fwd_ms"] = _bench(lambda: flash_forward(q, k, v, causal=causal))
                 row[f"{label}_bwd_ms"] = _bench(lambda: flash_backward(q, k, v, o, lse, do, causal=causal))
-                row[f"{label}_fwd_tflops"] = round(flops / (row[f"{label}_fwd_ms"] * 1e-3) / 1e12, 1)
-                row[f"{label}_bwd_tflops"] = round(2.5 * flops / (row[f"{label}_bwd_ms"] * 1e-3) / 1e12, 1)
+                row[f"{label}_fwd_tflops"] = _tflops(flops, row[f"{label}_fwd_ms"])
+                row[f"{label}_bwd_tflops"] = _tflops(2.5 * flops, row[f"{label}_bwd_ms"])
             # the same sums in another tile order: they agree to a few bf16 roundings
             for name, x, y in zip(("o", "dq", "dk", "dv"), results["default"], results["tuned"]):
                 row[f"rel_diff_{name}"] = float((x.float() - y.float()).norm() / y.float().norm())

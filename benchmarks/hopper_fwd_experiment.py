@@ -12,7 +12,8 @@ warp_specialize=True)``). This script builds the same algorithm on descriptors
 the library kernel and cuDNN side by side at chapter 9's d = 128 shapes, forward
 only, bf16. Every variant's output is compared with the library kernel's.
 
-It writes DIR/hopper_fwd.json (environment, command, every timing and error).
+It writes DIR/hopper_fwd.json (environment as ``gpu_check.py`` records it, command,
+every timing and error).
 Descriptors need the tensors flattened to (rows, head_dim) with 16-byte aligned
 rows, so the variant handles only contiguous inputs with head_dim a power of 2;
 the experiment's shapes are all of that kind.
@@ -20,11 +21,8 @@ the experiment's shapes are all of that kind.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -37,9 +35,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
+from flashbook import bench  # noqa: E402
 from flashbook.kernels import flash_forward  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
 from flashbook.kernels.forward import LN2, LOG2E, MAIN, MASKED, causal_bounds, shifted_scores  # noqa: E402
+from gpu_check import environment  # noqa: E402  (beside this script)
 
 
 @triton.jit
@@ -124,15 +124,6 @@ def cudnn_forward(q, k, v, *, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def environment() -> dict:
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": triton.__version__, "python": platform.python_version(),
-            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
-
-
 CONFIGS = [Config(128, 64, 8, 3), Config(128, 64, 8, 4), Config(128, 128, 8, 2), Config(128, 128, 8, 3),
            Config(128, 64, 4, 3), Config(128, 128, 4, 2)]
 
@@ -154,7 +145,7 @@ def main() -> None:
         q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for _ in range(3))
         for causal in (False, True):
-            flops = 4 * batch * heads * n * n * d / (2 if causal else 1)
+            flops = bench.attention_flops(batch, heads, n, n, d, causal)
             ref, ref_lse = flash_forward(q, k, v, causal=causal)
             variants = [("cudnn", lambda: cudnn_forward(q, k, v, causal=causal)),
                         ("flashbook", lambda: flash_forward(q, k, v, causal=causal))]
@@ -171,7 +162,7 @@ def main() -> None:
                     if isinstance(out, tuple):
                         row["lse_max_abs_diff"] = float((out[1] - ref_lse).abs().max())
                     ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                    row.update(ms=ms, tflops=flops / ms / 1e9)
+                    row.update(ms=ms, tflops=bench.tflops(flops, ms))
                 except Exception as err:  # record, go on
                     row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
                 result["rows"].append(row)

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-import flashbook.kernels
 from flashbook import runtime, tiled
 from flashbook.kernels import configs, flash_backward, flash_forward, probes
 
@@ -25,16 +24,11 @@ import triton
 DEVICE = runtime.device()
 
 
-def forward_stages(n_q, n_k, block_m, block_n, causal):
-    """(T_r, T_c) of "main" / "masked" / "skipped" from the kernel's causal_bounds."""
-    return probes.stage_map(n_q, n_k, block_m, block_n, causal)
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32), (64, 64), (16, 16)])
 @pytest.mark.parametrize("n_q, n_k", [(128, 128), (100, 100), (40, 110), (112, 48), (1, 77), (77, 1)])
 def test_forward_visits_chapter_4_tiles(n_q, n_k, block_m, block_n, causal):
-    kinds = forward_stages(n_q, n_k, block_m, block_n, causal)
+    kinds = probes.stage_map(n_q, n_k, block_m, block_n, causal)
     visited = (kinds != "skipped").sum(axis=1).tolist()
     assert visited == tiled.visible_key_tiles(n_q, n_k, block_m, block_n, causal)
     ch4 = tiled.tile_kinds(n_q, n_k, block_m, block_n, causal=causal)
@@ -106,7 +100,7 @@ def test_masked_tiles_number_n_over_the_smaller_block(n, block_m, block_n):
     """Chapters 7 and 8, exercises: causal, N a multiple of both blocks, the diagonal band
     holds N / min(B_r, B_c) tiles, in the forward and in the dK/dV kernel alike."""
     dkdv = dkdv_stages(n, n, configs.Config(block_m, block_n, 4, 1))
-    forward = forward_stages(n, n, block_m, block_n, True)
+    forward = probes.stage_map(n, n, block_m, block_n, True)
     assert int((dkdv == "masked").sum()) == n // min(block_m, block_n)
     assert int((forward == "masked").sum()) == n // min(block_m, block_n)
 
@@ -115,7 +109,7 @@ def test_masked_tiles_number_n_over_the_smaller_block(n, block_m, block_n):
 def test_dq_kernel_visits_chapter_5_tiles(n_q, n_k, block_m, block_n):
     seen = dq_visits(n_q, n_k, configs.Config(block_m, block_n, 4, 1))
     assert {tuple(ij) for ij in np.argwhere(seen)} == _schedule(n_q, n_k, block_m, block_n)
-    stages = forward_stages(n_q, n_k, block_m, block_n, True)     # _bwd_dq uses the same bounds
+    stages = probes.stage_map(n_q, n_k, block_m, block_n, True)     # _bwd_dq uses the same bounds
     assert np.array_equal(seen, stages != "skipped")
 
 

@@ -109,16 +109,21 @@ def _inputs(b, h, h_kv, n_q, n_k, d, dtype, seed):
     return [torch.randn(s, generator=gen, device="cuda", dtype=torch.float32).to(dtype) for s in shapes]
 
 
-def compare_with_sdpa(label, b, h, h_kv, n_q, n_k, d, causal, dtype, *, backend="flash",
-                      dq_mode="separate"):
-    seed = random.randrange(2**31)
+def three_ways(b, h, h_kv, n_q, n_k, d, causal, dtype, seed, *, backend="flash", dq_mode="separate"):
+    """(ours, SDPA's, float64 truth), each (o, dq, dk, dv), on the inputs drawn from ``seed``."""
     q, k, v, do = _inputs(b, h, h_kv, n_q, n_k, d, DTYPES[dtype], seed)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     o = flashbook.flash_attention(*leaves, causal=causal, dq_mode=dq_mode)
     o.backward(do)
     ours = (o.detach(), *(x.grad for x in leaves))
-    theirs = _sdpa_grads(q, k, v, do, causal=causal, backend=backend)
-    truth = _truth(q, k, v, do, causal=causal)
+    return ours, _sdpa_grads(q, k, v, do, causal=causal, backend=backend), _truth(q, k, v, do, causal=causal)
+
+
+def compare_with_sdpa(label, b, h, h_kv, n_q, n_k, d, causal, dtype, *, backend="flash",
+                      dq_mode="separate"):
+    seed = random.randrange(2**31)
+    ours, theirs, truth = three_ways(b, h, h_kv, n_q, n_k, d, causal, dtype, seed,
+                                     backend=backend, dq_mode=dq_mode)
     errors, problems = {}, []
     for name, a, s, t in zip(("o", "dq", "dk", "dv"), ours, theirs, truth):
         assert torch.isfinite(a).all(), f"{label}: {name} has NaN/inf"
