@@ -7,10 +7,11 @@ It is built in three layers so that the book can show it without a kernel:
   random inputs, counts its traffic and on-chip footprint, and checks its output
   against ``reference.attention``. Same settings, same state;
 - ``render(state) -> Figure``: draws the state (no pyplot, no globals);
-- ``BlockSizeExplorer``: ipywidgets sliders wired to the two functions above. It
-  shows the figure as a PNG image widget, which works in Jupyter and in Colab.
+- ``explorer(...)``: the live explorer (``flashbook.live``), whose JavaScript mirrors
+  ``explorer_state`` in the browser, in Jupyter, Colab and the static book alike.
 
-The rendered book calls ``render(explorer_state(Settings(...)))`` directly.
+The example inputs are ``example_qkv(n, d)``: an integer hash that the browser
+evaluates exactly as NumPy does, so that it recomputes the watched row's m and l.
 """
 from __future__ import annotations
 
@@ -29,6 +30,33 @@ MAX_LIVE_TILES = 8192
 #: Bytes per element of Q, K, V, O in HBM and of the input tiles on chip (fp16),
 #: and of the accumulators and per-row statistics (fp32).
 DTYPE_BYTES, ACC_BYTES = 2, 4
+#: The controls' ranges: (min, max, step) per setting.
+LIMITS = {"n": (16, 1024, 8), "d": (16, 256, 16), "block_q": (8, 256, 8), "block_k": (8, 256, 8)}
+#: The example inputs: uniform on [LOW, LOW + WIDTH) from a 32-bit integer hash.
+EXAMPLE_SEED, EXAMPLE_LOW, EXAMPLE_WIDTH = 0x9E3779B9, -2.0, 4.0
+
+
+def _hash32(x: np.ndarray) -> np.ndarray:
+    """A 32-bit integer mix (xor-shift-multiply); the browser evaluates the same."""
+    x = x.astype(np.uint64) & 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x ^= x >> 16
+    return x
+
+
+def example_qkv(n: int, d: int) -> tuple:
+    """The explorer's Q, K, V (n x d each): entry (a, r, c) of the three is
+    LOW + WIDTH * hash(seed + (a * 65536 + r) * 512 + c) / 2**32, exact in float64."""
+    n, d = _check_count(n, "n"), _check_count(d, "d")
+    if n > 65536 or d > 512:
+        raise ValueError(f"n must be <= 65536 and d <= 512, got n={n}, d={d}")
+    a, r, c = np.meshgrid(np.arange(3), np.arange(n), np.arange(d), indexing="ij")
+    key = (EXAMPLE_SEED + (a * 65536 + r) * 512 + c) & 0xFFFFFFFF
+    x = EXAMPLE_LOW + EXAMPLE_WIDTH * (_hash32(key).astype(np.float64) / 2.0**32)
+    return x[0], x[1], x[2]
 
 
 @dataclass(frozen=True)
@@ -122,10 +150,9 @@ class ExplorerState:
 
 @functools.lru_cache(maxsize=32)
 def _live_run(n, d, block_q, block_k, causal, order, row):
-    """Run the real tiled forward on fixed random inputs (cached: the step slider
+    """Run the real tiled forward on the example inputs (cached: the step slider
     only redraws). Returns (IOStats, visits, trace, max error vs the reference)."""
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
+    q, k, v = example_qkv(n, d)
     io = tiled.IOCounter(watch_row=row)
     o, _ = tiled.forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal,
                          order=order, io=io)
@@ -228,85 +255,10 @@ def figure_png(fig: Figure, dpi: int = 80) -> bytes:
 
 # ----------------------------------------------------------------- the live widget
 
-class BlockSizeExplorer:
-    """Sliders for N, d, B_r, B_c, the chip, the loop order, the step and the row.
+def explorer(**settings):
+    """The live explorer, e.g. ``explorer(n=512, chip="T4")``: an anywidget in Jupyter
+    and Colab, and the same JavaScript mounted by the page in the static book
+    (``flashbook.live``). Its ``state`` is ``explorer_state`` of its settings."""
+    from . import live
 
-    ``controls`` maps each Settings field to its widget; changing any ``.value``
-    recomputes ``state`` and redraws ``image``. Display the object (or ``.widget``).
-    """
-
-    def __init__(self, settings: Settings = Settings()):
-        import ipywidgets as W
-
-        s = settings.checked()
-        blocks = dict(min=min(8, s.block_q, s.block_k), max=max(256, s.block_q, s.block_k),
-                      step=8 if s.block_q % 8 == 0 and s.block_k % 8 == 0 else 1)
-        style = dict(continuous_update=False, style={"description_width": "60px"})
-        self.controls = {
-            "n": W.IntSlider(value=s.n, min=min(16, s.n), max=max(1024, s.n),
-                             step=8 if s.n % 8 == 0 else 1, description="N", **style),
-            "d": W.IntSlider(value=s.d, min=min(16, s.d), max=max(256, s.d),
-                             step=16 if s.d % 16 == 0 else 1, description="d", **style),
-            "block_q": W.IntSlider(value=s.block_q, description="B_r", **blocks, **style),
-            "block_k": W.IntSlider(value=s.block_k, description="B_c", **blocks, **style),
-            "chip": W.Dropdown(options=list(runtime.CHIPS), value=s.chip, description="chip",
-                               style=style["style"]),
-            "order": W.ToggleButtons(options=[("FA2 order", "fa2"), ("FA1 order", "fa1")],
-                                     value=s.order, description="order", style=style["style"]),
-            "causal": W.Checkbox(value=s.causal, description="causal"),
-            "step": W.IntSlider(value=0, min=0, max=1, description="step", **style),
-            "row": W.IntSlider(value=s.row, min=0, max=s.n - 1, description="row", **style),
-        }
-        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width="1000px"))
-        self.summary = W.HTML()
-        c = self.controls
-        self.widget = W.VBox([
-            W.HBox([W.VBox([c["n"], c["d"], c["block_q"], c["block_k"]]),
-                    W.VBox([c["chip"], c["order"], c["causal"]]),
-                    W.VBox([c["step"], c["row"]])]),
-            self.summary, self.image])
-        self._busy = False
-        self.state: ExplorerState | None = None
-        self._update(initial_step=s.step)
-        for control in self.controls.values():
-            control.observe(self._on_change, names="value")
-
-    @property
-    def settings(self) -> Settings:
-        values = {name: control.value for name, control in self.controls.items()}
-        return Settings(**values)
-
-    def _on_change(self, change):
-        if not self._busy:
-            self._update()
-
-    def _update(self, initial_step: int | None = None):
-        self._busy = True
-        try:
-            c = self.controls
-            c["row"].max = c["n"].value - 1            # clips row if N shrank
-            settings = self.settings
-            if initial_step is not None or self.state is None:
-                settings = replace(settings, step=initial_step)
-            self.state = explorer_state(settings)
-            steps = max(len(self.state.schedule) - 1, 0)
-            c["step"].max = max(steps, 1)
-            c["step"].value = self.state.step
-            self.image.value = figure_png(render(self.state))
-            self.summary.value = f"<b>{self.state.summary()}</b>"
-        finally:
-            self._busy = False
-
-    def _ipython_display_(self):
-        # Works with ipywidgets 7 (Colab's long-time default) and 8 alike.
-        from IPython.display import display
-
-        display(self.widget)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
-
-
-def explorer(**settings) -> BlockSizeExplorer:
-    """The live explorer, e.g. ``explorer(n=512, chip="T4")``."""
-    return BlockSizeExplorer(Settings(**settings))
+    return live.explorer_widget("blocksize", live.blocksize_config(Settings(**settings)))

@@ -1,4 +1,10 @@
-"""Small Sphinx fixes for the book's HTML.
+"""Small Sphinx additions for the book's HTML.
+
+The explorers: ``flashbook/static`` is served as ``_static``, and every page loads
+``flashbook_mount.js``, which mounts ``flashbook_explorers.js`` on the explorer
+cells' placeholders (``flashbook.live``). Widget state that nothing on the page
+uses (the executed notebooks' ``application/vnd.jupyter.widget-state+json``) is
+left out.
 
 Jupyter Book registers sphinx-thebe's inline configuration script twice; the second
 copy re-declares a `const` and raises a JavaScript error on every page. Keep the
@@ -21,7 +27,28 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
     scripts[:] = kept  # in place: Sphinx renders from this very list
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _drop_widget_state(app, pagename, templatename, context, doctree):
+    """The explorers need no ipywidgets state: drop the script that carries it."""
+    scripts = context.get("script_files")
+    if scripts:
+        scripts[:] = [js for js in scripts
+                      if (getattr(js, "attributes", None) or {}).get("type") != WIDGET_STATE]
+
+
+def _static_path(app, config):
+    import flashbook.live
+
+    config.html_static_path.append(str(flashbook.live.STATIC))
+
+
 def setup(app):
+    app.connect("config-inited", _static_path)
+    app.add_js_file("flashbook_mount.js", type="module")
+    # last: after myst-nb has added the page's own scripts
+    app.connect("html-page-context", _drop_widget_state, priority=900)
     # first: html-page-context stops at the first handler that returns a value
     app.connect("html-page-context", _dedupe_scripts, priority=1)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
