@@ -67,7 +67,7 @@ def blocksize_config(settings=None) -> dict:
         "dtype_bytes": widgets.DTYPE_BYTES, "acc_bytes": widgets.ACC_BYTES,
         "input_buffers": sorted(tiled._INPUT_BUFFERS), "stat_arrays": sorted(tiled._STAT_ARRAYS),
         "orders": {o: name for o, name in widgets.plots.ORDER_NAMES.items()},
-        "limits": widgets.LIMITS,
+        "limits": {k: list(v) for k, v in widgets.LIMITS.items()},
         "example": {"seed": widgets.EXAMPLE_SEED, "low": widgets.EXAMPLE_LOW,
                     "width": widgets.EXAMPLE_WIDTH},
         "settings": start,

@@ -1,4 +1,5 @@
-"""flashbook.widgets: the explorer's pure functions and the live widget.
+"""flashbook.widgets and flashbook.live: the explorer's pure functions, the configs
+the live explorers carry, and the anywidget widget.
 
 The state must agree with the closed-form counts in flashbook.tiled and with the
 chip facts in flashbook.runtime; the figure must draw for every chip and for the
@@ -8,11 +9,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import json  # noqa: E402
+
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from conftest import require  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from flashbook import plots, runtime, tiled, widgets  # noqa: E402
+from flashbook import live, plots, runtime, tiled, widgets  # noqa: E402
 from flashbook.widgets import Settings, explorer_state, render  # noqa: E402
 
 
@@ -101,25 +106,127 @@ def test_tile_grid_draws_alone():
                                                                              causal=True))))
 
 
-def test_widget_builds_and_responds_to_sliders():
-    pytest.importorskip("ipywidgets")
+# ----------------------------------------------------------------- the live explorers (flashbook.live)
+
+def _anywidget():
+    try:
+        import anywidget  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _hash32_reference(x: int) -> int:
+    """The explorer's integer hash in plain Python ints (independent of NumPy's uint64)."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_example_inputs_are_the_documented_hash(rng):
+    n, d = int(rng.integers(2, 300)), int(rng.integers(1, 200))
+    q, k, v = widgets.example_qkv(n, d)
+    assert q.shape == k.shape == v.shape == (n, d) and q.dtype == np.float64
+    for _ in range(20):
+        a, r, c = int(rng.integers(3)), int(rng.integers(n)), int(rng.integers(d))
+        key = (widgets.EXAMPLE_SEED + (a * 65536 + r) * 512 + c) & 0xFFFFFFFF
+        want = widgets.EXAMPLE_LOW + widgets.EXAMPLE_WIDTH * _hash32_reference(key) / 2**32
+        assert (q, k, v)[a][r, c] == want            # exact: the browser recomputes it
+    x = np.concatenate([q.ravel(), k.ravel(), v.ravel()])
+    assert -2 <= x.min() and x.max() < 2 and abs(x.mean()) < 0.2 and x.std() > 0.9
+    with pytest.raises(ValueError, match="n must be"):
+        widgets.example_qkv(70000, 4)
+
+
+def test_blocksize_config_exports_the_library_constants():
+    cfg = live.blocksize_config(Settings(n=100, block_q=16, causal=True))
+    json.dumps(cfg, allow_nan=False)                   # what the page and the widget carry
+    assert cfg["chips"] == {n: {"name": c.name, "smem_per_block": c.smem_per_block_kib * 1024,
+                                "smem_per_sm": c.smem_per_sm_kib * 1024}
+                            for n, c in runtime.CHIPS.items()}
+    assert (cfg["dtype_bytes"], cfg["acc_bytes"]) == (widgets.DTYPE_BYTES, widgets.ACC_BYTES)
+    # the byte rules the browser applies give the library's on-chip bytes
+    elements = tiled.onchip_elements(16, 64, 64)
+    assert sum(n * (cfg["dtype_bytes"] if b in cfg["input_buffers"] else cfg["acc_bytes"])
+               for b, n in elements.items()) == tiled.onchip_bytes(16, 64, 64, 2)
+    s = cfg["settings"]
+    state = explorer_state(Settings(**{**s, "step": None}))
+    assert s["step"] == state.step and s["row"] == 50 and s["causal"] is True
+
+
+def test_qkv_config_and_state_match_the_reference(rng):
+    q, k, v = rng.standard_normal((3, 5, 3))
+    cfg = live.qkv_config(q, k, v, token=4)
+    json.dumps(cfg, allow_nan=False)
+    assert cfg["scale"] == 1 / np.sqrt(3) and np.array_equal(cfg["settings"]["K"], k)
+    st = live.qkv_state(cfg["settings"], cfg["scale"])
+    from flashbook import reference
+    # float64 against float64: a few ulps of outputs of size <= max|v|
+    assert np.allclose(st["O"], reference.attention(q, k, v), rtol=0, atol=1e-13)
+    assert np.allclose(st["P"].sum(axis=1), 1, rtol=0, atol=1e-15)
+    assert st["trace"].shape == (5, 6 + 2 * 3) and st["error"] < 1e-13
+    with pytest.raises(ValueError, match="token"):
+        live.qkv_config(q, k, v, token=5)
+
+
+def test_sweep_config_holds_the_librarys_lookups():
+    from flashbook import bench
+
+    path = bench.latest_blocks()
+    require(path is not None, "no recorded block sweep under benchmarks/results/")
+    frame, _ = bench.load_results(path)
+    # a small piece of the recorded sweep keeps this fast
+    d0 = int(frame["head_dim"].max())
+    part = frame[(frame["head_dim"] == d0) & (frame["num_stages"] == frame["num_stages"].min())]
+    first = part.iloc[0]
+    start = {k: int(first[k]) for k in live._SWEEP_KEYS}
+    cfg = live.sweep_config(part, start=start, measured_arch="sm_90", gpu="H200")
+    json.dumps(cfg, allow_nan=False)
+    assert cfg["settings"] == start
+    for key, view in cfg["views"].items():
+        d, bm, bn, w, s = map(int, key.split(","))
+        state = bench.block_state(part, d, bm, bn, w, s, measured_arch="sm_90")
+        assert view == live.sweep_view(state)
+        assert view["fits"] == state.fits and view["rank"] == state.rank
+        if view["status"] == "ok":
+            assert view["tflops"] == state.tflops
+    with pytest.raises(ValueError, match="start"):
+        live.sweep_config(part, start={"head_dim": d0})
+
+
+def test_placeholder_carries_the_config():
+    cfg = live.blocksize_config()
+    html = live.placeholder_html("blocksize", cfg)
+    body = html.split('<script type="application/json">')[1].split("</script>")[0]
+    assert json.loads(body) == cfg and 'data-kind="blocksize"' in html
+    with pytest.raises(ValueError, match="kind"):
+        live.placeholder_html("nope", cfg)
+
+
+def test_explorer_widget_is_the_one_front_end():
+    require(_anywidget(), "anywidget is not installed (it is in requirements.txt)")
     w = widgets.explorer(n=128, block_q=32, block_k=32)
+    assert w._esm == live.ESM.read_text()             # the same file the static book serves
+    assert w.kind == "blocksize" and w.config == live.blocksize_config(
+        Settings(n=128, block_q=32, block_k=32))
     assert w.state.settings.block_q == 32 and w.state.n_tiles == 16
-    first_png = bytes(w.image.value)
-    assert first_png.startswith(b"\x89PNG") and "16 tiles" in w.summary.value
 
-    w.controls["block_q"].value = 64                      # a slider moves
+    w.settings = {**w.settings, "block_q": 64}         # what the front end's controls do
     assert w.state.settings.block_q == 64 and w.state.n_tiles == 8
-    assert w.controls["step"].max == len(w.state.schedule) - 1
-    assert bytes(w.image.value) != first_png
-
-    w.controls["step"].value = 2
+    w.settings = {**w.settings, "step": 2, "chip": "T4", "causal": True}
     assert w.state.step == 2 and w.state.current_tile == w.state.schedule[2]
-
-    w.controls["chip"].value = "T4"
-    assert w.state.settings.chip == "T4" and "T4" in w.summary.value
-
-    w.controls["n"].value = 64                            # N shrinks: row is clipped
-    assert w.controls["row"].value <= 63 and w.state.settings.n == 64
+    assert w.state.smem_per_block == runtime.chip("T4").smem_per_block_kib * 1024
     assert w.state.ran and w.state.max_error < 1e-12
-    assert "application/vnd.jupyter.widget-view+json" in w._repr_mimebundle_()
+
+    bundle = w._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert data["text/html"] == live.placeholder_html("blocksize", w.config)
+
+    q = live.explorer_widget("qkv", live.qkv_config(np.eye(3), np.eye(3), np.eye(3) * 2))
+    assert q._esm == w._esm and q.state["O"].shape == (3, 3)
+    q.settings = {**q.settings, "token": 2}
+    assert q.state["trace"][-1][-1] == pytest.approx(q.state["O"][2, 2], abs=1e-15)

@@ -290,7 +290,7 @@ function tileGridSvg(st) {
       height: Math.min(bq, n - i * bq) * sy, fill: "none", stroke: "#d62728", "stroke-width": 2.5, "data-fb": "current-tile" }));
   }
   g.append(svg("line", { x1: 0, x2: W, y1: (st.row + 0.5) * sy, y2: (st.row + 0.5) * sy, stroke: "#333", "stroke-dasharray": "4 3" }));
-  g.append(svg("text", { x: 0, y: H + 16, text: `keys → (tiles of B_c = ${bk}); rows ↓ (B_r = ${bq}); dashed: row ${st.row}` }));
+  g.append(svg("text", { x: 0, y: H + 16, text: `keys →, queries ↓; dashed: row ${st.row}` }));
   return g;
 }
 
@@ -370,6 +370,7 @@ function blocksizeView(root, cfg, store) {
 
   const draw = () => {
     const st = blocksizeState(cfg, store.get()), s = st.settings;
+    root.setAttribute("data-fb-settings", JSON.stringify(s));
     controls.row.max = s.n - 1;
     controls.step.max = Math.max(st.schedule.length - 1, 1);
     for (const k of ["n", "d", "block_q", "block_k", "step", "row"]) controls[k].value = s[k];
@@ -436,6 +437,7 @@ function qkvView(root, cfg, store) {
   for (const c of [token, ...inputs.map((x) => x[3])]) { c.addEventListener("input", () => store.set(read())); c.addEventListener("change", () => store.set(read())); }
   const draw = () => {
     const s = store.get(), st = qkvState(cfg, s);
+    root.setAttribute("data-fb-settings", JSON.stringify(s));
     for (const [m, i, c, inp] of inputs) if (document.activeElement !== inp && parseFloat(inp.value) !== s[m][i][c]) inp.value = s[m][i][c];
     token.value = s.token;
     const traceCols = ["q·k_j", "s_j", "m", "rescale e^(m_old-m)", "weight e^(s_j-m)", "l",
@@ -467,6 +469,7 @@ function sweepView(root, cfg, store) {
   for (const c of Object.values(controls)) { c.addEventListener("input", () => store.set(read())); c.addEventListener("change", () => store.set(read())); }
   const draw = () => {
     const s = store.get(), { key, view: v, ranking } = sweepState(cfg, s);
+    root.setAttribute("data-fb-settings", JSON.stringify(s));
     for (const k of SWEEP_KEYS) controls[k].value = s[k];
     const head = el("div", { class: "fbx-readout" });
     if (!v || !v.found) head.append(el("div", { "data-fb": "status", "data-value": "missing", text: "not in the recorded sweep" }));
