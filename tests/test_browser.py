@@ -5,10 +5,12 @@ offline (a classroom with a poor connection, a laptop on a plane).
 """
 import functools
 import http.server
+import json
 import os
 import shutil
 import threading
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, require
@@ -115,3 +117,154 @@ def test_every_chapter_page_works_offline(server, browser, slug):
         assert heading in text
     assert external == [] and errors == [], (external, errors)
     page.close()
+
+
+# ----------------------------------------------------------------- the live explorers
+
+def open_explorer(browser, server, slug, kind, viewport=None):
+    page, external, errors = open_page(browser, f"{server}/notebooks/{slug}.html")
+    root = page.locator(f"[data-fb-explorer={kind}]")
+    root.wait_for(timeout=30000)
+    return page, root, external, errors
+
+
+def set_control(root, name, value):
+    """Set one control as a reader would, and fire its input event."""
+    root.locator(f'[data-fb-control="{name}"]').evaluate(
+        """(c, v) => { if (c.type === "checkbox") c.checked = v; else c.value = String(v);
+                       c.dispatchEvent(new Event("input", {bubbles: true})); }""", value)
+
+
+def shown(root):
+    """Every displayed number: data-fb name -> data-value, and the settings shown."""
+    values = root.evaluate("""r => Object.fromEntries([...r.querySelectorAll("[data-fb]")]
+                                    .map(e => [e.dataset.fb, e.dataset.value]))""")
+    return values, json.loads(root.get_attribute("data-fb-settings"))
+
+
+def close(x, y):
+    """Equal up to the rounding of a differently ordered float64 sum (a few ulps)."""
+    return abs(float(x) - y) <= 1e-12 * max(1.0, abs(y))
+
+
+BLOCKSIZE_GRID = [  # (setting, value) applied in turn: each changes what is shown
+    ("block_q", 32), ("block_k", 32), ("causal", True), ("order", "fa1"), ("step", 5),
+    ("row", 200), ("chip", "T4"), ("d", 128), ("n", 128), ("step", 1000), ("order", "fa2"),
+    ("block_q", 128), ("chip", "H200"), ("causal", False), ("n", 96), ("block_k", 16),
+    ("d", 256), ("row", 3), ("step", 0),
+]
+
+
+def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
+    from flashbook import plots, widgets
+
+    page, root, external, errors = open_explorer(browser, server, "04_tiled_forward", "blocksize")
+    before, _ = shown(root)
+    for name, value in BLOCKSIZE_GRID:
+        set_control(root, name, value)
+        now, s = shown(root)
+        assert now != before, f"nothing changed after {name} = {value}"
+        before = now
+        assert s[name] == value or name == "step", (name, value, s)   # step: clipped
+        state = widgets.explorer_state(widgets.Settings(**s))
+        traffic = {o: state.traffic[plots.ORDER_NAMES[o]] for o in ("fa2", "fa1")}
+        expect = {"tiles": state.n_tiles, "skipped": state.n_skipped,
+                  "visited": len(state.schedule), "onchip": state.onchip_total,
+                  "smem": state.smem_per_block, "hbm-naive": state.traffic["naive"],
+                  "hbm-fa2": traffic["fa2"], "hbm-fa1": traffic["fa1"], "hbm": traffic[s["order"]]}
+        for key, value_ in expect.items():
+            assert int(now[key]) == value_, (key, s, now[key], value_)
+        assert now["fits"] == str(state.fits).lower()
+        assert close(now["hbm-ratio"], traffic[s["order"]] / state.traffic["naive"])
+        assert s["step"] == state.step and now["current"] == ",".join(map(str, state.current_tile))
+        assert state.ran, "keep the grid small enough for the library's live run"
+        m_l = state.stats_at_step()
+        if m_l is None:
+            assert now["m"] == "" and now["l"] == ""
+        else:
+            assert close(now["m"], m_l[0]) and close(now["l"], m_l[1]), (s, now["m"], now["l"], m_l)
+            text = root.locator("[data-fb=m]").inner_text(), root.locator("[data-fb=l]").inner_text()
+            assert text == (f"{m_l[0]:.4f}", f"{m_l[1]:.4f}")
+    # the sliders answer the keyboard
+    n_slider = root.locator('[data-fb-control="n"]')
+    n_slider.focus()
+    page.keyboard.press("ArrowRight")
+    assert shown(root)[1]["n"] == 96 + 8
+    assert external == [] and errors == [], (external, errors)
+    page.close()
+
+
+def test_chapter_2_editor_updates_every_table(server, browser):
+    from flashbook import live
+
+    page, root, external, errors = open_explorer(browser, server, "02_four_tokens", "qkv")
+    note = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.5, 0.5]]           # the chapter's X
+    _, s = shown(root)
+    assert s["Q"] == s["K"] == s["V"] == note
+    edits = [("K", 3, 0, 2.5), ("Q", 1, 1, -1.25), ("V", 2, 0, 0.75), ("token", None, None, 3),
+             ("K", 0, 1, -2), ("Q", 0, 0, 1.5), ("V", 3, 1, -0.5), ("token", None, None, 0),
+             ("K", 2, 1, 3), ("Q", 3, 0, -3), ("V", 1, 0, 2.2), ("token", None, None, 2)]
+    before, _ = shown(root)
+    scale = 2 ** -0.5
+    for m, i, c, value in edits:
+        set_control(root, "token" if m == "token" else f"{m}-{i}-{c}", value)
+        now, s = shown(root)
+        assert now != before, (m, i, c, value)
+        before = now
+        if m != "token":
+            assert s[m][i][c] == value
+        want = live.qkv_state(s, scale)
+        for table in ("S", "P", "O", "trace"):
+            for (r, col), x in np.ndenumerate(want[table]):
+                key = f"{table}-{r}-{col}"
+                assert close(now[key], x), (table, r, col, now[key], x)
+                assert root.locator(f'[data-fb="{key}"]').inner_text() == f"{x + 0.0:.4f}"
+        assert float(now["error"]) < 1e-12
+    assert external == [] and errors == [], (external, errors)
+    page.close()
+
+
+def test_chapter_9_explorer_shows_the_recorded_sweep(server, browser):
+    from flashbook import bench
+
+    path = bench.latest_blocks()
+    require(path is not None, "no recorded block sweep under benchmarks/results/")
+    frame, prov = bench.load_results(path)
+    arch = (prov.get("gpu") or {}).get("capability") or "sm_90"
+    page, root, external, errors = open_explorer(browser, server, "09_benchmarks", "sweep")
+    options = {k: sorted(int(x) for x in frame[k].unique())
+               for k in ("head_dim", "block_m", "block_n", "num_warps", "num_stages")}
+    moves = [(k, v) for k in options for v in options[k][::-1]][:16]
+    before, _ = shown(root)
+    changed = 0
+    for name, value in moves:
+        set_control(root, name, value)
+        now, s = shown(root)
+        assert s[name] == value
+        changed += now != before
+        before = now
+        state = bench.block_state(frame, s["head_dim"], s["block_m"], s["block_n"],
+                                  s["num_warps"], s["num_stages"], measured_arch=arch)
+        if state.row is None:
+            assert now["status"] == "missing"
+            continue
+        assert now["status"] == state.row["status"]
+        if state.row["status"] == "ok":
+            assert close(now["tflops"], state.tflops)
+            assert root.locator("[data-fb=tflops]").inner_text() == f"{state.tflops:.0f}"
+            assert int(now["rank"]) == state.rank and int(now["n-ran"]) == state.n_ran
+        for chip, f in state.fits.items():
+            assert int(now[f"need-{chip}"]) == f["bytes"] and int(now[f"limit-{chip}"]) == f["limit"]
+            assert now[f"fits-{chip}"] == str(f["fits"]).lower()
+    assert changed >= len(moves) // 2, "most moves must change what is shown"
+    assert external == [] and errors == [], (external, errors)
+    page.close()
+
+
+@pytest.mark.parametrize("slug", chapter_pages())
+def test_pages_carry_no_widget_state(slug):
+    require(os.path.exists(os.path.join(HTML, "index.html")), "the book is not built: run `make book`")
+    with open(os.path.join(HTML, "notebooks", f"{slug}.html"), encoding="utf-8") as f:
+        html = f.read()
+    assert "application/vnd.jupyter.widget-state+json" not in html
+    assert "application/vnd.jupyter.widget-view+json" not in html

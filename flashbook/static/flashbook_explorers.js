@@ -495,7 +495,7 @@ function sweepView(root, cfg, store) {
     const top = Math.max(1, ...ranking.map((r) => r[1])), bw = (W - 10) / Math.max(ranking.length, 1);
     ranking.forEach(([k, t], i) => g.append(svg("rect", { x: 5 + i * bw, y: 120 - t / top * 110, width: Math.max(bw - 0.5, 0.5), height: t / top * 110,
       fill: k === key.split(",").slice(1).join(",") ? "#d62728" : "#bbb" })));
-    g.append(svg("text", { x: 5, y: 136, text: `forward TFLOP/s, fastest first (d = ${s.head_dim}; red: this one)` }));
+    g.append(svg("text", { x: 5, y: 136, text: `TFLOP/s, fastest first (d = ${s.head_dim}; red: this)` }));
     out.replaceChildren(head, el("div", { class: "fbx-figs" }, el("div", { class: "fbx-fig" }, g),
       el("div", { class: "fbx-fig fbx-table-wrap" }, fits)));
   };
