@@ -135,10 +135,12 @@ def set_control(root, name, value):
                        c.dispatchEvent(new Event("input", {bubbles: true})); }""", value)
 
 
-def shown(root):
-    """Every displayed number: data-fb name -> data-value, and the settings shown."""
-    values = root.evaluate("""r => Object.fromEntries([...r.querySelectorAll("[data-fb]")]
-                                    .map(e => [e.dataset.fb, e.dataset.value]))""")
+def shown(root, what="value"):
+    """Every displayed number: data-fb name -> its data-value (or its text), and the
+    settings the explorer shows them for."""
+    values = root.evaluate("""(r, what) => Object.fromEntries([...r.querySelectorAll("[data-fb]")]
+                                .map(e => [e.dataset.fb, what === "text" ? e.textContent : e.dataset.value]))""",
+                           what)
     return values, json.loads(root.get_attribute("data-fb-settings"))
 
 
@@ -169,6 +171,7 @@ def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
         state = widgets.explorer_state(widgets.Settings(**s))
         traffic = {o: state.traffic[plots.ORDER_NAMES[o]] for o in ("fa2", "fa1")}
         expect = {"tiles": state.n_tiles, "skipped": state.n_skipped,
+                  "partial": int((state.kinds == "partial").sum()),
                   "visited": len(state.schedule), "onchip": state.onchip_total,
                   "smem": state.smem_per_block, "hbm-naive": state.traffic["naive"],
                   "hbm-fa2": traffic["fa2"], "hbm-fa1": traffic["fa1"], "hbm": traffic[s["order"]]}
@@ -183,8 +186,8 @@ def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
             assert now["m"] == "" and now["l"] == ""
         else:
             assert close(now["m"], m_l[0]) and close(now["l"], m_l[1]), (s, now["m"], now["l"], m_l)
-            text = root.locator("[data-fb=m]").inner_text(), root.locator("[data-fb=l]").inner_text()
-            assert text == (f"{m_l[0]:.4f}", f"{m_l[1]:.4f}")
+            text = shown(root, "text")[0]
+            assert (text["m"], text["l"]) == (f"{m_l[0]:.4f}", f"{m_l[1]:.4f}")
     # the sliders answer the keyboard
     n_slider = root.locator('[data-fb-control="n"]')
     n_slider.focus()
@@ -214,11 +217,12 @@ def test_chapter_2_editor_updates_every_table(server, browser):
         if m != "token":
             assert s[m][i][c] == value
         want = live.qkv_state(s, scale)
+        text = shown(root, "text")[0]
         for table in ("S", "P", "O", "trace"):
             for (r, col), x in np.ndenumerate(want[table]):
                 key = f"{table}-{r}-{col}"
                 assert close(now[key], x), (table, r, col, now[key], x)
-                assert root.locator(f'[data-fb="{key}"]').inner_text() == f"{x + 0.0:.4f}"
+                assert text[key] == f"{x + 0.0:.4f}", (key, text[key], x)
         assert float(now["error"]) < 1e-12
     assert external == [] and errors == [], (external, errors)
     page.close()
@@ -251,7 +255,7 @@ def test_chapter_9_explorer_shows_the_recorded_sweep(server, browser):
         assert now["status"] == state.row["status"]
         if state.row["status"] == "ok":
             assert close(now["tflops"], state.tflops)
-            assert root.locator("[data-fb=tflops]").inner_text() == f"{state.tflops:.0f}"
+            assert shown(root, "text")[0]["tflops"] == f"{state.tflops:.0f}"
             assert int(now["rank"]) == state.rank and int(now["n-ran"]) == state.n_ran
         for chip, f in state.fits.items():
             assert int(now[f"need-{chip}"]) == f["bytes"] and int(now[f"limit-{chip}"]) == f["limit"]

@@ -177,11 +177,12 @@ export function blocksizeState(cfg, s) {
   for (const o of Object.keys(cfg.orders)) traffic[o] = hbmBytes(ioFlash(n, d, bq, bk, causal, o), cfg);
   const nTiles = kinds.length * kinds[0].length;
   const nSkipped = kinds.flat().filter((k) => k === "skipped").length;
+  const nPartial = kinds.flat().filter((k) => k === "partial").length;
   return {
     settings: { ...s, row, step }, kinds, schedule, step, row, trace,
     now: seen.length ? seen[seen.length - 1] : null,
     current: schedule.length ? schedule[step] : null,
-    nTiles, nSkipped, onchip, onchipTotal, smemPerBlock: chip.smem_per_block, chipName: chip.name,
+    nTiles, nSkipped, nPartial, onchip, onchipTotal, smemPerBlock: chip.smem_per_block, chipName: chip.name,
     fits: onchipTotal <= chip.smem_per_block, traffic,
   };
 }
@@ -379,7 +380,8 @@ function blocksizeView(root, cfg, store) {
     labels.step.textContent = `step = ${st.step + 1} of ${st.schedule.length}`;
     const flash = st.traffic[s.order], ratio = flash / st.traffic.naive;
     readout.replaceChildren(
-      el("div", {}, "tiles: ", num("tiles", st.nTiles), " (", num("skipped", st.nSkipped), " skipped), visited: ", num("visited", st.schedule.length)),
+      el("div", {}, "tiles: ", num("tiles", st.nTiles), " (", num("skipped", st.nSkipped), " skipped, ",
+        num("partial", st.nPartial), " masked in part), visited: ", num("visited", st.schedule.length)),
       el("div", {}, "current tile (i, j): ", num("current", st.current ? st.current.join(",") : "", st.current ? `(${st.current.join(", ")})` : "none")),
       el("div", {}, `row ${st.row}: m = `, st.now ? num("m", st.now[1], fixed(st.now[1])) : num("m", null, "not yet"),
         ", l = ", st.now ? num("l", st.now[2], fixed(st.now[2])) : num("l", null, "not yet")),
