@@ -34,17 +34,10 @@ from . import reference, runtime, softmax, tiled
 STATIC = pathlib.Path(__file__).parent / "static"
 #: The one front end: anywidget's ``_esm`` and the static book's module.
 ESM = STATIC / "flashbook_explorers.js"
-#: The page script that mounts placeholders (copied into the book's ``_static``).
-MOUNT = STATIC / "flashbook_mount.js"
 KINDS = ("blocksize", "qkv", "sweep")
 
 
 # ----------------------------------------------------------------- configs (JSON for the JS)
-
-def _settings_dict(settings) -> dict:
-    s = asdict(settings.checked())
-    return s
-
 
 def blocksize_config(settings=None) -> dict:
     """Chapter 4's explorer: the constants the browser needs, and the start settings.

@@ -230,3 +230,18 @@ def test_explorer_widget_is_the_one_front_end():
     assert q._esm == w._esm and q.state["O"].shape == (3, 3)
     q.settings = {**q.settings, "token": 2}
     assert q.state["trace"][-1][-1] == pytest.approx(q.state["O"][2, 2], abs=1e-15)
+
+
+def test_without_anywidget_the_explorer_is_the_placeholder(monkeypatch):
+    import sys
+
+    live.widget_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "anywidget", None)      # as where it is not installed
+    try:
+        w = widgets.explorer(n=64)
+        assert isinstance(w, live.StaticExplorer)
+        bundle = w._repr_mimebundle_()
+        assert bundle["text/html"] == live.placeholder_html("blocksize", w.config)
+        assert "anywidget" in bundle["text/plain"]
+    finally:
+        live.widget_class.cache_clear()

@@ -240,7 +240,7 @@ export function sweepState(cfg, s) {
 const STYLE = `
 .fbx { font: 14px/1.4 system-ui, sans-serif; color: #222; max-width: 100%; }
 .fbx * { box-sizing: border-box; }
-.fbx .fbx-controls { display: grid; grid-template-columns: repeat(auto-fill, minmax(165px, 1fr));
+.fbx .fbx-controls { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr));
   gap: 6px 14px; margin: 0 0 10px; padding: 8px; background: #f6f7f9; border-radius: 6px; }
 .fbx label { display: flex; flex-direction: column; font-size: 13px; gap: 2px; }
 .fbx label.fbx-check { flex-direction: row; align-items: center; gap: 6px; }
@@ -515,10 +515,12 @@ function localStore(settings) {
 }
 
 function modelStore(model) {
+  const subs = [];
   return {
     get: () => model.get("settings"),
     set: (v) => { model.set("settings", v); model.save_changes(); },
-    on: (f) => model.on("change:settings", f),
+    on: (f) => { subs.push(f); model.on("change:settings", f); },
+    off: () => subs.forEach((f) => model.off("change:settings", f)),
   };
 }
 
@@ -543,6 +545,8 @@ export function mountStatic(doc = document) {
 
 export default {
   render({ model, el: target }) {
-    mount(target, model.get("kind"), model.get("config"), modelStore(model));
+    const store = modelStore(model);
+    mount(target, model.get("kind"), model.get("config"), store);
+    return () => store.off();   // the view is gone: stop redrawing it
   },
 };
