@@ -1,6 +1,6 @@
 """Small Sphinx additions for the book's HTML.
 
-The explorers: ``flashbook/static`` is served as ``_static``, and every page loads
+The explorers: ``flashbook/static/*.js`` is copied into ``_static``, and every page loads
 ``flashbook_mount.js``, which mounts ``flashbook_explorers.js`` on the explorer
 cells' placeholders (``flashbook.live``). Widget state that nothing on the page
 uses (the executed notebooks' ``application/vnd.jupyter.widget-state+json``) is
@@ -10,6 +10,8 @@ Jupyter Book registers sphinx-thebe's inline configuration script twice; the sec
 copy re-declares a `const` and raises a JavaScript error on every page. Keep the
 first copy of each script.
 """
+import os
+import shutil
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -38,14 +40,21 @@ def _drop_widget_state(app, pagename, templatename, context, doctree):
                       if (getattr(js, "attributes", None) or {}).get("type") != WIDGET_STATE]
 
 
-def _static_path(app, config):
+def _copy_explorers(app, exception):
+    """Copy the explorers' JavaScript into ``_static`` on every build (Sphinx's own
+    static copy keeps a stale file after an incremental build)."""
+    if exception is not None or app.builder.format != "html":
+        return
     import flashbook.live
 
-    config.html_static_path.append(str(flashbook.live.STATIC))
+    static = os.path.join(app.outdir, "_static")
+    os.makedirs(static, exist_ok=True)
+    for path in sorted(flashbook.live.STATIC.glob("*.js")):
+        shutil.copyfile(path, os.path.join(static, path.name))
 
 
 def setup(app):
-    app.connect("config-inited", _static_path)
+    app.connect("build-finished", _copy_explorers)
     app.add_js_file("flashbook_mount.js", type="module")
     # last: after myst-nb has added the page's own scripts
     app.connect("html-page-context", _drop_widget_state, priority=900)
