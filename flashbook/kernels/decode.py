@@ -161,13 +161,15 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
                       max_splits: int = MAX_SPLITS) -> int:
     """How many splits of the keys fill a GPU of ``sm_count`` SMs. A pure function.
 
-    ``batch * kv_heads`` programs need splitting when they are too few to fill
-    ``sm_count * programs_per_sm`` program slots. For each split count s, the
-    programs fill ``w = batch * kv_heads * s / slots`` waves, and the last wave
-    is partly empty unless w is whole: efficiency ``w / ceil(w)``. The answer is
-    the smallest s within 5% of the best efficiency, keeping at least
-    ``min_tiles_per_split`` key tiles per split (smaller splits cost more in the
-    combine than they save).
+    The ``batch * kv_heads`` programs of an unsplit cache are too few to fill the
+    ``sm_count * programs_per_sm`` slots that run at once when the batch is small.
+    With s splits, each program reads ``ceil(tiles / s)`` key tiles, plus about
+    one tile's time of its own (loading q, writing its partial result, its share
+    of the combine), and the equal programs run in ``ceil(batch * kv_heads * s /
+    slots)`` waves: the time is about the product. The answer is the smallest s
+    within 5% of the least such time (a few percent of modelled gain are not
+    worth more programs and a bigger combine), keeping at least
+    ``min_tiles_per_split`` key tiles per split.
     """
     for name, value, minimum in (("batch", batch, 1), ("kv_heads", kv_heads, 1), ("seq_k", seq_k, 0),
                                  ("sm_count", sm_count, 1), ("block_n", block_n, 1),
@@ -176,16 +178,14 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
         _check_count(value, name, minimum)
     slots = sm_count * programs_per_sm
     programs = batch * kv_heads
-    most = min(max_splits, max(1, math.ceil(seq_k / block_n) // min_tiles_per_split))
-    if programs >= slots or most == 1:
-        return 1
+    tiles = math.ceil(seq_k / block_n)
+    most = min(max_splits, max(1, tiles // min_tiles_per_split))
 
-    def efficiency(s):
-        waves = programs * s / slots
-        return waves / math.ceil(waves)
+    def time(s):
+        return math.ceil(programs * s / slots) * (math.ceil(tiles / s) + 1)
 
-    best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.95 * best)
+    best = min(time(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if time(s) <= 1.05 * best)
 
 
 def decode_tiles(head_dim: int, elem_bytes: int, n_rows: int) -> tuple[int, int, int, int]:
