@@ -320,8 +320,12 @@ def _check_inputs(q, k, v, causal, scale, layout):
     return resolve_scale(scale, q.shape[-1])
 
 
-def _ring_forward(q, k, v, *, causal, scale, layout, ring, rank, world):
-    """Forward over the ring: returns (o, lse), o float32 (or float64), lse of the full rows."""
+def _ring_forward(q, k, v, *, causal, scale, layout, ring, rank, world, compute=True, communicate=True):
+    """Forward over the ring: returns (o, lse), o float32 (or float64), lse of the full rows.
+
+    ``compute=False`` or ``communicate=False`` leave out the attention or the sends
+    (same blocks, same messages): the benchmark times each part alone.
+    """
     chunk = q.shape[2] // len(chunk_ids(rank, world, layout))
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     o = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
@@ -329,10 +333,11 @@ def _ring_forward(q, k, v, *, causal, scale, layout, ring, rank, world):
     kv = torch.stack([k, v]).contiguous()
     for t in range(world):
         works = []
-        if t < world - 1:                  # send this block on while computing on it
+        if t < world - 1 and communicate:  # send this block on while computing on it
             nxt = torch.empty_like(kv)
             works = ring.start([kv], [nxt])
-        for b in step_blocks(rank, (rank - t) % world, world, layout=layout, causal=causal, chunk=chunk):
+        plan = step_blocks(rank, (rank - t) % world, world, layout=layout, causal=causal, chunk=chunk)
+        for b in plan if compute else []:
             o_b, lse_b = block_forward(q[:, :, b.q_rows], kv[0][:, :, b.k_rows], kv[1][:, :, b.k_rows],
                                        causal=b.causal, scale=scale)
             o[:, :, b.q_rows], lse[:, :, b.q_rows] = merge_partials(
@@ -343,7 +348,8 @@ def _ring_forward(q, k, v, *, causal, scale, layout, ring, rank, world):
     return o, lse
 
 
-def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring, rank, world):
+def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring, rank, world,
+                   compute=True, communicate=True):
     """Backward over the ring: dQ stays home; dK/dV partial sums follow K/V around the ring.
 
     At step t rank r holds the K/V of rank s = r - t. It computes its queries' share
@@ -358,11 +364,12 @@ def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring, rank, wo
     incoming = None                        # (works, buffer): dK/dV sums on their way to us
     for t in range(world):
         works = []
-        if t < world - 1:                  # the next K/V block travels while we compute
+        if t < world - 1 and communicate:  # the next K/V block travels while we compute
             nxt = torch.empty_like(kv)
             works = ring.start([kv], [nxt])
         dkv = torch.zeros(kv.shape, dtype=acc_dtype, device=q.device)
-        for b in step_blocks(rank, (rank - t) % world, world, layout=layout, causal=causal, chunk=chunk):
+        plan = step_blocks(rank, (rank - t) % world, world, layout=layout, causal=causal, chunk=chunk)
+        for b in plan if compute else []:
             qr, kr = b.q_rows, b.k_rows
             dq_b, dk_b, dv_b = block_backward(q[:, :, qr], kv[0][:, :, kr], kv[1][:, :, kr],
                                               o[:, :, qr], lse[:, :, qr], do[:, :, qr],
@@ -374,7 +381,7 @@ def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring, rank, wo
             ring.wait(incoming[0])
             dkv += incoming[1]
         buffer = torch.empty_like(dkv)
-        incoming = (ring.start([dkv], [buffer]), buffer)
+        incoming = (ring.start([dkv], [buffer]) if communicate else [], buffer if communicate else dkv)
         ring.wait(works)
         if works:
             kv = nxt
