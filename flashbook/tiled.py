@@ -728,3 +728,15 @@ def paper_blocks(smem_elements: int, d: int) -> tuple[int, int]:
     """The block sizes of Algorithm 1: B_c = ceil(M / 4d), B_r = min(ceil(M / 4d), d)."""
     block_k = math.ceil(_check_count(smem_elements, "smem_elements") / (4 * _check_count(d, "d")))
     return min(block_k, d), block_k
+
+
+# ============================================================ split-K (chapter 11)
+
+def __getattr__(name):
+    # split_forward lives in flashbook.split (it builds on this module's checks), and
+    # is reached here too, loaded on first use: flashbook.tiled.split_forward.
+    if name == "split_forward":
+        from .split import split_forward
+
+        return split_forward
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,12 @@
-"""Triton kernels for FlashAttention and the autograd Function around them (chapters 7-9).
+"""Triton kernels for FlashAttention and the autograd Function around them (chapters 7-9, 11).
 
 - ``forward``:   the FlashAttention-2 forward kernel (online softmax, exp2, causal tile skipping)
 - ``backward``:  delta preprocess, the dK/dV kernel, the dQ kernel (or atomic dQ)
 - ``configs``:   block sizes, warps and stages per chip and head_dim, with a shared-memory filter
 - ``autograd``:  input checks, kernel launches (``flash_forward``, ``flash_backward``)
                  and the differentiable ``flash_attention``
+- ``decode``:    flash-decoding: a few new tokens against a KV cache, split over the keys,
+                 the splits merged with chapter 3's merge (``flash_decode``, chapter 11)
 - ``targets``:   compiling for sm_75 / sm_80 / sm_90 without that GPU (shared memory per config)
 - ``checks``:    references and error yardsticks for tests and self-checks
 - ``probes``:    ``stage_map``: which key tiles each query tile visits, as the kernels' own
@@ -21,8 +23,9 @@ from .autograd import (
     set_autotune,
     set_fp32_precision,
 )
+from .decode import flash_decode
 
 __all__ = [
     "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs",
-    "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
+    "flash_decode", "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
 ]

@@ -76,12 +76,16 @@ def set_autotune(enabled: bool) -> None:
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def check_inputs(q, k, v, causal, scale, dq_mode="separate"):
+def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k", "v")):
     """Validate the arguments of ``flash_attention``; return the resolved scale.
+
+    ``names`` are the arguments' names in the errors (``flash_decode`` calls k and v
+    ``k_cache`` and ``v_cache``).
 
     Raises TypeError / ValueError naming the argument and what was expected.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    qn, kn, vn = names
+    for name, x in ((qn, q), (kn, k), (vn, v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
@@ -92,9 +96,9 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate"):
         if x.numel() == 0:
             raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"{qn}, {kn} and {vn} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
+        raise ValueError(f"{qn}, {kn} and {vn} must be on the same device, got {q.device}, {k.device}, {v.device}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     if dq_mode not in DQ_MODES:
@@ -102,34 +106,34 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate"):
 
     batch, heads, _, head_dim = q.shape
     if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"k and v must have q's batch size {batch}, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have {qn}'s batch size {batch}, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
     if k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same number of heads, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have the same number of heads, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
     if heads % k.shape[1] != 0:
-        raise ValueError(f"k's number of heads ({k.shape[1]}) must divide q's ({heads}) "
-                         f"(grouped-query attention), got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(f"{kn}'s number of heads ({k.shape[1]}) must divide {qn}'s ({heads}) "
+                         f"(grouped-query attention), got {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}")
     if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must have the same sequence length, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have the same sequence length, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
     if k.shape[3] != head_dim:
-        raise ValueError(f"k must have q's head_dim {head_dim}, got k {tuple(k.shape)}")
+        raise ValueError(f"{kn} must have {qn}'s head_dim {head_dim}, got {kn} {tuple(k.shape)}")
     if v.shape[3] != head_dim:
-        raise ValueError(f"v must have q's head_dim {head_dim}, got v {tuple(v.shape)}")
+        raise ValueError(f"{vn} must have {qn}'s head_dim {head_dim}, got {vn} {tuple(v.shape)}")
     if head_dim > configs.MAX_HEAD_DIM:
-        raise ValueError(f"q's head_dim must be at most {configs.MAX_HEAD_DIM}, got {head_dim}")
+        raise ValueError(f"{qn}'s head_dim must be at most {configs.MAX_HEAD_DIM}, got {head_dim}")
 
     if runtime.device() == "cuda":
         if q.device.type != "cuda":
-            raise ValueError(f"q, k and v must be CUDA tensors on this machine (the kernels run on "
+            raise ValueError(f"{qn}, {kn} and {vn} must be CUDA tensors on this machine (the kernels run on "
                              f"the GPU), got device {q.device}; move them with .cuda()")
     else:
         if q.device.type != "cpu":
-            raise ValueError(f"q, k and v must be CPU tensors here (the kernels run in Triton's "
+            raise ValueError(f"{qn}, {kn} and {vn} must be CPU tensors here (the kernels run in Triton's "
                              f"interpreter), got device {q.device}")
         problem = runtime.interpreter_problem()
         if problem:
             raise RuntimeError(problem)
         if q.dtype == torch.bfloat16:
-            raise TypeError("q, k and v are bfloat16, which Triton's CPU interpreter cannot compute "
+            raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
                             "correctly; use float16 or float32 here, or run on a CUDA GPU")
     return resolve_scale(scale, head_dim)
 

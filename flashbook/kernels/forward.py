@@ -137,6 +137,22 @@ def _fwd_inner(acc, row_max, row_sum, q,
 
 
 @triton.jit
+def normalised_rows(acc, row_max, row_sum, EXP2: tl.constexpr):
+    """The output rows acc / row_sum and the natural-log ``lse`` of each row.
+
+    A row that saw no key (causal, seq_q > seq_k; or an empty split of the keys)
+    has row_sum 0: output 0, lse -inf. With ``EXP2`` the row maxima are in log2 units.
+    """
+    seen = row_sum > 0.0
+    acc = acc / tl.where(seen, row_sum, 1.0)[:, None]
+    if EXP2:
+        lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * LN2, float("-inf"))
+    else:
+        lse = tl.where(seen, row_max + tl.log(tl.where(seen, row_sum, 1.0)), float("-inf"))
+    return acc, lse
+
+
+@triton.jit
 def _attn_fwd(Q, K, V, O, LSE,
               stride_qb, stride_qh, stride_qm,
               stride_kb, stride_kh, stride_kn,
@@ -193,13 +209,7 @@ def _attn_fwd(Q, K, V, O, LSE,
         offs_m, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
         HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, EXP2)
 
-    # A row that saw no key (causal, seq_q > seq_k) has row_sum 0: output 0, lse -inf.
-    seen = row_sum > 0.0
-    acc = acc / tl.where(seen, row_sum, 1.0)[:, None]
-    if EXP2:
-        lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * LN2, float("-inf"))
-    else:
-        lse = tl.where(seen, row_max + tl.log(tl.where(seen, row_sum, 1.0)), float("-inf"))
+    acc, lse = normalised_rows(acc, row_max, row_sum, EXP2)
     row_ok = offs_m < seq_q
     tl.store(LSE + bh.to(tl.int64) * seq_q + offs_m, lse, mask=row_ok)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]

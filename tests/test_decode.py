@@ -1,0 +1,199 @@
+"""flash_decode: the split-K decode kernel (chapter 11), on the interpreter (or a GPU).
+
+Every case compares the output with the float64 truth (``flashbook.reference``,
+each sequence cut to its own length, KV heads repeated for their query group),
+with the book's criterion (``checks.within_twice_yardstick``, as in
+test_kernels.py): at most twice the error of plain PyTorch attention computed in
+the input dtype, plus floors of a few float32 ulps and eps/4 for rounding luck.
+The kernel keeps scores, softmax statistics, partial outputs and the merge in
+float32 and rounds only P before the P V product and o at the end, so it stays
+within that yardstick (which rounds S and P to the input dtype).
+
+The interpreter cases are small (tens of keys, head_dim 16-80, key tiles of 16
+there) so that each runs in about a second, yet cover: ragged lengths (one shorter
+than n_new, one 0), GQA (4 query heads on 2 KV heads) and MQA, causal and not,
+1 and 4 new tokens, one split, several, and more splits than key tiles, a
+head_dim that is not a power of two, more query rows than one tile, a transposed
+cache. GPU cases (``-m gpu``) run bf16 and fp16 at realistic sizes.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from flashbook import reference, runtime
+from flashbook.kernels import checks, flash_decode
+from flashbook.kernels.decode import MAX_SPLITS, choose_num_splits
+
+DEVICE = runtime.device()
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def truth_and_yardstick(q, k, v, lengths, causal, scale=None):
+    """float64 truth and the same-dtype PyTorch yardstick, per sequence over its own keys."""
+    group = q.shape[1] // k.shape[1]
+    want, yard = torch.zeros(q.shape, dtype=torch.float64), torch.zeros(q.shape, dtype=q.dtype)
+    for b, n in enumerate(lengths):
+        if n == 0:
+            continue  # no key at all: the output is 0
+        qb, kb, vb = q[b:b + 1].cpu(), k[b:b + 1, :, :n].cpu(), v[b:b + 1, :, :n].cpu()
+        want[b] = torch.from_numpy(reference.attention(
+            qb.double().numpy(), kb.double().repeat_interleave(group, 1).numpy(),
+            vb.double().repeat_interleave(group, 1).numpy(), causal=causal, scale=scale))[0]
+        yard[b] = checks.torch_attention(qb, kb, vb, causal=causal, scale=scale)[0]
+    return want, yard
+
+
+def run_case(b, h, h_kv, n_new, n_max, lengths, d, causal, num_splits, dtype, *, layout="bhsd",
+             scale=None, seed=None):
+    seed = random.randrange(2**31) if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    dtype = DTYPES[dtype]
+    q = torch.randn(b, h, n_new, d, generator=gen).to(dtype).to(DEVICE)
+    if layout == "bshd":  # caches stored (batch, seq, kv_heads, d), as many servers keep them
+        k, v = (torch.randn(b, n_max, h_kv, d, generator=gen).to(dtype).to(DEVICE).transpose(1, 2)
+                for _ in range(2))
+    else:
+        k, v = (torch.randn(b, h_kv, n_max, d, generator=gen).to(dtype).to(DEVICE) for _ in range(2))
+    seqlens = None if lengths is None else torch.tensor(lengths, device=DEVICE)
+    o = flash_decode(q, k, v, cache_seqlens=seqlens, num_splits=num_splits, causal=causal, scale=scale)
+    assert o.shape == q.shape and o.dtype == dtype
+    lengths = [n_max] * b if lengths is None else lengths
+    want, yard = truth_and_yardstick(q, k, v, lengths, causal, scale)
+    assert not torch.isnan(o).any(), f"seed {seed}: NaN in the output"
+    problem = checks.within_twice_yardstick("o", o.cpu(), want, yard, head_dim=d)
+    assert problem is None, f"seed {seed}: {problem}"
+    return o
+
+
+# (batch, heads, kv_heads, n_new, n_max, lengths, head_dim, causal, num_splits, dtype)
+CASES = {
+    "mha-1-token-causal-1-split": (2, 2, 2, 1, 50, [50, 17], 32, True, 1, "fp16"),
+    "mha-1-token-full-3-splits": (2, 2, 2, 1, 50, [50, 17], 32, False, 3, "fp32"),
+    "gqa-4-tokens-causal-3-splits": (2, 4, 2, 4, 70, [70, 33], 32, True, 3, "fp16"),
+    "gqa-4-tokens-full-1-split": (2, 4, 2, 4, 70, [5, 70], 16, False, 1, "fp32"),
+    "mqa-4-tokens-causal-2-splits": (2, 4, 1, 4, 45, [45, 2], 16, True, 2, "fp32"),  # 2 < n_new: rows see nothing
+    "mqa-1-token-full": (1, 4, 1, 1, 45, None, 16, False, 2, "fp16"),
+    "more-splits-than-tiles": (1, 4, 2, 1, 40, [40], 32, True, 7, "fp16"),   # 3 key tiles, 7 splits
+    "empty-sequence": (2, 2, 1, 2, 30, [0, 30], 16, True, 2, "fp32"),
+    "d80-default-splits": (1, 2, 2, 2, 37, None, 80, True, None, "fp16"),
+    "rows-past-one-tile": (1, 8, 1, 9, 20, [20], 16, True, 2, "fp32"),      # 72 rows: two row tiles
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference(case):
+    run_case(*CASES[case])
+
+
+def test_transposed_cache_and_custom_scale():
+    run_case(2, 4, 2, 3, 40, [40, 21], 32, True, 3, "fp16", layout="bshd", scale=0.3)
+
+
+def test_every_split_count_gives_the_same_output():
+    """1, 2, 5 and 9 splits of 3 key tiles: the merge makes them agree to float32 rounding."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q = torch.randn(1, 2, 2, 16, generator=gen).to(DEVICE)
+    k, v = (torch.randn(1, 1, 41, 16, generator=gen).to(DEVICE) for _ in range(2))
+    outs = [flash_decode(q, k, v, num_splits=s) for s in (1, 2, 5, 9)]
+    for s, o in zip((2, 5, 9), outs[1:]):
+        assert torch.allclose(o, outs[0], rtol=0, atol=1e-5), f"{s} splits differ from 1"  # fp32: ~1e-7
+
+
+# ------------------------------------------------------------ the split count
+
+def test_split_count_fills_the_gpu():
+    """An H200 (132 SMs, 2 programs per SM: 264 slots) at 32K keys in tiles of 64 (512
+    tiles): batch 1 with 8 KV heads takes 32 splits of 16 tiles, 256 programs in one
+    wave (33 would leave the same 16 tiles per split); batch 8 takes 4 (256 programs);
+    batch 64 (512 programs) takes none."""
+    assert choose_num_splits(1, 8, 32768, sm_count=132, block_n=64) == 32
+    assert choose_num_splits(8, 8, 32768, sm_count=132, block_n=64) == 4
+    assert choose_num_splits(64, 8, 32768, sm_count=132, block_n=64) == 1
+    for batch in (1, 2, 3, 8, 16, 32):
+        s = choose_num_splits(batch, 8, 131072, sm_count=132, block_n=64)
+        waves = batch * 8 * s / 264
+        assert 1 <= s <= MAX_SPLITS and waves / np.ceil(waves) >= 0.9, (batch, s)
+    # short caches: at least 2 key tiles per split
+    assert choose_num_splits(1, 8, 256, sm_count=132, block_n=64) == 2
+    assert choose_num_splits(1, 8, 64, sm_count=132, block_n=64) == 1
+    assert choose_num_splits(1, 1, 0, sm_count=132, block_n=64) == 1
+    assert choose_num_splits(1, 8, 32768, sm_count=1, block_n=16) == 1   # the interpreter
+
+
+def test_split_count_errors():
+    with pytest.raises(ValueError, match="sm_count must be >= 1"):
+        choose_num_splits(1, 8, 1024, sm_count=0, block_n=64)
+    with pytest.raises(TypeError, match="batch must be an integer"):
+        choose_num_splits(1.5, 8, 1024, sm_count=132, block_n=64)
+
+
+# ------------------------------------------------------------ errors
+
+def _inputs(b=1, h=4, h_kv=2, n_new=1, n_max=20, d=16, dtype=torch.float32):
+    q = torch.randn(b, h, n_new, d, dtype=dtype, device=DEVICE)
+    k = torch.randn(b, h_kv, n_max, d, dtype=dtype, device=DEVICE)
+    return q, k, torch.randn_like(k)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"num_splits": 0}, ValueError, "num_splits must be >= 1"),
+    ({"num_splits": MAX_SPLITS + 1}, ValueError, f"num_splits must be at most {MAX_SPLITS}"),
+    ({"num_splits": 2.0}, TypeError, "num_splits must be an integer"),
+    ({"causal": 1}, TypeError, "causal must be True or False"),
+    ({"scale": -1.0}, ValueError, "scale must be a finite number > 0"),
+    ({"cache_seqlens": [20]}, TypeError, "cache_seqlens must be a torch.Tensor"),
+    ({"cache_seqlens": torch.tensor([20.0])}, TypeError, "cache_seqlens must be int32 or int64"),
+    ({"cache_seqlens": torch.tensor([20, 20])}, ValueError, r"cache_seqlens must have shape \(1,\)"),
+    ({"cache_seqlens": torch.tensor([21])}, ValueError, r"cache_seqlens must be in \[0, 20\]"),
+    ({"cache_seqlens": torch.tensor([-1])}, ValueError, r"cache_seqlens must be in \[0, 20\]"),
+])
+def test_bad_arguments(kwargs, error, match):
+    q, k, v = _inputs()
+    if isinstance(kwargs.get("cache_seqlens"), torch.Tensor):
+        kwargs = {**kwargs, "cache_seqlens": kwargs["cache_seqlens"].to(DEVICE)}
+    with pytest.raises(error, match=match):
+        flash_decode(q, k, v, **kwargs)
+
+
+def test_bad_tensors_are_named():
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match="1 to 16 new tokens"):
+        flash_decode(torch.randn(1, 4, 17, 16, device=DEVICE), k, v)
+    with pytest.raises(ValueError, match=r"k_cache's number of heads \(3\) must divide q's \(4\)"):
+        flash_decode(q, *_inputs(h_kv=3)[1:])
+    with pytest.raises(ValueError, match="k_cache and v_cache must have the same sequence length"):
+        flash_decode(q, k, v[:, :, :10])
+    with pytest.raises(TypeError, match="q, k_cache and v_cache must have the same dtype"):
+        flash_decode(q, k.half(), v)
+    with pytest.raises(ValueError, match="v_cache must have 4 dimensions"):
+        flash_decode(q, k, v[0])
+    with pytest.raises(TypeError, match="k_cache must be a torch.Tensor"):
+        flash_decode(q, k.cpu().numpy(), v)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's refusal of bfloat16")
+def test_bfloat16_is_refused_on_the_interpreter():
+    with pytest.raises(TypeError, match="bfloat16"):
+        flash_decode(*_inputs(dtype=torch.bfloat16))
+
+
+# ------------------------------------------------------------ on a GPU
+
+GPU_CASES = {  # (batch, heads, kv_heads, n_new, n_max, lengths, head_dim, causal, num_splits)
+    "b1-32k-gqa-default-splits": (1, 32, 8, 1, 32768, None, 128, True, None),
+    "b4-ragged-4-tokens": (4, 32, 8, 4, 8192, [8192, 1, 3000, 4097], 128, True, None),
+    "b3-ragged-full-many-splits": (3, 16, 2, 2, 5000, [5000, 129, 2500], 64, False, 128),
+    "b8-mqa-16-tokens": (8, 16, 1, 16, 2048, [2048, 1000, 17, 2047, 5, 1024, 1500, 64], 128, True, 5),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(GPU_CASES))
+def test_gpu_realistic_sizes(case, dtype):
+    run_case(*GPU_CASES[case], dtype)
