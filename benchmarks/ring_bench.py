@@ -16,7 +16,7 @@ causal, zigzag layout, forward + backward:
   messages: compute only (no sends), communication only (no attention), and both
   overlapped; hidden fraction = (compute + comm - overlapped) / comm.
 
-Writes DIR/ring.csv and DIR/ring.json (GPU, driver, torch, triton, NCCL, date,
+Writes DIR/ring.csv and DIR/ring_provenance.json (GPU, driver, torch, triton, NCCL, date,
 command, git commit). NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0.
 """
 from __future__ import annotations
@@ -204,7 +204,7 @@ def environment(args) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="directory for ring.csv and ring.json")
+    p.add_argument("--out", required=True, help="directory for ring.csv and ring_provenance.json")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="two gloo processes on the CPU at tiny sizes (checks the script runs)")
     p.add_argument("--seqs", type=bench.parse_seq_list, default=None, help="e.g. 16K,32K,64K,128K")
@@ -242,9 +242,9 @@ def main(argv=None) -> int:
     prov["elapsed_s"] = round(time.time() - start, 1)
     csv = bench.write_csv(rows, os.path.join(args.out, "ring.csv"), FIELDS)
     prov["files"] = {"ring.csv": os.path.basename(csv)}
-    with open(os.path.join(args.out, "ring.json"), "w") as f:
+    with open(os.path.join(args.out, "ring_provenance.json"), "w") as f:
         json.dump(prov, f, indent=1, default=str)
-    print(f"wrote {args.out}/ring.csv and ring.json in {prov['elapsed_s']} s")
+    print(f"wrote {args.out}/ring.csv and ring_provenance.json in {prov['elapsed_s']} s")
     return 0 if all(r["check"] == "pass" for r in rows) else 1
 
 

@@ -162,17 +162,20 @@ def step_blocks(rank: int, source: int, world_size: int, *, layout: str = "conti
     return blocks
 
 
-def causal_work(world_size: int, layout: str = "contiguous", causal: bool = True) -> list[list[int]]:
-    """work[r][t]: how many (query chunk, key chunk) pairs rank r computes at ring step t
-    (a diagonal pair counts one half)."""
+def causal_work(world_size: int, layout: str = "contiguous", causal: bool = True) -> list[list[float]]:
+    """work[r][t]: the attention rank r computes at ring step t, in units of one
+    (N/W) x (N/W) block of scores (a zigzag chunk pair is a quarter of one; a
+    diagonal pair, half masked, counts half)."""
+    per_rank = len(chunk_ids(0, world_size, layout))
+    weight = {FULL: 1.0, DIAGONAL: 0.5, SKIP: 0.0}
     rows = []
     for r in range(world_size):
         row = []
         for t in range(world_size):
             s = (r - t) % world_size
-            kinds = [pair_kind(i, j, causal) for i in chunk_ids(r, world_size, layout)
-                     for j in chunk_ids(s, world_size, layout)]
-            row.append(sum({FULL: 1.0, DIAGONAL: 0.5, SKIP: 0.0}[k] for k in kinds))
+            pairs = sum(weight[pair_kind(i, j, causal)] for i in chunk_ids(r, world_size, layout)
+                        for j in chunk_ids(s, world_size, layout))
+            row.append(pairs / per_rank ** 2)
         rows.append(row)
     return rows
 

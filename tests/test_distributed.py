@@ -136,9 +136,9 @@ def test_zigzag_holds_chunks_r_and_mirror():
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_zigzag_balances_causal_work(world):
     work = np.array(D.causal_work(world, "zigzag"))
-    total = (2 * world) ** 2 / 2                 # half of the (2W)^2 chunk pairs
+    total = world ** 2 / 2                       # half of the W x W blocks of scores
     assert work.sum() == total
-    assert np.all(work.sum(axis=1) == total / world), work
+    assert np.all(work == total / world ** 2), work   # the same work on every rank at every step
     contiguous = np.array(D.causal_work(world, "contiguous")).sum(axis=1)
     assert contiguous[0] == 0.5 and contiguous[-1] == world - 0.5
 
