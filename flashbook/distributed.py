@@ -250,6 +250,8 @@ def _group_info(group):
         raise RuntimeError("ring_attention needs an initialised process group: call "
                            "torch.distributed.init_process_group first (or use "
                            "flashbook.distributed.spawn)")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed process group or None, got {type(group).__name__}")
     group = group if group is not None else dist.group.WORLD
     try:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -330,6 +332,7 @@ def _ring_forward(q, k, v, *, causal, scale, layout, ring, rank, world, compute=
     (same blocks, same messages): the benchmark times each part alone.
     """
     chunk = q.shape[2] // len(chunk_ids(rank, world, layout))
+    communicate = communicate and world > 1          # a ring of one sends nothing
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     o = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     lse = torch.full(q.shape[:3], -math.inf, dtype=acc_dtype, device=q.device)
@@ -361,6 +364,7 @@ def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring, rank, wo
     step one more hop brings the complete dK/dV to the rank that owns the block.
     """
     chunk = q.shape[2] // len(chunk_ids(rank, world, layout))
+    communicate = communicate and world > 1          # a ring of one sends nothing
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     kv = torch.stack([k, v]).contiguous()

@@ -179,6 +179,24 @@ def test_merge_partials_matches_softmax_merge(rng):
     assert torch.equal(o, torch.zeros(2, 3, dtype=torch.float64)) and torch.all(lse == -np.inf)
 
 
+def test_ring_of_one_in_this_process(rng):
+    """A group of one rank: the ring is plain attention (no sends), forward and backward."""
+    q, k, v, do = (torch.from_numpy(rng.standard_normal((2, 3, 10, 4))) for _ in range(4))
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{D.free_port()}",
+                                         rank=0, world_size=1)
+    try:
+        for layout, causal in CASES:
+            got = _ring([q, k, v, do], causal, layout)
+            want = _numpy_reference(q, k, v, do, causal)
+            for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
+                err = (a - b).abs().max().item()
+                assert err < ATOL, f"{layout}, causal={causal}: {name} max error {err:.2e}"
+        with pytest.raises(TypeError, match="group must be"):
+            D.ring_attention(q, k, v, group="world")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_errors():
     x = torch.randn(1, 2, 6, 4)
     with pytest.raises(ValueError, match="divide into 4 equal chunks"):
