@@ -368,7 +368,7 @@ def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring, rank, wo
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     kv = torch.stack([k, v]).contiguous()
-    incoming = None                        # (works, buffer): dK/dV sums on their way to us
+    incoming = None                        # (works, buffer, ...): dK/dV sums on their way to us
     for t in range(world):
         works = []
         if t < world - 1 and communicate:  # the next K/V block travels while we compute
@@ -387,8 +387,11 @@ def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring, rank, wo
         if incoming is not None:           # what the earlier ranks summed for this block
             ring.wait(incoming[0])
             dkv += incoming[1]
-        buffer = torch.empty_like(dkv)
-        incoming = (ring.start([dkv], [buffer]) if communicate else [], buffer if communicate else dkv)
+        if communicate:                    # dkv is kept referenced until its send completes
+            buffer = torch.empty_like(dkv)
+            incoming = (ring.start([dkv], [buffer]), buffer, dkv)
+        else:
+            incoming = ([], dkv)
         ring.wait(works)
         if works:
             kv = nxt
