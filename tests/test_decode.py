@@ -197,3 +197,41 @@ GPU_CASES = {  # (batch, heads, kv_heads, n_new, n_max, lengths, head_dim, causa
 @pytest.mark.parametrize("case", list(GPU_CASES))
 def test_gpu_realistic_sizes(case, dtype):
     run_case(*GPU_CASES[case], dtype)
+
+
+# ------------------------------------------------------------ the GPU benchmark's CPU-checkable part
+
+def _decode_bench():
+    import importlib.util
+    import os
+    import sys
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "decode_bench.py")
+    spec = importlib.util.spec_from_file_location("decode_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["decode_bench"] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_bench_plan_and_judge():
+    """benchmarks/decode_bench.py: bytes, plan and argument errors; and its correctness
+    judgement of flash_decode and SDPA's math backend on a small float32 case here."""
+    db = _decode_bench()
+    assert db.kv_bytes(1, 32768) == 2 * 8 * 32768 * 128 * 2
+    assert [s for *_, s in db.plan((1, 64), (1024, 131072), memory_bytes=40e9)] == [None, None, None, "skipped-memory"]
+    assert db.main(["--dry-run", "--batches", "1", "--seqs", "1K"]) == 0
+    with pytest.raises(SystemExit):
+        db.parse_args(["--impl", "sdpa-nothing", "--out", "x"])
+    if DEVICE != "cpu":
+        return
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q = torch.randn(1, db.HEADS, 1, db.HEAD_DIM, generator=gen)
+    k, v = (torch.randn(1, db.KV_HEADS, 40, db.HEAD_DIM, generator=gen) for _ in range(2))
+    want, yardstick = db.reference_batch0(q, k, v)
+    impls = db.implementations()
+    for name in ("flash_decode", "sdpa-math"):
+        call, _ = impls[name](q, k, v)
+        row = db.Row(1, 40, name)
+        db.judge(row, call(), want, yardstick)
+        assert row.check == "pass" and row.rel_error < 1e-5, (name, row)

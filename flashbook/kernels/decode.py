@@ -188,7 +188,8 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
     return next(s for s in range(1, most + 1) if time(s) <= 1.05 * best)
 
 
-def decode_tiles(head_dim: int, elem_bytes: int, n_rows: int) -> tuple[int, int, int, int]:
+def decode_tiles(head_dim: int, elem_bytes: int, n_rows: int, *,
+                 interpreter: bool | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head_dim, an element size and
     ``n_rows = group * n_new`` query rows.
 
@@ -197,11 +198,11 @@ def decode_tiles(head_dim: int, elem_bytes: int, n_rows: int) -> tuple[int, int,
     tile together are 32 KiB (64 keys at d = 128 in 16-bit), 3 stages deep: the
     loads of about two tiles are in flight while one is used, which the memory
     system needs to stream at full speed. The interpreter takes 16 keys, so that
-    small test caches span several tiles.
+    small test caches span several tiles (``interpreter``: None means "if it runs here").
     """
     bd = block_d(head_dim)
     block_m = min(MAX_ROWS, max(16, triton.next_power_of_2(n_rows)))
-    if runtime.INTERPRET:
+    if runtime.INTERPRET if interpreter is None else interpreter:
         return block_m, 16, 4, 1
     block_n = max(16, min(128, 32768 // (2 * bd * elem_bytes)))
     return block_m, block_n, 4, 3 if elem_bytes == 2 else 2

@@ -26,14 +26,21 @@ _ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 def _kernel_fn(kernel: str):
     from .backward import _bwd_dkdv, _bwd_dq
+    from .decode import _decode_combine, _decode_fwd
     from .forward import _attn_fwd
 
-    return {"forward": _attn_fwd, "backward_dkdv": _bwd_dkdv, "backward_dq": _bwd_dq}[kernel]
+    return {"forward": _attn_fwd, "backward_dkdv": _bwd_dkdv, "backward_dq": _bwd_dq,
+            "decode": _decode_fwd, "decode_combine": _decode_combine}[kernel]
 
 
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
-                   causal: bool = True, atomic_dq: bool = False):
-    """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel."""
+                   causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True):
+    """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
+
+    The decode kernels (``flash_decode``, chapter 11) take ``n_new`` new tokens; with
+    ``splits`` the decode kernel writes float32 partial results for the combine kernel
+    (whose ``config.block_n`` is the number of splits it holds, BLOCK_S).
+    """
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -43,15 +50,24 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "CAUSAL": causal,
         "DOT_PRECISION": "tf32",  # what autograd passes; it only matters for fp32 inputs
     }
+    fp32 = {"LSE", "DELTA"} | ({"DQ"} if atomic_dq else set())
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
     if kernel == "forward":  # the library's own features (chapter 10's top rung)
         constexprs.update(EXP2=True, SKIP_MASKED=True, SPLIT=True, HEAVY_FIRST=True)
+    if kernel == "decode":
+        constexprs.update(N_NEW=n_new, HAS_SEQLENS=True)
+        fp32 |= {"O"} if splits else set()
+    if kernel == "decode_combine":
+        constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_S": config.block_n}
+        fp32 |= {"O_PART"}
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in ("LSE", "DELTA") or (name == "DQ" and atomic_dq):
+        elif name == "SEQLENS":
+            signature[name] = "*i32"
+        elif name in fp32:
             signature[name] = "*fp32"
         elif name.isupper():  # a tensor: Q, K, V, O, DO, DK, DV, DQ
             signature[name] = f"*{dtype}"
@@ -96,7 +112,8 @@ def run_job(job: dict) -> dict:
     try:
         compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
                                   dtype=job["dtype"], causal=job.get("causal", True),
-                                  atomic_dq=job.get("atomic_dq", False))
+                                  atomic_dq=job.get("atomic_dq", False), n_new=job.get("n_new", 1),
+                                  splits=job.get("splits", True))
         out["shared"] = int(compiled.metadata.shared)
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.

@@ -1,0 +1,375 @@
+"""Time flash-decoding on a GPU: flash_decode against SDPA's backends and flash_attention.
+
+    PYTHONPATH=. python3 benchmarks/decode_bench.py --out DIR [--sweep-splits] [--sweep-tiles]
+    PYTHONPATH=. python3 benchmarks/decode_bench.py --dry-run      # the plan, on any machine
+
+One decoding step of a model with 32 query heads sharing 8 KV heads (GQA),
+head_dim 128, bf16, one new token per sequence (N_new = 1), for batch 1, 8, 64
+and cache lengths N = 1K, 2K, ..., 128K. Every implementation gets the same
+fresh standard-normal q and cache and is timed as
+
+* ``flash_decode``: this book's split-K kernel, the split count its own choice;
+* ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math``: torch's
+  ``scaled_dot_product_attention`` held to one backend, with ``enable_gqa=True``
+  where the backend takes it, else with K/V repeated to 32 heads beforehand (the
+  repeat is not timed; the ``gqa`` column says which);
+* ``flash_attention``: the book's forward kernel (chapter 7), one program per
+  query tile of each head, no split of the keys.
+
+With one new token the causal mask hides nothing (the token is the last
+position), so SDPA runs without a mask (its ``is_causal`` is top-left aligned)
+and the book's kernels with ``causal=True``: the same attention.
+
+Two times per implementation, both the median over calls with the L2 cache
+flushed before each (``flashbook.bench.CudaTimer``): ``ms``, the call from Python
+(CPU overheads included when they exceed the GPU's work), and ``graph_ms``, the
+same call captured in a CUDA graph and replayed (the GPU's time alone, as
+serving engines run their decoding steps). Bandwidth: KV-cache bytes read
+(2 x batch x 8 x N x 128 x 2 bytes) per second, against the device-to-device
+copy bandwidth measured here with a 4 GiB ``torch`` copy, counting the bytes read
+plus the bytes written (the convention of ``cudaMemcpy`` bandwidth tests).
+
+Correctness of every timed output: batch 0 against a float64 reference on the
+GPU, by the book's criterion (``checks.within_twice_yardstick``: at most twice
+the error of PyTorch attention computed in bf16), and its relative error.
+
+Writes DIR/decode.csv, DIR/provenance.json (GPU, driver, torch, triton, date,
+command, git commit...), and with ``--sweep-splits`` DIR/decode_splits.csv (the
+time of every split count at a few shapes, and which one ``choose_num_splits``
+picks), with ``--sweep-tiles`` DIR/decode_tiles.csv (key tile, warps, stages).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
+from flashbook import bench  # noqa: E402
+from flashbook.kernels import checks, decode, flash_attention, flash_decode  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, N_NEW = 32, 8, 128, 1
+BATCHES = (1, 8, 64)
+SEQS = tuple(1024 * 2**i for i in range(8))            # 1K ... 128K
+IMPLS = ("flash_decode", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flash_attention")
+SPLIT_SHAPES = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 8192))
+SPLIT_COUNTS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128)
+TILE_SHAPES = ((1, 32768), (8, 32768), (64, 16384))
+TILE_GRID = [(bn, w, s) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
+BYTES = 2                                              # bf16
+COPY_BYTES = 4 * 2**30
+
+
+@dataclasses.dataclass
+class Row:
+    batch: int
+    seq: int
+    impl: str
+    status: str = "ok"            # ok, oom, unsupported, error, skipped-memory, skipped-time
+    ms: float | None = None       # median time of the call from Python
+    graph_ms: float | None = None  # median time of the call replayed from a CUDA graph
+    kv_bytes: int = 0
+    kv_tb_s: float | None = None          # KV-cache bytes / ms
+    kv_tb_s_graph: float | None = None    # KV-cache bytes / graph_ms
+    copy_fraction: float | None = None        # kv_tb_s / measured copy bandwidth
+    copy_fraction_graph: float | None = None  # kv_tb_s_graph / measured copy bandwidth
+    num_splits: int | None = None
+    gqa: str | None = None        # how GQA reached the implementation
+    max_error: float | None = None
+    rel_error: float | None = None
+    check: str | None = None      # "pass" / the book's criterion's complaint
+    note: str | None = None
+
+
+FIELDS = [f.name for f in dataclasses.fields(Row)]
+
+
+def kv_bytes(batch: int, seq: int) -> int:
+    """Bytes of the K and V caches one decoding step reads."""
+    return 2 * batch * KV_HEADS * seq * HEAD_DIM * BYTES
+
+
+def plan(batches=BATCHES, seqs=SEQS, memory_bytes: float = 141e9) -> list[tuple[int, int, str | None]]:
+    """(batch, seq, why skipped or None): caches that fit in half the GPU's memory run
+    (the other half is room for the outputs, the expanded K/V of SDPA backends
+    without GQA, and the float64 reference)."""
+    return [(b, n, None if kv_bytes(b, n) <= memory_bytes / 2 else "skipped-memory")
+            for b in batches for n in seqs]
+
+
+# ------------------------------------------------------------------ timing
+
+def graph_replay(fn):
+    """``fn`` captured in a CUDA graph (after two warm-up calls on a side stream); returns
+    the replay function and the output the graph writes to."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+def copy_bandwidth(timer) -> dict:
+    """Device-to-device copy of COPY_BYTES: (read + written bytes) / median time."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes_copied": COPY_BYTES, "ms": ms, "tb_s_read_plus_write": 2 * COPY_BYTES / ms / 1e9,
+            "convention": "bytes read + bytes written per second (2 x bytes copied / time)"}
+
+
+# ------------------------------------------------------------------ the implementations
+
+def _sdpa(backend: str):
+    """SDPA on one backend: GQA as enable_gqa if the backend takes it, else K/V repeated
+    (outside the timed call). Returns (call, gqa mode)."""
+    attention = bench.sdpa_attention(backend)
+
+    def prepare(q, k, v):
+        try:
+            attention(q, k, v)
+            return (lambda: attention(q, k, v)), "enable_gqa"
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:  # this backend has no GQA: repeat the heads
+            g = q.shape[1] // k.shape[1]
+            ke, ve = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+            return (lambda: attention(q, ke, ve)), "repeated"
+    return prepare
+
+
+def implementations():
+    def ours(q, k, v):
+        return (lambda: flash_decode(q, k, v)), "one tile per KV head"
+
+    def forward_kernel(q, k, v):
+        return (lambda: flash_attention(q, k, v, causal=True)), "kernel indexes the KV head"
+
+    found = {"flash_decode": ours, "flash_attention": forward_kernel}
+    for backend in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"):
+        found[backend] = _sdpa(backend)
+    return found
+
+
+def reference_batch0(q, k, v):
+    """float64 truth and the bf16 PyTorch yardstick for batch 0 (on the GPU)."""
+    g = q.shape[1] // k.shape[1]
+    q0, k0, v0 = q[:1], k[:1], v[:1]
+    s = (q0.double() @ k0.double().repeat_interleave(g, 1).transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    want = torch.softmax(s, dim=-1) @ v0.double().repeat_interleave(g, 1)
+    return want.cpu(), checks.torch_attention(q0, k0, v0).cpu()
+
+
+def judge(row: Row, o, want, yardstick):
+    got = o[:1].detach().cpu()
+    row.max_error, _ = checks.max_error(got, want)
+    row.rel_error = float((got.double() - want).norm() / want.norm())
+    problem = checks.within_twice_yardstick("o", got, want, yardstick, head_dim=HEAD_DIM)
+    row.check = "pass" if problem is None else problem
+
+
+def run_shape(batch, seq, impls, timer, copy_tb_s, deadline) -> list[Row]:
+    gen = torch.Generator(device="cuda").manual_seed(batch * 1_000_003 + seq)
+    q = torch.randn(batch, HEADS, N_NEW, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(batch, KV_HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    want, yardstick = reference_batch0(q, k, v)
+    rows = []
+    for name, prepare in impls.items():
+        row = Row(batch, seq, name, kv_bytes=kv_bytes(batch, seq))
+        if name == "flash_decode":
+            tiles = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)
+            row.num_splits = decode.choose_num_splits(batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device),
+                                                      block_n=tiles[1])
+        if time.time() > deadline and name not in ("flash_decode", "sdpa-flash"):
+            row.status = "skipped-time"
+            rows.append(row)
+            continue
+        try:
+            call, row.gqa = prepare(q, k, v)
+            judge(row, call(), want, yardstick)
+            row.ms = timer(call)
+            replay, _ = graph_replay(call)
+            row.graph_ms = timer(replay)
+        except Exception as e:  # noqa: BLE001 - recorded (oom, unsupported, ...), and the table goes on
+            row.status, row.note = bench.classify_error(e, name)
+            if row.status == "cuda-error":  # the CUDA context is lost: nothing after this can run
+                raise
+        for t, bw, frac in (("ms", "kv_tb_s", "copy_fraction"), ("graph_ms", "kv_tb_s_graph", "copy_fraction_graph")):
+            if getattr(row, t):
+                setattr(row, bw, row.kv_bytes / getattr(row, t) / 1e9)
+                setattr(row, frac, getattr(row, bw) / copy_tb_s)
+        rows.append(row)
+        torch.cuda.empty_cache()
+    del q, k, v
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ------------------------------------------------------------------ sweeps
+
+def sweep_splits(timer, copy_tb_s) -> list[dict]:
+    rows = []
+    for batch, seq in SPLIT_SHAPES:
+        q = torch.randn(batch, HEADS, N_NEW, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, KV_HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        block_n = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)[1]
+        chosen = decode.choose_num_splits(batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device), block_n=block_n)
+        for s in sorted(set(SPLIT_COUNTS) | {chosen}):
+            replay, _ = graph_replay(lambda: flash_decode(q, k, v, num_splits=s))
+            ms = timer(replay)
+            rows.append({"batch": batch, "seq": seq, "num_splits": s, "chosen": s == chosen, "graph_ms": ms,
+                         "copy_fraction_graph": kv_bytes(batch, seq) / ms / 1e9 / copy_tb_s})
+            print(rows[-1], flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+@contextlib.contextmanager
+def tiles_fixed(block_n, num_warps, num_stages):
+    """flash_decode with other key tiles, warps and stages (for the sweep only)."""
+    original = decode.decode_tiles
+
+    def fixed(head_dim, elem_bytes, n_rows, *, interpreter=None):
+        return original(head_dim, elem_bytes, n_rows)[0], block_n, num_warps, num_stages
+    decode.decode_tiles = fixed
+    try:
+        yield
+    finally:
+        decode.decode_tiles = original
+
+
+def sweep_tiles(timer, copy_tb_s) -> list[dict]:
+    rows = []
+    for batch, seq in TILE_SHAPES:
+        q = torch.randn(batch, HEADS, N_NEW, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, KV_HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        default = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)
+        for block_n, warps, stages in TILE_GRID:
+            row = {"batch": batch, "seq": seq, "block_n": block_n, "num_warps": warps, "num_stages": stages,
+                   "default": (block_n, warps, stages) == tuple(default[1:])}
+            try:
+                with tiles_fixed(block_n, warps, stages):
+                    replay, _ = graph_replay(lambda: flash_decode(q, k, v))
+                    row["graph_ms"] = timer(replay)
+                row["copy_fraction_graph"] = kv_bytes(batch, seq) / row["graph_ms"] / 1e9 / copy_tb_s
+            except Exception as e:  # noqa: BLE001 - out of shared memory, say
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+            print(row, flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ------------------------------------------------------------------ main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="directory for decode.csv and provenance.json (required unless --dry-run)")
+    p.add_argument("--batches", type=bench.parse_int_list, default=BATCHES, help="comma-separated, e.g. 1,8,64")
+    p.add_argument("--seqs", type=bench.parse_seq_list, default=SEQS, help="comma-separated, e.g. 1K,32K")
+    p.add_argument("--impl", type=lambda s: tuple(x.strip() for x in s.split(",")), default=IMPLS,
+                   help=f"comma-separated subset of {','.join(IMPLS)}")
+    p.add_argument("--sweep-splits", action="store_true", help="time every split count at a few shapes")
+    p.add_argument("--sweep-tiles", action="store_true", help="time key tiles x warps x stages at a few shapes")
+    p.add_argument("--rep-ms", type=float, default=60.0, help="timed calls per measurement, in ms of work")
+    p.add_argument("--budget-s", type=float, default=200.0,
+                   help="after this many seconds only flash_decode and sdpa-flash are still timed")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+    args = p.parse_args(argv)
+    unknown = set(args.impl) - set(IMPLS)
+    if unknown:
+        p.error(f"--impl: unknown {sorted(unknown)}; choose from {IMPLS}")
+    if not args.dry_run and not args.out:
+        p.error("--out DIR is required")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    memory = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 141e9
+    shapes = plan(args.batches, args.seqs, memory)
+    if args.dry_run:
+        for b, n, skip in shapes:
+            print(f"batch {b:3d}  N {n:7d}  KV cache {kv_bytes(b, n) / 1e9:7.2f} GB  {skip or 'run'}")
+        return 0
+    if flashbook.runtime.device() != "cuda":
+        print("decode_bench.py needs a CUDA GPU (--dry-run prints the plan anywhere)", file=sys.stderr)
+        return 2
+    start = time.time()
+    os.makedirs(args.out, exist_ok=True)
+    prov = bench.collect_provenance(argv)
+    prov["command"] = "python3 benchmarks/decode_bench.py " + " ".join(argv)
+    prov["settings"] = {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "n_new": N_NEW,
+                        "dtype": "bf16", "batches": list(args.batches), "seqs": list(args.seqs),
+                        "impl": list(args.impl), "rep_ms": args.rep_ms, "budget_s": args.budget_s,
+                        "decode_tiles": decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW),
+                        "sm_count": decode.sm_count(torch.device("cuda"))}
+    prov["timing"] = {"method": "flashbook.bench.CudaTimer: CUDA events around each call, a 256 MB buffer "
+                                "written before each timed call (L2 flushed), median",
+                      "ms": "the call from Python", "graph_ms": "the same call captured in a CUDA graph, replayed",
+                      "rep_ms": args.rep_ms}
+    prov["conventions"] = {
+        "kv_bytes": "2 * batch * kv_heads * seq * head_dim * 2 (K and V caches, bf16), read once",
+        "kv_tb_s": "kv_bytes / time",
+        "copy_bandwidth": "device-to-device torch copy of 4 GiB: (bytes read + bytes written) / median time",
+        "copy_fraction": "kv_tb_s / copy bandwidth",
+        "causal": "one new token sees the whole cache: SDPA unmasked, the book's kernels causal=True (same)",
+        "check": "batch 0 vs float64: within twice the max error of PyTorch attention in bf16 "
+                 "(flashbook.kernels.checks.within_twice_yardstick)",
+    }
+    timer = bench.CudaTimer(rep_ms=args.rep_ms)
+    copy = copy_bandwidth(timer)
+    prov["copy_bandwidth"] = copy
+    print(f"copy bandwidth {copy['tb_s_read_plus_write']:.2f} TB/s (read + write)", flush=True)
+    impls = {k: fn for k, fn in implementations().items() if k in args.impl}
+    deadline = start + args.budget_s
+    rows = []
+    for batch, seq, skip in shapes:
+        if skip:
+            rows += [Row(batch, seq, name, status=skip, kv_bytes=kv_bytes(batch, seq)) for name in impls]
+            continue
+        for row in run_shape(batch, seq, impls, timer, copy["tb_s_read_plus_write"], deadline):
+            rows.append(row)
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in dataclasses.asdict(row).items()
+                   if k in ("batch", "seq", "impl", "status", "ms", "graph_ms", "copy_fraction_graph",
+                            "num_splits", "check")}, flush=True)
+        bench.write_csv(rows, os.path.join(args.out, "decode.csv"), FIELDS)
+    prov["files"]["decode.csv"] = "one row per (batch, seq, impl)"
+    if args.sweep_splits:
+        split_rows = sweep_splits(timer, copy["tb_s_read_plus_write"])
+        bench.write_csv(split_rows, os.path.join(args.out, "decode_splits.csv"), list(split_rows[0]))
+        prov["files"]["decode_splits.csv"] = "flash_decode graph time for each num_splits at a few shapes"
+    if args.sweep_tiles:
+        tile_rows = sweep_tiles(timer, copy["tb_s_read_plus_write"])
+        fields = ["batch", "seq", "block_n", "num_warps", "num_stages", "default", "graph_ms",
+                  "copy_fraction_graph", "error"]
+        bench.write_csv(tile_rows, os.path.join(args.out, "decode_tiles.csv"), fields)
+        prov["files"]["decode_tiles.csv"] = "flash_decode graph time for key tile x warps x stages"
+    prov["elapsed_s"] = round(time.time() - start, 1)
+    bench.write_provenance(prov, os.path.join(args.out, "provenance.json"))
+    print(json.dumps({"elapsed_s": prov["elapsed_s"], "out": args.out}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
