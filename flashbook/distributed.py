@@ -182,6 +182,11 @@ def causal_work(world_size: int, layout: str = "contiguous", causal: bool = True
 
 # ----------------------------------------------------------------- per block: attention and merge
 
+def _finite_or_zero(m):
+    """m, or 0 where m = -inf: the reference point to subtract (``softmax._finite_or_zero``)."""
+    return torch.where(m == -math.inf, torch.zeros_like(m), m)
+
+
 def merge_partials(o, lse, o_part, lse_part):
     """The chapter-3 merge of two normalised partial results (o, lse), in torch.
 
@@ -193,8 +198,7 @@ def merge_partials(o, lse, o_part, lse_part):
     A side that has seen nothing (lse = -inf) has weight 0; two such sides give
     o = 0 and lse = -inf, never NaN. o is float32 or wider (lse: the same shape minus d).
     """
-    m = torch.maximum(lse, lse_part)
-    m_ref = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    m_ref = _finite_or_zero(torch.maximum(lse, lse_part))
     w1, w2 = torch.exp(lse - m_ref), torch.exp(lse_part - m_ref)
     total = w1 + w2
     safe = torch.where(total > 0, total, torch.ones_like(total))
@@ -222,7 +226,7 @@ def block_forward(q, k, v, *, causal: bool, scale: float):
         return flash_forward(q, k, v, causal=causal, scale=scale)
     s = _scores(q, k, scale, causal)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - torch.where(lse == -math.inf, torch.zeros_like(lse), lse)[..., None])
+    p = torch.exp(s - _finite_or_zero(lse)[..., None])     # a row that sees no key: p = 0
     return p @ v, lse
 
 
@@ -236,7 +240,7 @@ def block_backward(q, k, v, o, lse, do, *, causal: bool, scale: float):
         from .kernels import flash_backward
         return flash_backward(q, k, v, o, lse, do, causal=causal, scale=scale)
     s = _scores(q, k, scale, causal)
-    p = torch.exp(s - lse[..., None])
+    p = torch.exp(s - _finite_or_zero(lse)[..., None])
     delta = (do * o).sum(-1, keepdim=True)
     dp = do @ v.transpose(-1, -2)
     ds = p * (dp - delta) * scale
