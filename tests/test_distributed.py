@@ -220,3 +220,38 @@ def test_errors():
     assert not torch.distributed.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         D.ring_attention(x, x, x)
+
+
+# ----------------------------------------------------------------- two GPUs, NCCL
+
+def _gpu_cases(rank, world, seed):
+    """Worker: bf16 ring on the GPUs (the Triton kernels per block) against float64, each case."""
+    from flashbook.kernels import checks
+    device = torch.device("cuda", rank)
+    problems = []
+    for layout, causal in CASES:
+        g = torch.Generator(device=device).manual_seed(seed)
+        full = [torch.randn(1, 2, 512, 64, generator=g, device=device, dtype=torch.bfloat16) for _ in range(4)]
+        got = _ring([D.shard(x, rank, world, layout=layout) for x in full], causal, layout)
+        gathered = []
+        for x in got:
+            parts = [torch.empty_like(x) for _ in range(world)]
+            torch.distributed.all_gather(parts, x.contiguous())
+            gathered.append(D.unshard(parts, layout=layout))
+        if rank == 0:
+            truth = checks.reference_grads(*full, causal=causal)
+            yardstick = checks.torch_grads(*full, causal=causal, dtype=torch.bfloat16)
+            for name, a, want, yard in zip(("o", "dq", "dk", "dv"), gathered, truth, yardstick):
+                problem = checks.within_twice_yardstick(name, a.cpu(), want, yard.cpu(), head_dim=64)
+                if problem:
+                    problems.append(f"{layout}, causal={causal}: {problem}")
+    return problems
+
+
+@pytest.mark.gpu
+def test_ring_on_two_gpus_with_nccl(rng):
+    """bf16 ring attention on 2 GPUs, forward and backward, within twice PyTorch's bf16 error."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs (ring attention over NCCL)")
+    results = D.spawn(_gpu_cases, 2, int(rng.integers(2**31)), backend="nccl", timeout_s=120)
+    assert not results[0], "\n".join(results[0])
