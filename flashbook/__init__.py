@@ -6,6 +6,7 @@ One module per idea, in the order the book teaches them:
 - ``softmax``:   stable and online softmax, merging partial statistics
 - ``tiled``:     FlashAttention forward/backward in NumPy, with I/O accounting
 - ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``
+- ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
 - ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
 - ``widgets``, ``bench``, ``plots``: explorers, benchmarks, shared figures
 """
