@@ -205,8 +205,14 @@ def run_shape(batch, seq, impls, timer, copy_tb_s, deadline) -> list[Row]:
             call, row.gqa = prepare(q, k, v)
             judge(row, call(), want, yardstick)
             row.ms = timer(call)
-            replay, _ = graph_replay(call)
-            row.graph_ms = timer(replay)
+            try:
+                replay, _ = graph_replay(call)
+                row.graph_ms = timer(replay)
+            except Exception as e:  # noqa: BLE001 - the eager time stands; say why there is no graph time
+                status, note = bench.classify_error(e, name)
+                if status == "cuda-error":
+                    raise
+                row.note = f"no CUDA graph: {note}"
         except Exception as e:  # noqa: BLE001 - recorded (oom, unsupported, ...), and the table goes on
             row.status, row.note = bench.classify_error(e, name)
             if row.status == "cuda-error":  # the CUDA context is lost: nothing after this can run

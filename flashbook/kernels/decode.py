@@ -27,6 +27,14 @@ full speed:
   into splits of its own length (whole key tiles), so the programs of one
   sequence share its work evenly, and only its last tile is masked.
 
+The combine is a second small kernel rather than torch operations: merging with
+torch takes about six launches (max, subtract, exp, multiply, two sums, divide)
+of a few microseconds each, which at batch 1 is as long as reading a 32K-token
+cache, and writes intermediates; one kernel reads each partial result once.
+With one split there is nothing to merge: the kernel writes the output itself.
+More than ``MAX_ROWS`` query rows per KV head (MQA with many heads and new
+tokens) take several row tiles, each reading the cache.
+
 Causal (the default): the new tokens are the last ``n_new`` positions of each
 sequence, so new token i sees cache positions j <= length - n_new + i: the
 book's bottom-right alignment, with seq_k = length. Only the last n_new - 1
@@ -229,6 +237,8 @@ def _check_seqlens(cache_seqlens, batch: int, n_max: int, device) -> torch.Tenso
                          f"got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens must be on q's device {device}, got {cache_seqlens.device}")
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return cache_seqlens.to(torch.int32).contiguous()   # no sync inside a CUDA graph: values unchecked
     lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())   # one device sync
     if lo < 0 or hi > n_max:
         raise ValueError(f"cache_seqlens must be in [0, {n_max}] (the cache's length), got values in [{lo}, {hi}]")
@@ -248,7 +258,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
             is best (anything else is copied).
         cache_seqlens: (batch,) int32/int64 tensor on q's device, each sequence's length
             in [0, n_max] (the keys past it are never read); None means n_max for all.
-            The values are checked once (one device synchronisation).
+            The values are checked (one device synchronisation), except while a CUDA
+            graph is being captured.
         num_splits: how many ranges the keys of each sequence are cut into, 1 to 128;
             None chooses from the GPU's SM count (``choose_num_splits``).
         causal: new token i (of n_new) sits at position length - n_new + i and sees the
