@@ -41,7 +41,8 @@ from flashbook import distributed as D  # noqa: E402
 
 FIELDS = ["n", "batch", "heads", "head_dim", "dtype", "causal", "layout", "world_size",
           "single_ms", "ring_ms", "speedup", "overlapped_ms", "compute_ms", "comm_ms",
-          "hidden_fraction", "kv_bytes_per_hop", "check", "err_o", "err_dq", "err_dk", "err_dv",
+          "hidden_fraction", "overlapped_spread_ms", "compute_spread_ms", "comm_spread_ms",
+          "kv_bytes_per_hop", "check", "err_o", "err_dq", "err_dk", "err_dv",
           "single_err_o", "single_err_dq", "single_err_dk", "single_err_dv"]
 
 
@@ -50,8 +51,11 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _time_ms(fn, device, warmup, reps):
-    """Median wall time of fn() over reps, every rank starting together; the slowest rank's."""
+def _time_ms(fn, device, warmup, reps, spread=None):
+    """Median wall time of fn() over reps, every rank starting together; the slowest rank's.
+
+    With a dict ``spread``, also stores there the largest max - min over ranks ("spread"):
+    how far apart single calls were, to judge a difference of two medians by."""
     for _ in range(warmup):
         fn()
     times = []
@@ -62,9 +66,12 @@ def _time_ms(fn, device, warmup, reps):
         fn()
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    slowest = torch.tensor([statistics.median(times), max(times) - min(times)], dtype=torch.float64,
+                           device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest)
+    if spread is not None:
+        spread["spread"] = float(slowest[1])
+    return float(slowest[0])
 
 
 def _single(q, k, v, do, causal):
@@ -158,9 +165,11 @@ def run_size(rank, world, n, args, device):
             D._ring_backward(*mine[:3], o_full, lse_full, mine[3], **common,
                              compute=compute, communicate=communicate)
         return step
-    row["overlapped_ms"] = _time_ms(parts(True, True), device, args.warmup, args.reps)
-    row["compute_ms"] = _time_ms(parts(True, False), device, args.warmup, args.reps)
-    row["comm_ms"] = _time_ms(parts(False, True), device, args.warmup, args.reps)
+    for name, compute, communicate in (("overlapped", True, True), ("compute", True, False),
+                                       ("comm", False, True)):
+        spread = {}
+        row[f"{name}_ms"] = _time_ms(parts(compute, communicate), device, args.warmup, args.reps, spread)
+        row[f"{name}_spread_ms"] = spread["spread"]
     row["hidden_fraction"] = (row["compute_ms"] + row["comm_ms"] - row["overlapped_ms"]) / row["comm_ms"]
     return row
 
@@ -194,7 +203,8 @@ def environment(args) -> dict:
         "single": "flash_attention forward + backward of the whole sequence on GPU 0",
         "ring": "ring_attention forward + backward (autograd), every rank",
         "overlap": "the ring's forward + backward with compute only (no sends), communication "
-                   "only (no attention) and both; hidden_fraction = (compute + comm - overlapped) / comm",
+                   "only (no attention) and both; hidden_fraction = (compute + comm - overlapped) / comm; "
+                   "*_spread_ms: the largest (max - min) over ranks of the timed calls",
     }
     prov["check"] = ("head 0 of o, dq, dk, dv against float32 flash_attention (IEEE products) on "
                      "the whole sequence; pass if within twice the single-GPU bf16 error "
