@@ -30,7 +30,7 @@ def test_reached_from_tiled():
         tiled.no_such_name  # noqa: B018
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lead=st.sampled_from([(), (2,), (1, 3)]), n_q=st.integers(1, 12), n_k=st.integers(1, 40),
        d=st.integers(1, 8), d_v=st.integers(1, 8), num_splits=st.integers(1, 50),
        causal=st.booleans(), seed=st.integers(0, 2**32 - 1))
