@@ -8,6 +8,7 @@ One module per idea, in the order the book teaches them:
 - ``split``:     split-K: the keys cut into splits, merged (``tiled.split_forward``)
 - ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``;
                  ``flash_decode``
+- ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
 - ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
 - ``widgets``, ``bench``, ``plots``: explorers, benchmarks, shared figures
 """
