@@ -359,7 +359,8 @@ def _sync(device: str):
 
 def measure_naive_steps(n: int = 1024, d: int = 64, *, batch_heads: int = 4, device: str = "cpu",
                         dtype=None, repeats: int = 5) -> dict:
-    """Time each step of naive attention, in milliseconds (median of ``repeats``).
+    """Time each step of naive attention, in milliseconds (best of ``repeats``: on a
+    shared machine the fastest run is the one least disturbed by others).
 
     The steps of ``softmax(Q K^T * scale) V`` as separate operations, each writing its
     result to memory as a naive implementation does: the two matrix products, and the
@@ -396,7 +397,7 @@ def measure_naive_steps(n: int = 1024, d: int = 64, *, batch_heads: int = 4, dev
             t0 = time.perf_counter()
             fn(); _sync(device)
             runs.append(1e3 * (time.perf_counter() - t0))
-        times[name] = float(np.median(runs))
+        times[name] = float(min(runs))
     # the softmax as a whole moved S and P and did the arithmetic: split it
     whole = times.pop("softmax: max, exp, sum")
     times["softmax: max, exp, sum"] = max(whole - times["softmax: moving S in and P out"], 0.0)
