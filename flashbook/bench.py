@@ -407,12 +407,13 @@ def check_seed_table(chip: str = SEED_CHIP) -> SeedCheck:
         f"claimed total; with O it is at least {mem['naive_fwd_extra'] / GB:.2f} GB on "
         f"top of the {mem['inputs_qkv'] / GB:.2f} GB of Q, K, V.")
     flash_lo = mem["flash_fwd_extra"]
-    add("flash_memory", "FlashAttention's memory", 0.3, "GB", flash_lo / GB, ">=",
+    add("flash_memory", "FlashAttention's memory, beyond Q, K, V", 0.3, "GB", flash_lo / GB, ">=",
         "consistent" if 0.3 * GB >= flash_lo else "impossible",
-        f"O and lse take {flash_lo / GB:.3f} GB on top of the inputs, so 0.3 GB fits a "
-        f"forward pass not counting Q, K, V ({mem['inputs_qkv'] / GB:.2f} GB more); "
-        f"a forward + backward needs at least {mem['flash_fwd_bwd_extra'] / GB:.2f} GB "
-        f"on top of its inputs.")
+        f"Only as memory beyond the inputs: O and lse take {flash_lo / GB:.3f} GB, so 0.3 GB "
+        f"fits a forward pass. As a total it is impossible: Q, K, V and O alone take "
+        f"{(mem['inputs_qkv'] + B * H * N * d * db) / GB:.2f} GB (chapter 5). Counted "
+        f"the same way, a forward + backward needs at least "
+        f"{mem['flash_fwd_bwd_extra'] / GB:.2f} GB on top of its inputs.")
     r4 = _ratio_floor(N, d, db)
     r4_min = min(r4.values())
     add("memory_ratio_4k", "memory saving at 4K (2.1 GB / 0.3 GB)", 2.1 / 0.3, "x",

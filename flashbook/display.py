@@ -96,3 +96,25 @@ def line_of(obj, needle: str) -> str:
     if len(hits) != 1:
         raise ValueError(f"needle {needle!r} is on {len(hits)} lines of {fn.__name__}, not one")
     return f"L{first + hits[0]}  " + lines[hits[0]].split("  #")[0].strip()
+
+
+def verdict_text(value: float, threshold: float, met: bool, *, digits: int = 2,
+                 marks: tuple[str, str] = ("\u2713", "\u2717")) -> str:
+    """``value`` and a tick or cross, with enough digits that the printed number agrees
+    with the verdict: 0.796 against a threshold of 0.8 prints "0.796 ✗", never "0.80 ✗".
+
+    More digits are added (up to 6) while the rounded value would read as equal to the
+    threshold or on the other side of it than ``met`` says.
+    """
+    if not isinstance(met, bool) and type(met).__name__ != "bool_":  # numpy.bool_ too
+        raise TypeError(f"met must be a bool, got {type(met).__name__}")
+    value, threshold = float(value), float(threshold)
+    shown = f"{value:.{digits}f}"
+    while digits < 6:
+        rounded = float(shown)
+        if (rounded == threshold and value != threshold) or ((rounded > threshold) != (value > threshold)):
+            digits += 1
+            shown = f"{value:.{digits}f}"
+        else:
+            break
+    return f"{shown} {marks[0] if met else marks[1]}"

@@ -94,7 +94,7 @@ class Chip:
     sms: int                   # streaming multiprocessors
     smem_per_sm_kib: int       # shared memory per SM (the on-chip "SRAM", M)
     smem_per_block_kib: int    # largest shared memory one program may use (opt-in)
-    hbm_gib: float             # device memory
+    hbm_gib: float             # device memory, GiB (datasheets say "GB" but mean 2**30 bytes)
     hbm_tb_s: float            # HBM bandwidth, TB/s (vendor datasheet)
     fp16_tflops: float         # dense fp16 tensor-core peak, TFLOP/s
     bf16_tflops: float | None  # dense bf16 tensor-core peak; None: no bf16 tensor cores
@@ -117,9 +117,35 @@ class Chip:
         return self.sms * SMEM_BYTES_PER_CLOCK_PER_SM * self.boost_clock_mhz * 1e6 / 1e12
 
     @property
+    def hbm_bytes(self) -> int:
+        """Device memory in bytes. The datasheets' "80 GB" and "141 GB" are binary: the
+        H200's driver reports 150.1e9 bytes, more than 141e9 but less than 141 * 2**30."""
+        return int(self.hbm_gib * 2**30)
+
+    @property
+    def fp32_tflops(self) -> float:
+        """Peak fp32 FMA rate without tensor cores, TFLOP/s (an FMA counts as 2 FLOPs)."""
+        return self.sms * FP32_PER_CLOCK_PER_SM[self.arch] * 2 * self.boost_clock_mhz * 1e6 / 1e12
+
+    @property
+    def exp_per_s(self) -> float:
+        """Peak rate of exponentials (``ex2`` on the special-function units), per second."""
+        return self.sms * SFU_PER_CLOCK_PER_SM * self.boost_clock_mhz * 1e6
+
+    @property
+    def dot_tflops(self) -> float:
+        """The matrix rate the book's Triton kernels can reach on this chip, TFLOP/s.
+
+        From sm_80 on ``tl.dot`` runs on the fp16/bf16 tensor cores (``fp16_tflops``);
+        on sm_75 Triton compiles it into fp32 FMAs (``fp32_tflops``), see how_to_run.
+        """
+        return self.fp16_tflops if int(self.arch.removeprefix("sm_")) >= 80 else self.fp32_tflops
+
+    @property
     def ridge_flop_per_byte(self) -> float:
-        """Arithmetic intensity above which fp16 matrix work is compute-bound."""
-        return self.fp16_tflops * 1e12 / (self.hbm_tb_s * 1e12)
+        """Arithmetic intensity above which the book's kernels are compute-bound:
+        ``dot_tflops`` over HBM bandwidth."""
+        return self.dot_tflops * 1e12 / (self.hbm_tb_s * 1e12)
 
 
 _GUIDE = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute "
@@ -129,6 +155,11 @@ _GUIDE = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute "
 WARP_SIZE: int = 32
 #: Shared memory has 32 banks, each 32 bits (4 bytes) wide per clock (CUDA guide).
 SMEM_BYTES_PER_CLOCK_PER_SM: int = 32 * 4
+#: fp32 add/multiply/FMA results per clock per SM, and special-function-unit results
+#: (exp2, log2, reciprocal...) per clock per SM: the CUDA guide's table of arithmetic
+#: instruction throughput.
+FP32_PER_CLOCK_PER_SM: dict = {"sm_75": 64, "sm_80": 64, "sm_90": 128}
+SFU_PER_CLOCK_PER_SM: int = 16
 #: The most 32-bit registers one thread may use, compute capability 7.5 to 9.0 (CUDA guide).
 MAX_REGS_PER_THREAD: int = 255
 

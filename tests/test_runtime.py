@@ -69,3 +69,29 @@ def test_interpreter_problem_names_the_fix(monkeypatch):
     assert "triton>=3.7.1" in runtime.interpreter_problem()
     monkeypatch.setattr(numpy, "__version__", "2.3.5")
     assert runtime.interpreter_problem() is None
+
+
+def test_fp32_and_exp_rates_match_the_datasheets():
+    # non-tensor fp32 peaks printed on the datasheets, TFLOP/s (T4 8.1, A100 19.5, H100 SXM 67)
+    for name, printed in (("T4", 8.1), ("A100", 19.5), ("H100", 67.0)):
+        assert runtime.chip(name).fp32_tflops == pytest.approx(printed, rel=0.01), name
+    a100 = runtime.chip("A100")
+    # the special-function unit gives 16 exponentials per clock per SM, a quarter of the
+    # 64 fp32 FMAs: so an exp costs 4 FMA slots, and 8 of the datasheet's FLOPs
+    assert a100.fp32_tflops * 1e12 / a100.exp_per_s == pytest.approx(8.0)
+
+
+def test_dot_rate_is_fma_on_sm75_and_tensor_cores_after():
+    assert runtime.chip("T4").dot_tflops == runtime.chip("T4").fp32_tflops
+    for name in ("A100", "H100", "H200"):
+        assert runtime.chip(name).dot_tflops == runtime.chip(name).fp16_tflops
+
+
+def test_hbm_is_in_binary_gigabytes():
+    # The H200 run's driver reported this many bytes (benchmarks/results provenance):
+    # more than 141e9, so the datasheet's "141 GB" must mean 141 * 2**30 bytes, of which
+    # the driver keeps a little for itself.
+    reported = 150_109_880_320
+    h200 = runtime.chip("H200")
+    assert h200.hbm_gib == 141 and 141e9 < reported <= h200.hbm_bytes
+    assert reported / h200.hbm_bytes > 0.99
