@@ -66,43 +66,54 @@ def toc_pages(toc_path: Path = ROOT / "_toc.yml") -> list[str]:
     return pages
 
 
-def print_pages(html_dir: Path, pages: list[str], out_dir: Path,
+def print_pages(html_dir: Path, pages: list[str], out_dir: Path, jobs: int = 2,
                 timings: list | None = None) -> list[tuple[str, Path]]:
-    """Print each page to its own PDF; returns (title, path) in order."""
-    from playwright.sync_api import sync_playwright
+    """Print each page to its own PDF, ``jobs`` pages at a time; returns
+    (title, path) in the order of ``pages``."""
+    import asyncio
 
-    printed = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(offline=True, java_script_enabled=True)
-        blocked = []
+    from playwright.async_api import async_playwright
 
-        def refuse(route):
-            blocked.append(route.request.url)
-            route.abort()
+    for rel in pages:
+        if not (html_dir / f"{rel}.html").exists():
+            raise FileNotFoundError(f"{html_dir / rel}.html is missing: build the book first (make book)")
+    blocked = []
 
-        context.route(re.compile(r"^(?!file:).*"), refuse)   # nothing but local files
-        page = context.new_page()
-        for i, rel in enumerate(pages):
-            src = html_dir / f"{rel}.html"
-            if not src.exists():
-                raise FileNotFoundError(f"{src} is missing: build the book first (make book)")
+    async def refuse(route):
+        blocked.append(route.request.url)
+        await route.abort()
+
+    async def one(context, i, rel, gate):
+        async with gate:
             t_page = time.perf_counter()
-            page.goto(src.as_uri(), wait_until="load")
-            status = page.evaluate(MATH_DONE)
-            if status == "MathJax did not load":
+            page = await context.new_page()
+            await page.goto((html_dir / f"{rel}.html").as_uri(), wait_until="load")
+            if await page.evaluate(MATH_DONE) == "MathJax did not load":
                 raise RuntimeError(f"{rel}: MathJax did not load, so its math would print raw")
-            page.add_style_tag(content=PRINT_CSS)
-            page.evaluate(OPEN_FOLDS)
-            page.emulate_media(media="print")
-            title = page.title().split("—")[0].split(" | ")[0].strip() or rel
+            await page.add_style_tag(content=PRINT_CSS)
+            await page.evaluate(OPEN_FOLDS)
+            await page.emulate_media(media="print")
+            title = (await page.title()).split("—")[0].split(" | ")[0].strip() or rel
             out = out_dir / f"{i:03d}.pdf"
-            page.pdf(path=str(out), format="A4", print_background=True,
-                     margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"})
-            printed.append((title, out))
+            await page.pdf(path=str(out), format="A4", print_background=True,
+                           margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"})
+            await page.close()
             if timings is not None:
                 timings.append((rel, time.perf_counter() - t_page))
-        browser.close()
+            return title, out
+
+    async def run():
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            context = await browser.new_context(offline=True)
+            # nothing but the local files (and inline data) may be loaded
+            await context.route(re.compile(r"^(?!file:|data:|blob:)"), refuse)
+            gate = asyncio.Semaphore(jobs)
+            printed = await asyncio.gather(*(one(context, i, rel, gate) for i, rel in enumerate(pages)))
+            await browser.close()
+            return list(printed)
+
+    printed = asyncio.run(run())
     if blocked:
         print(f"refused {len(blocked)} network requests, e.g. {blocked[0]}", file=sys.stderr)
     return printed
@@ -128,13 +139,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
     ap.add_argument("--out", type=Path, default=ROOT / "_build" / "pdf" / "flashbook.pdf")
+    ap.add_argument("-j", "--jobs", type=int, default=2, help="pages printed at once (default 2)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each page's time")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     parts = args.out.parent / "pages"
     parts.mkdir(parents=True, exist_ok=True)
     timings = []
-    printed = print_pages(args.html.resolve(), toc_pages(), parts, timings)
+    printed = print_pages(args.html.resolve(), toc_pages(), parts, args.jobs, timings)
     if args.verbose:
         for rel, s in timings:
             print(f"  {s:5.1f} s  {rel}")
