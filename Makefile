@@ -11,7 +11,7 @@ BUILD  := _build/html
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: book test serve venv browser clean gpu-test student
+.PHONY: book test serve venv browser clean gpu-test student pdf
 
 venv: $(VENV)/.installed
 
@@ -29,15 +29,20 @@ book: venv
 	@echo "The book is built: open $(abspath $(BUILD))/index.html"
 	@echo "or run 'make serve' and visit http://localhost:$(PORT)/"
 
-# Headless Chromium for the browser tests (Debian's package; never a downloaded browser).
+# Headless Chromium for the browser tests and the PDF (Debian's package; never a
+# downloaded browser), and a Chinese font so that the appendix's quotes print.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh | grep -q .; } || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else echo "chromium is missing: install Debian's 'chromium' package to run the browser tests"; fi; }
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; \
+	  else echo "install Debian's 'chromium' and 'fonts-wqy-microhei' packages to run the browser tests and make pdf"; fi; }
 
 test: book browser
 	$(PY) -m pytest -m "not gpu" -n 2 $(PYTEST_ARGS)
+
+# The whole book as one PDF, printed offline from the built HTML: _build/pdf/flashbook.pdf
+pdf: book browser
+	$(PY) tools/make_pdf.py
 
 # On a CUDA machine: the GPU test matrix.
 gpu-test: venv

@@ -57,3 +57,11 @@ def test_seed_correction_is_in_chapter_1(built):
     html = page(built, "notebooks/01_attention_numpy.html")
     text = re.sub(r"<[^>]+>", "", html)
     assert re.search(r"it is\s+32\s+MiB", text), "the fp16 size of a 4096x4096 matrix is missing"
+
+
+def test_the_sources_appendix_was_executed_and_rendered(built):
+    text = re.sub(r"<[^>]+>", "", page(built, "book/sources_checked.html"))
+    assert "Traceback (most recent call last)" not in text
+    assert "S1.1" in text and "S2.15" in text
+    # numbers glued by the page's own cells, next to the figures they correct
+    assert "6.4803" in text and "4.7683" in text and "显存" in text
