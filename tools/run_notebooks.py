@@ -50,7 +50,8 @@ def commit() -> str:
 
 def machine() -> dict:
     info = {"python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "commit": commit()}
+            "command": " ".join([os.path.basename(sys.executable), sys.argv[0], "OUT_DIR", *sys.argv[2:]]),
+            "commit": commit()}   # OUT_DIR: no path of the machine that ran it
     try:
         import torch
         import triton

@@ -30,6 +30,7 @@ import hashlib
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -234,6 +235,8 @@ def commit_of(notebook_name: str, executed) -> str | None:
 def provenance(machine: dict, commit: str | None) -> dict:
     keys = ("gpu", "driver", "cuda", "torch", "triton", "python", "date", "command")
     prov = {key: machine.get(key) for key in keys if machine.get(key) is not None}
+    if "command" in prov:   # the output folder was a path on the GPU machine: not for the page
+        prov["command"] = re.sub(r"(run_notebooks\.py) \S+", r"\1 OUT_DIR", prov["command"])
     prov["commit"] = commit or "unknown"
     return prov
 
