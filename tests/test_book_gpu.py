@@ -9,12 +9,11 @@ import glob
 import os
 import re
 
+import bs4  # comes with the book's toolchain (pydata-sphinx-theme requires it)
 import pytest
 
 from test_book import HTML, built  # noqa: F401  (fixture)
 from test_gpu_outputs import GPU_CHAPTERS
-
-bs4 = pytest.importorskip("bs4")
 
 MACHINE_PATHS = re.compile(r"/work/|/root/|/home/|\.\./\.\.")
 
