@@ -39,7 +39,7 @@ FIND_OVERFLOW = """() => {
   };
   const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') +
     (typeof el.className === 'string' && el.className ? '.' + el.className.trim().split(/\\s+/).join('.') : '');
-  const found = [];
+  const found = [], hidden = [];
   for (const el of document.body.querySelectorAll('*')) {
     const r = el.getBoundingClientRect();
     if (r.width === 0 || r.height === 0 || r.right <= width + 1) continue;
@@ -47,13 +47,17 @@ FIND_OVERFLOW = """() => {
     for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
       if (clips(p)) { inside = true; break; }
     }
-    if (inside || offCanvas(el)) continue;
+    if (inside) continue;
+    if (offCanvas(el)) {   // not drawn, but it may still widen the page (a heading's hidden '#' link)
+      if (getComputedStyle(el).position !== 'fixed') hidden.push(name(el) + ' in ' + name(el.parentElement));
+      continue;
+    }
     let path = [];
     for (let p = el; p && p !== document.body && path.length < 4; p = p.parentElement) path.unshift(name(p));
     found.push(`${path.join(' > ')} (right edge ${Math.round(r.right)} px): ` +
                (el.textContent || '').trim().slice(0, 60));
   }
-  return {found, scrollWidth: document.documentElement.scrollWidth, width};
+  return {found, hidden, scrollWidth: document.documentElement.scrollWidth, width};
 }"""
 
 TYPESET = """() => new Promise(done => {
@@ -87,7 +91,8 @@ def test_page_fits_the_screen_and_is_photographed(server, browser, rel):  # noqa
             problems += [f"{size} {w}px: an equation scrolls: {eq}" for eq in page.evaluate(WIDE_MATH)]
         if result["scrollWidth"] > result["width"] + 1:
             problems.append(f"{size} {w}px: the page scrolls sideways "
-                            f"({result['scrollWidth']} px wide in a {result['width']} px screen)")
+                            f"({result['scrollWidth']} px wide in a {result['width']} px screen; "
+                            f"hidden things past the edge: {result['hidden'][:5]})")
         page.screenshot(path=os.path.join(SCREENS, f"{rel.replace('/', '-')}-{w}.png"), full_page=FULL_PAGE)
     page.close()
     assert not problems, "content wider than the screen:\n" + "\n".join(problems)
