@@ -65,3 +65,33 @@ def test_the_sources_appendix_was_executed_and_rendered(built):
     assert "S1.1" in text and "S2.15" in text
     # numbers glued by the page's own cells, next to the figures they correct
     assert "6.4803" in text and "4.7683" in text and "显存" in text
+
+
+# Visible code is teaching code: the measure is the book's shared tool, which counts
+# the code lines a reader sees unfolded and the share of the page's text that is code.
+# CI has shared/ beside the clone; a checkout may hold it, or sit one folder deeper.
+VISIBLE_CODE_TOOL = next(
+    (p for p in (os.path.join(up, "shared", "tools", "visible_code.py")
+                 for up in (os.path.dirname(ROOT), ROOT, os.path.dirname(os.path.dirname(ROOT))))
+     if os.path.exists(p)),
+    os.path.join(os.path.dirname(ROOT), "shared", "tools", "visible_code.py"))
+MAX_CODE_SHARE = 0.40                         # in every chapter
+MAX_CODE_LINES = {"09_benchmarks": 250, "10_making_it_fast": 250}
+
+
+@pytest.fixture(scope="module")
+def visible_code():
+    require(os.path.exists(VISIBLE_CODE_TOOL), f"the visible-code tool is missing: {VISIBLE_CODE_TOOL}")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("visible_code", VISIBLE_CODE_TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool.measure
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=os.path.basename)
+def test_visible_code_is_teaching_code(built, visible_code, nb):
+    slug = os.path.basename(nb)[: -len(".ipynb")]
+    lines, share = visible_code(os.path.join(built, "notebooks", f"{slug}.html"))
+    assert share <= MAX_CODE_SHARE, f"{slug}: {share:.0%} of the visible page is code ({lines} lines)"
+    assert lines <= MAX_CODE_LINES.get(slug, lines), f"{slug}: {lines} visible lines of code"
