@@ -43,11 +43,12 @@ COLAB_BRANCH = "colab"
 COLAB = "https://colab.research.google.com/github"
 
 #: What no Markdown cell of the edition may contain (MyST that only Jupyter Book reads).
+#: (A role is `{name}` followed by a backquote: math such as $O_{\text{ref}}$ is no role.)
 FORBIDDEN = (
-    ("{glue", re.compile(r"\{glue")),
-    ("{cite", re.compile(r"\{cite")),
-    ("{doc", re.compile(r"\{doc")),
-    ("{ref", re.compile(r"\{ref")),
+    ("{glue", re.compile(r"\{glue[\w:-]*\}")),
+    ("{cite", re.compile(r"\{cite[\w:-]*\}`")),
+    ("{doc", re.compile(r"\{doc\}`")),
+    ("{ref", re.compile(r"\{ref\}`")),
     (":::", re.compile(r":::")),
     ("a directive fence", re.compile(r"^\s*(`{3,}|~{3,}|:{3,})\s*\{", re.M)),
     ("a (label)= target", re.compile(r"^\s*\([\w.:-]+\)=\s*$", re.M)),
@@ -143,8 +144,20 @@ def glue_records(slug: str, executed_dir: str = EXECUTED) -> dict:
         return json.load(f)
 
 
+def _as_rendered(text: str) -> str:
+    """What Sphinx's smart quotes (its default, action "qDe") make of a text."""
+    from docutils.utils.smartquotes import smartyPants
+
+    return smartyPants(text, "qDe", "en")
+
+
 def glued_text(records: dict, key: str, role: str, slug: str) -> str:
-    """The text the book shows for one glue role (myst-nb's own formatting)."""
+    """The text the book shows for one glue role (myst-nb's own formatting, then
+    Sphinx's smart quotes)."""
+    return _as_rendered(_glued(records, key, role, slug))
+
+
+def _glued(records: dict, key: str, role: str, slug: str) -> str:
     from myst_nb.core.variables import format_plain_text
 
     name, _, fmt = key.rpartition(":") if role == "glue:text" and ":" in key else (key, "", "")
