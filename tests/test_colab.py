@@ -214,6 +214,9 @@ def test_colab_edition_runs_in_a_colab_like_runtime(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", ROOT, "-w", str(wheels)],
                    check=True, capture_output=True, text=True)
     wheel = next(wheels.glob("flashbook-*.whl"))
+    import zipfile
+    shipped = [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("flashbook/data/results/")]
+    assert any(n.endswith("results.csv") for n in shipped), "the recorded runs are not in the wheel"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
@@ -273,3 +276,19 @@ def test_colab_edition_runs_in_a_colab_like_runtime(tmp_path):
         assert sum("image/png" in o.get("data", {}) for o in outputs) >= 2, name
         assert sum("text/html" in o.get("data", {}) or "|" in o.get("text", "")
                    for o in outputs) >= 2, name
+
+
+def test_numpy_chapters_never_import_triton():
+    """On macOS or Windows (no triton) chapters 1-5 run: nothing they import pulls triton."""
+    imports = set()
+    for path in NOTEBOOKS:
+        nb = _load(path)
+        if ce.uses_triton(nb):
+            continue
+        for cell in nb.cells[1:]:
+            if cell.cell_type == "code":
+                imports |= set(re.findall(r"^(?:from flashbook[\w.]* import [\w, ]+|import flashbook[\w.]*)$",
+                                          cell.source, re.M))
+    assert imports
+    code = "\n".join(sorted(imports)) + "\nimport sys\nassert 'triton' not in sys.modules, 'triton imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
