@@ -180,25 +180,33 @@ COLAB_LIKE = ["numpy==2.0.2", "ipywidgets==7.7.1", "matplotlib", "pandas", "scip
 TORCH = os.environ.get("FLASHBOOK_TEST_TORCH", "torch==2.13.0")
 
 _RUNNER = r'''
-import json, sys, time, nbclient, nbformat
+import json, sys, tempfile, time, nbclient, nbformat
+from jupyter_client.manager import KernelManager
 path, cwd = sys.argv[1], sys.argv[2]
 nb = nbformat.read(path, as_version=4)
 start = time.perf_counter()
-nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
+# IPC sockets in a directory of its own: two kernels started at once cannot pick the same port
+km = KernelManager(kernel_name="python3", transport="ipc", ip=tempfile.mkdtemp(prefix="k") + "/k")
+nbclient.NotebookClient(nb, km=km, timeout=600, startup_timeout=120,
                         resources={"metadata": {"path": cwd}}).execute()
 nbformat.write(nb, path)
 print(json.dumps({"seconds": round(time.perf_counter() - start, 1)}))
 '''
 
 
+#: The venv sees neither this checkout nor an override of the recorded runs.
+ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLASHBOOK_RESULTS")}
+
+
 def _pip(py, *args):
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-compile", *args], check=True,
-                   capture_output=True, text=True)
+                   capture_output=True, text=True, env=ENV)
 
 
 def _freeze(py):
     """name -> version (or the URL it came from) of everything installed in py's venv."""
-    out = subprocess.run([py, "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([py, "-m", "pip", "freeze"], check=True, capture_output=True, text=True,
+                         env=ENV).stdout
     found = (re.split(r"\s*(?:==|@)\s*", line, maxsplit=1) for line in out.splitlines())
     return {parts[0].lower(): parts[1] for parts in found if len(parts) == 2}
 
@@ -234,8 +242,7 @@ def test_colab_edition_runs_in_a_colab_like_runtime(tmp_path):
         nbformat.write(nb, out / os.path.basename(path))
     # the setup cell, run once by itself: installs flashbook, keeps Colab's packages
     setup = ce.book_setup_cell(_load(NOTEBOOKS[0]), source=wheel.as_uri())
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLASHBOOK_RESULTS")}
-    subprocess.run([py, "-c", setup], check=True, cwd=out, env=env, capture_output=True, text=True)
+    subprocess.run([py, "-c", setup], check=True, cwd=out, env=ENV, capture_output=True, text=True)
     after = _freeze(py)
     assert "flashbook" in after
     for name in KEPT:
@@ -253,18 +260,20 @@ def test_colab_edition_runs_in_a_colab_like_runtime(tmp_path):
     while pending or procs:
         while pending and len(procs) < 2:
             path = pending.pop(0)
-            procs[path] = subprocess.Popen([py, str(runner), path, str(out)], cwd=out, env=env,
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for path, proc in list(procs.items()):
+            log = open(path + ".log", "w")  # a file, not a pipe: a long traceback cannot block it
+            procs[path] = (subprocess.Popen([py, str(runner), path, str(out)], cwd=out, env=ENV,
+                                            stdout=log, stderr=subprocess.STDOUT, text=True), log)
+        for path, (proc, log) in list(procs.items()):
             if proc.poll() is not None:
-                stdout, stderr = proc.communicate()
-                results[os.path.basename(path)] = (proc.returncode, stdout, stderr[-3000:])
+                log.close()
+                text = open(path + ".log").read()
+                results[os.path.basename(path)] = (proc.returncode, text, text[-3000:])
                 del procs[path]
         time.sleep(0.5)
     timings["run"] = time.perf_counter()
     failed = {k: v[2] for k, v in results.items() if v[0] != 0}
     assert not failed, failed
-    print({k: json.loads(v[1].strip().splitlines()[-1]) for k, v in results.items()})
+    print({k: json.loads(v[1].strip().splitlines()[-1])["seconds"] for k, v in sorted(results.items())})
     print({k: round(timings[k] - timings["start"], 1) for k in ("venv", "install", "run")})
 
     # chapters 9-10 found the recorded runs inside the package: tables and figures
