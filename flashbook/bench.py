@@ -1652,8 +1652,7 @@ def format_block_table(results) -> str:
 # with its provenance, and turn its rows into the ratios, targets and roofline
 # points the chapter shows. They need pandas, and no GPU.
 
-#: A directory of recorded runs to read instead of ``benchmarks/results/``.
-RESULTS_ENV = "FLASHBOOK_RESULTS"
+from .resources import RESULTS_ENV, results_dir  # noqa: E402  (where recorded runs live)
 
 #: The columns that name one shape: a row is one implementation on one shape.
 SHAPE_KEYS = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
@@ -1663,22 +1662,8 @@ _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def results_root(root=None):
-    """The directory that holds recorded runs, or None when there is none.
-
-    ``root`` if given, else ``$FLASHBOOK_RESULTS`` if set; otherwise the first
-    ``benchmarks/results`` found in the current directory, in its parent (a
-    chapter runs in ``notebooks/``) or in the checkout this module belongs to.
-    """
-    if root is None:
-        root = os.environ.get(RESULTS_ENV) or None
-    if root is not None:
-        root = Path(root)
-        return root if root.is_dir() else None
-    for base in (Path.cwd(), Path.cwd().parent, Path(__file__).resolve().parents[1]):
-        candidate = base / "benchmarks" / "results"
-        if candidate.is_dir():
-            return candidate
-    return None
+    """The directory that holds recorded runs, or None: ``flashbook.resources.results_dir``."""
+    return results_dir(root)
 
 
 def provenance_for(csv_path) -> dict:

@@ -73,8 +73,8 @@ def test_notebook_conventions(path):
     setup = "".join(cells[0]["source"])
     assert cells[0]["cell_type"] == "code"
     assert "remove-cell" in cells[0]["metadata"].get("tags", [])
-    assert f'%pip install -q "flashbook @ git+{REPO_URL}"' in setup
-    assert "torch" not in setup.split("import flashbook")[-1]  # never reinstalls torch
+    assert f'source = "git+{REPO_URL}@v' in setup  # the release tag (tests/test_colab.py)
+    assert "-c" in setup and "torch" in setup  # torch and co. pinned as installed, never reinstalled
     for url in re.findall(r"https://github\.com/[^\s\"')]+", json.dumps(nb)):
         assert url.startswith(REPO_URL), f"{name}: {url} is not the repository URL in _config.yml"
     # cell 2: the title and what you will learn
