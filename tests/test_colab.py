@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import colab_edition as ce  # noqa: E402
 from setup_cell import KEPT  # noqa: E402
 
-NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9][0-9]_*.ipynb")))
+NOTEBOOKS = ce.book_notebooks()
 HTML = os.path.join(ROOT, "_build", "html", "notebooks")
 COLAB = os.path.join(ROOT, "_build", "colab")
 

@@ -418,12 +418,18 @@ def edition(path: str, student: bool = False, cfg: dict | None = None,
     return out, conv.glued
 
 
+def book_notebooks() -> list[str]:
+    """The book's notebooks: the chapters (NN_slug) and the appendix pages (An_slug)."""
+    return sorted(glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb"))
+                  + glob.glob(os.path.join(NOTEBOOKS, "A[0-9]_*.ipynb")))
+
+
 def write(out_dir: str, student: bool = False, notebooks: list[str] | None = None) -> dict:
     """Write every chapter's edition into out_dir; returns slug -> glued texts."""
     os.makedirs(out_dir, exist_ok=True)
     cfg = config()
     glued = {}
-    for path in notebooks or sorted(glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb"))):
+    for path in notebooks or book_notebooks():
         nb, values = edition(path, student=student, cfg=cfg)
         slug = os.path.basename(path)[: -len(".ipynb")]
         glued[slug] = values
@@ -438,7 +444,7 @@ def sync_setup_cells() -> list[str]:
     returns the notebooks that changed."""
     cfg = config()
     changed = []
-    for path in sorted(glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb"))):
+    for path in book_notebooks():
         nb = nbformat.read(path, as_version=4)
         cell_text, meta = book_setup_cell(nb, cfg), colab_metadata(nb)
         if nb.cells[0].source != cell_text or nb.metadata != meta:
