@@ -15,6 +15,7 @@ from .autograd import (
     DQ_MODES,
     FlashAttention,
     check_inputs,
+    dot_precision,
     flash_attention,
     flash_backward,
     flash_forward,
@@ -23,6 +24,6 @@ from .autograd import (
 )
 
 __all__ = [
-    "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs",
+    "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs", "dot_precision",
     "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
 ]
