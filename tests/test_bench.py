@@ -11,9 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections import namedtuple
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -321,13 +319,16 @@ def test_cli_bad_seq_exits_2_with_a_message():
 
 def _some_results():
     return [
-        bench.Result("naive", 8, 16, 4096, 128, False, "bf16", fwd_ms=3.25, bwd_ms=7.5,
+        bench.Result(impl="naive", batch=8, heads=16, seq=4096, head_dim=128, causal=False, dtype="bf16",
+                     fwd_ms=3.25, bwd_ms=7.5,
                      fwd_tflops=1.2345678901234567, bwd_tflops=2.5, peak_fwd_bytes=17179869184,
                      peak_fwd_bwd_bytes=34359738368, floor_fwd_bwd_bytes=2**34,
                      err_out=0.0031, err_grad=0.0123, check="pass"),
-        bench.Result("sdpa-cudnn", 2, 32, 16384, 64, True, "bf16", status="unsupported",
+        bench.Result(impl="sdpa-cudnn", batch=2, heads=32, seq=16384, head_dim=64, causal=True, dtype="bf16",
+                     status="unsupported",
                      note="first run: RuntimeError: No available kernel, 'quoted', comma"),
-        bench.Result("naive", 2, 32, 16384, 64, True, "bf16", status="oom-skipped",
+        bench.Result(impl="naive", batch=2, heads=32, seq=16384, head_dim=64, causal=True, dtype="bf16",
+                     status="oom-skipped",
                      note="needs about 103.1 GB"),
     ]
 
@@ -496,53 +497,6 @@ def test_block_configs_cover_the_grid_once():
     assert set(configs[0]) == {"block_m", "block_n", "num_warps", "num_stages"}
 
 
-def test_kernel_resources_reads_triton_like_objects():
-    compiled = SimpleNamespace(n_regs=168, n_spills=0, metadata=SimpleNamespace(shared=98304))
-    o = torch.ones(2)
-    want = {"n_regs": 168, "n_spills": 0, "shared_bytes": 98304}
-    assert bench.kernel_resources(compiled) == want
-    assert bench.kernel_resources((o, o, compiled)) == want
-    assert bench.kernel_resources((o, {"n_regs": 96, "n_spills": 4, "shared": 512})) == \
-        {"n_regs": 96, "n_spills": 4, "shared_bytes": 512}
-    assert bench.kernel_resources(o) == {"n_regs": None, "n_spills": None,
-                                         "shared_bytes": None}
-
-
-# A stand-in for a Triton JIT function: a cache of compiled kernels per device.
-_FAKE_JIT = SimpleNamespace(device_caches={0: ({}, None, None)})
-
-
-def _fake_forward(q, k, v, *, causal=False, scale=None, config=None):
-    cache = _FAKE_JIT.device_caches[0][0]
-    key = (config, q.shape[-1], causal)
-    if key not in cache:  # "compile" once per config, as Triton does
-        cache[key] = SimpleNamespace(n_regs=config.block_m, n_spills=0,
-                                     metadata=SimpleNamespace(shared=1024 * config.block_n))
-    return q * 2, q.sum(-1)
-
-
-def test_block_sweep_hook_prefers_the_kernels_own_hook_and_adapts_forward():
-    def own(*args):
-        return args
-
-    hook, how = bench.block_sweep_hook(SimpleNamespace(forward_with_config=own))
-    assert hook is own and how.endswith("forward_with_config")
-
-    Config = namedtuple("Config", "block_m block_n num_warps num_stages")
-    kernels = SimpleNamespace(forward=_fake_forward, configs=SimpleNamespace(Config=Config))
-    hook, how = bench.block_sweep_hook(kernels)
-    assert "forward(config=...)" in how
-    q = torch.randn(1, 2, 8, 16)
-    for _ in range(2):  # the second call compiles nothing new: resources are remembered
-        launched = hook(q, q, q, True, 0.25, 64, 32, 4, 3)
-        assert torch.equal(launched[0], q * 2)
-        assert bench.kernel_resources(launched) == {"n_regs": 64, "n_spills": 0,
-                                                    "shared_bytes": 32768}
-
-    hook, why = bench.block_sweep_hook(SimpleNamespace())
-    assert hook is None and "forward_with_config" in why
-
-
 # ------------------------------------------------------------------ recorded runs (chapter 9)
 
 H200_PROVENANCE = {
@@ -576,7 +530,7 @@ def _synthetic_results(seqs=(1024, 2048, 4096), head_dims=(64, 128)):
                 else (fwd, bwd)
             if shape.causal:
                 fwd, bwd = 0.8 * fwd, 0.8 * bwd
-            r = bench.Result(impl, b, h, n, d, shape.causal, "bf16")
+            r = bench.Result.of(shape, "bf16", impl=impl)
             naive_like = impl in ("naive", "sdpa-math")
             r.floor_fwd_bwd_bytes = bench.attention_memory_bytes(
                 b, h, n, n, d, impl="naive" if naive_like else "flash", pass_="fwd+bwd",
@@ -828,7 +782,8 @@ def test_seed_shape_rows_prefers_the_sizes_the_article_states():
                    "but d=64 instead of 128")
     rows, why = bench.seed_shape_rows(df[df["head_dim"] == 128])
     assert set(rows["heads"]) == {16} and "H=16 instead of 32" in why
-    exact = _frame([bench.Result("flashbook", 8, 32, 4096, 128, False, "bf16", fwd_ms=1.5)])
+    exact = _frame([bench.Result(impl="flashbook", batch=8, heads=32, seq=4096, head_dim=128, causal=False,
+                                 dtype="bf16", fwd_ms=1.5)])
     rows, why = bench.seed_shape_rows(exact)
     assert len(rows) == 1 and why.endswith("the seed's own shape")
     rows, why = bench.seed_shape_rows(df[df["seq"] == 1024])

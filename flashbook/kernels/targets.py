@@ -67,6 +67,16 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
 
 
+def resources(compiled, *, load: bool = False) -> dict:
+    """Shared memory (bytes) of a kernel ``compile_kernel`` returned, and its registers
+    and spills per thread (known once the kernel is loaded on a GPU: ``load=True``
+    loads it there, and raises Triton's OutOfResources if it does not fit; None otherwise)."""
+    if load:
+        compiled._init_handles()  # Triton reads registers and spills when it loads the binary
+    return {"shared_bytes": int(compiled.metadata.shared),
+            "n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None)}
+
+
 def plan(kernels=configs.KERNELS, archs=ARCHS, head_dims=configs.BLOCK_DS, dtypes=DTYPES):
     """Every default configuration the library would launch, as compile jobs.
 
@@ -97,7 +107,7 @@ def run_job(job: dict) -> dict:
         compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
                                   dtype=job["dtype"], causal=job.get("causal", True),
                                   atomic_dq=job.get("atomic_dq", False))
-        out["shared"] = int(compiled.metadata.shared)
+        out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.
         ptx = compiled.asm.get("ptx", "")
