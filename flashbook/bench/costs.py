@@ -16,6 +16,7 @@ so numbers compare across them):
 from __future__ import annotations
 
 from .. import runtime
+from ..validation import check_count
 
 GB = 1e9
 
@@ -24,8 +25,7 @@ PASSES = ("fwd", "bwd", "fwd+bwd")
 
 def _check_dims(**dims):
     for name, value in dims.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_count(value, name)
 
 
 def _check_pass(pass_):

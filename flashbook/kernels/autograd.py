@@ -42,9 +42,10 @@ from ..reference import resolve_scale
 from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq
 from .configs import Config
+from . import forward as forward_kernel
 from .forward import _attn_fwd
 
-LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * log2(e))
+LOG2E = forward_kernel.LOG2E.value  # log2(e), defined once beside the kernels that use it
 DQ_MODES = ("separate", "atomic")
 
 _state = {
