@@ -84,6 +84,18 @@ def test_defaults_compile_and_fit(cc, request):
             assert r["tensor_core_ops"] == 0, f"sm_75 {r['kernel']}: Triton now emits mma; update the book"
         else:
             assert r["tensor_core_ops"] > 0, f"sm_{cc} {r['kernel']} {r['dtype']}: no tensor-core instruction"
+    # The estimate that ``keep`` filters with, against the compiled kernel's own number
+    # (measured at head_dim 128, fp16, causal: equal for the forward and dQ kernels on
+    # sm_90, 1 KiB under for dK/dV; 16-25% over on sm_80, where Triton reuses buffers).
+    # It may understate by a little (Triton's scratch), never by a whole tile.
+    if cc != 75:  # no tensor cores: Triton lays out shared memory otherwise there
+        elem_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}
+        for r in results:
+            config = configs.Config(*r["config"])
+            estimate = configs.smem_estimate(r["kernel"], config, configs.block_d(r["head_dim"]),
+                                             elem_bytes[r["dtype"]], cc)
+            assert estimate / 2 <= r["shared"] <= estimate + 4096, \
+                f"sm_{cc} {r['kernel']} {config} d={r['head_dim']}: compiled {r['shared']} B, estimate {estimate} B"
     # every head_dim tile the library accepts has its configuration compiled, per kernel
     compiled = {(r["kernel"], configs.Config(*r["config"])) for r in results if not r["error"]}
     for kernel in configs.KERNELS:
@@ -105,13 +117,6 @@ def test_unsupported_combinations_are_only_fp32_at_large_head_dim():
     assert all(cc == 75 and bd == 256 and elem == 4 for _, cc, bd, elem in unsupported), unsupported
     with pytest.raises(ValueError, match="shared memory"):
         configs.default("backward_dkdv", cc=75, block_d=256, elem_bytes=4)
-
-
-def test_smem_estimate_is_close_for_the_defaults():
-    """The estimate that ``keep`` filters with is in the right range on sm_90 (exact for
-    the forward: a Q tile plus num_stages K and V tiles)."""
-    config = configs.Config(128, 64, 4, 3)
-    assert configs.smem_estimate("forward", config, 128, 2, cc=90) == 2 * (128 * 128 + 3 * 2 * 64 * 128)
 
 
 def test_keep_rejects_what_cannot_fit():

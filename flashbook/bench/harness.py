@@ -2,12 +2,14 @@
 
 ``bench_case`` runs one implementation on one shape and never raises for the
 kernel's sake (a failure becomes a ``status`` of ``STATUSES`` and a note);
-``run_sweep`` runs every shape and implementation. ``CudaTimer`` is the one timer
-(CUDA events, L2 flushed, median) behind every time the benchmarks record.
+``run_sweep`` runs every shape and implementation. ``CudaTimer`` (``time_ms``) is
+the one timer (CUDA events, L2 flushed, median) behind every time the benchmarks
+record.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import math
 import statistics
@@ -168,13 +170,21 @@ class CudaTimer:
         self.min_reps, self.max_reps = min_reps, max_reps
         self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
 
-    def __call__(self, fn) -> float:
+    def __call__(self, fn, grad_to_none=()) -> float:
+        """Median ms of ``fn()``; the ``.grad`` of each tensor in ``grad_to_none`` is reset
+        before every call (outside the timed region), so backward passes do not accumulate."""
         torch = self.torch
+
+        def reset():
+            for t in grad_to_none or ():
+                t.grad = None
+
         fn()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(3):
+            reset()
             self.flush.zero_()
             fn()
         end.record()
@@ -183,16 +193,29 @@ class CudaTimer:
         n_warm = min(self.max_reps, max(1, int(self.warmup_ms / estimate)))
         n_rep = min(self.max_reps, max(self.min_reps, int(self.rep_ms / estimate)))
         for _ in range(n_warm):
+            reset()
             fn()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
         for i in range(n_rep):
+            reset()
             self.flush.zero_()
             starts[i].record()
             fn()
             ends[i].record()
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+@functools.lru_cache(maxsize=None)
+def _timer(warmup_ms: float, rep_ms: float) -> CudaTimer:
+    return CudaTimer(warmup_ms, rep_ms)
+
+
+def time_ms(fn, *, grad_to_none=(), warmup_ms: float = 25.0, rep_ms: float = 100.0) -> float:
+    """Median time of ``fn()`` in ms, by ``CudaTimer``: the one timer behind every time the
+    benchmarks record (``python -m flashbook.bench`` and ``benchmarks/*.py``)."""
+    return _timer(float(warmup_ms), float(rep_ms))(fn, grad_to_none)
 
 
 class CudaMemory:
