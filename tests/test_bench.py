@@ -112,8 +112,10 @@ def test_flops_match_an_explicit_loop(n_q, n_k, d, causal):
 
 
 def test_bad_dimensions_are_named():
-    with pytest.raises(ValueError, match="n_q must be a positive integer"):
+    with pytest.raises(ValueError, match="n_q must be >= 1"):
         bench.attention_flops(1, 1, 0, 4, 4)
+    with pytest.raises(TypeError, match="d must be an integer"):
+        bench.attention_flops(1, 1, 4, 4, 4.0)
     with pytest.raises(ValueError, match="pass_ must be one of"):
         bench.attention_flops(1, 1, 4, 4, 4, pass_="forward")
     with pytest.raises(ValueError, match="impl must be"):

@@ -33,6 +33,16 @@ def _check_pass(pass_):
         raise ValueError(f"pass_ must be one of {PASSES}, got {pass_!r}")
 
 
+def _check_bytes_args(batch, heads, n_q, n_k, d, impl, pass_, dtype_bytes, heads_kv) -> int:
+    """Check the arguments the byte counts share; return ``heads_kv`` (default ``heads``)."""
+    heads_kv = heads if heads_kv is None else heads_kv
+    _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d, dtype_bytes=dtype_bytes, heads_kv=heads_kv)
+    _check_pass(pass_)
+    if impl not in ("flash", "naive"):
+        raise ValueError(f"impl must be 'flash' or 'naive', got {impl!r}")
+    return heads_kv
+
+
 def causal_pairs(n_q: int, n_k: int) -> int:
     """How many (query, key) pairs a causal mask keeps.
 
@@ -92,12 +102,7 @@ def attention_hbm_bytes(batch: int, heads: int, n_q: int, n_k: int, d: int, *,
 
     ``heads_kv`` (default ``heads``): K and V may have fewer heads (GQA).
     """
-    heads_kv = heads if heads_kv is None else heads_kv
-    _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d,
-                dtype_bytes=dtype_bytes, heads_kv=heads_kv)
-    _check_pass(pass_)
-    if impl not in ("flash", "naive"):
-        raise ValueError(f"impl must be 'flash' or 'naive', got {impl!r}")
+    heads_kv = _check_bytes_args(batch, heads, n_q, n_k, d, impl, pass_, dtype_bytes, heads_kv)
     q_like = batch * heads * n_q * d * dtype_bytes        # Q, O, dO, dQ
     kv_like = batch * heads_kv * n_k * d * dtype_bytes    # K, V, dK, dV
     rows = batch * heads * n_q * 4                        # lse: one fp32 per query row
@@ -132,12 +137,7 @@ def attention_memory_bytes(batch: int, heads: int, n_q: int, n_k: int, d: int, *
     Real implementations hold more (PyTorch's naive attention holds S and P at
     once in the forward); this is the floor, which is what makes it a proof.
     """
-    heads_kv = heads if heads_kv is None else heads_kv
-    _check_dims(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d,
-                dtype_bytes=dtype_bytes, heads_kv=heads_kv)
-    _check_pass(pass_)
-    if impl not in ("flash", "naive"):
-        raise ValueError(f"impl must be 'flash' or 'naive', got {impl!r}")
+    heads_kv = _check_bytes_args(batch, heads, n_q, n_k, d, impl, pass_, dtype_bytes, heads_kv)
     if pass_ == "bwd":
         raise ValueError("pass_ must be 'fwd' or 'fwd+bwd' for memory: the backward "
                          "alone holds what the forward left behind")

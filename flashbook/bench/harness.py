@@ -149,7 +149,8 @@ def classify_error(exc: BaseException, impl: str) -> tuple:
     return "error", first
 
 
-def _rel_err(x, ref) -> float:
+def rel_err(x, ref) -> float:
+    """Relative (Frobenius) error of ``x`` against a float64 ``ref``."""
     x = x.double()
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
@@ -329,8 +330,8 @@ def bench_case(name, fn, shape: Shape, inputs, *, dtype_name, timer, memory,
             if ref is not None:
                 o_ref, g_ref = ref
                 hs = o_ref.shape[1]
-                res.err_out = _rel_err(out.detach()[:1, :hs], o_ref)
-                res.err_grad = max(_rel_err(g[:1, :hs], r) for g, r in zip(grads, g_ref))
+                res.err_out = rel_err(out.detach()[:1, :hs], o_ref)
+                res.err_grad = max(rel_err(g[:1, :hs], r) for g, r in zip(grads, g_ref))
                 ok = (math.isfinite(res.err_out) and math.isfinite(res.err_grad)
                       and res.err_out < TOLERANCE["out"] and res.err_grad < TOLERANCE["grad"])
                 res.check = "pass" if ok else "FAIL"
@@ -359,15 +360,22 @@ def bench_case(name, fn, shape: Shape, inputs, *, dtype_name, timer, memory,
     return res
 
 
+def run_tools(args):
+    """What every run measures with, from its arguments: (torch dtype, ``CudaTimer``,
+    ``CudaMemory``, a CUDA generator seeded with ``args.seed``)."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    return dtype, CudaTimer(args.warmup_ms, args.rep_ms), CudaMemory(), gen
+
+
 def run_sweep(args, impls, *, progress=True):
     """Run every shape x implementation; returns the list of ``Result``."""
     import torch
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    timer = CudaTimer(args.warmup_ms, args.rep_ms)
-    memory = CudaMemory()
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(args.seed)
+    dtype, timer, memory, gen = run_tools(args)
     total_mem = torch.cuda.get_device_properties(0).total_memory
 
     functions, unavailable = {}, {}
@@ -378,7 +386,7 @@ def run_sweep(args, impls, *, progress=True):
             unavailable[name] = classify_error(exc, name)
 
     cases = [(s, name) for s in args.shapes for name in impls]
-    bar = _progress(len(cases), progress)
+    bar = progress_bar(len(cases), progress)
     results, stop = [], None
     for shape in args.shapes:
         inputs = make_inputs(shape, dtype, "cuda", gen)
@@ -420,7 +428,8 @@ class _NoBar:
         pass
 
 
-def _progress(total, enabled):
+def progress_bar(total, enabled):
+    """A tqdm bar on stderr, or one that shows nothing (disabled, or no tqdm)."""
     if not enabled:
         return _NoBar()
     try:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .harness import (CudaMemory, CudaTimer, ShapeRow, _progress, _rel_err, classify_error,
-                      make_inputs, reference_slice, tflops)
+from .harness import (ShapeRow, classify_error, make_inputs, progress_bar, reference_slice, rel_err,
+                      run_tools, tflops)
 
 SWEEP_SEQS = (4096,)
 
@@ -54,14 +54,10 @@ def run_block_sweep(args, *, progress=True) -> list:
     from ..kernels import flash_forward, targets
     from ..kernels.configs import Config
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype, timer, memory, gen = run_tools(args)
     major, minor = torch.cuda.get_device_capability()
-    timer = CudaTimer(args.warmup_ms, args.rep_ms)
-    memory = CudaMemory()
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(args.seed)
     configs = block_configs()
-    bar = _progress(len(configs) * len(args.shapes), progress)
+    bar = progress_bar(len(configs) * len(args.shapes), progress)
     results = []
     for shape in args.shapes:
         q, k, v, _do = make_inputs(shape, dtype, "cuda", gen)
@@ -80,7 +76,7 @@ def run_block_sweep(args, *, progress=True) -> list:
                                                   causal=shape.causal)
                 res.__dict__.update(targets.resources(compiled, load=True))
                 with torch.no_grad():
-                    res.err_out = _rel_err(launch()[0][:1, :1], o_ref)
+                    res.err_out = rel_err(launch()[0][:1, :1], o_ref)
                     res.fwd_ms = timer(launch)
                 res.fwd_tflops = tflops(shape.flops_fwd, res.fwd_ms)
             except Exception as exc:  # noqa: BLE001
@@ -125,14 +121,10 @@ def run_ladder(args, *, progress=True) -> list:
     from ..kernels import flash_attention
     from ..kernels.ladder import RUNGS, run_rung
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    timer = CudaTimer(args.warmup_ms, args.rep_ms)
-    memory = CudaMemory()
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(args.seed)
+    dtype, timer, memory, gen = run_tools(args)
     steps = [("fwd", i, r.name) for i, r in enumerate(RUNGS)]
     steps += [("bwd", len(RUNGS) + i, f"dQ {mode}") for i, mode in enumerate(("atomic", "separate"))]
-    bar = _progress(len(steps) * len(args.shapes), progress)
+    bar = progress_bar(len(steps) * len(args.shapes), progress)
     results = []
     for shape in args.shapes:
         q, k, v, do = make_inputs(shape, dtype, "cuda", gen)
@@ -146,13 +138,13 @@ def run_ladder(args, *, progress=True) -> list:
                     with torch.no_grad():
                         def call(rung=rung):
                             return run_rung(rung, q, k, v, causal=shape.causal)
-                        res.err_out = _rel_err(call()[0][:1, :1], o_ref)
+                        res.err_out = rel_err(call()[0][:1, :1], o_ref)
                         res.ms = timer(call)
                     res.tflops = tflops(shape.flops_fwd, res.ms)
                 else:
                     mode = name.split()[-1]
                     out = flash_attention(q, k, v, causal=shape.causal, dq_mode=mode)
-                    res.err_out = _rel_err(out[:1, :1].detach(), o_ref)
+                    res.err_out = rel_err(out[:1, :1].detach(), o_ref)
                     res.ms = timer(lambda out=out: torch.autograd.grad(out, (q, k, v), do,
                                                                        retain_graph=True))
                     res.tflops = tflops(shape.flops_bwd, res.ms)
