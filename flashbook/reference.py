@@ -6,6 +6,10 @@ Everything here is computed in float64 and returned as float64: it is the truth
 that the tiled algorithm and the GPU kernels are measured against. It builds the
 whole N_q x N_k score matrix, which is exactly what FlashAttention avoids.
 
+``torch_attention`` is the same formula in PyTorch, the book's one PyTorch
+reference: the truth on a GPU in float64, the yardstick of a kernel in its own
+dtype, and the benchmark's "naive" implementation.
+
 Shapes: ``q`` is (..., N_q, d), ``k`` is (..., N_k, d), ``v`` is (..., N_k, d_v);
 the leading (batch, head) dimensions must match.
 """
@@ -152,13 +156,14 @@ def torch_attention(q, k, v, *, causal: bool = False, scale=None):
     benchmark's "naive" implementation (``bench``). Each step is its own kernel and
     writes a whole (batch, heads, N_q, N_k) matrix to device memory; autograd keeps
     P for the backward: this is what FlashAttention replaces. q, k, v are torch
-    tensors (..., heads, N, d); k and v may have fewer heads than q (GQA). Causal is
+    tensors (..., N, d); with a heads axis (..., heads, N, d), k and v may have fewer
+    heads than q (GQA). Causal is
     bottom-right aligned (``causal_mask``); a row that sees no key gives zeros.
     """
     import torch
 
     scale = resolve_scale(scale, q.shape[-1])
-    if k.shape[-3] != q.shape[-3]:
+    if k.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         group = q.shape[-3] // k.shape[-3]
         k = k.repeat_interleave(group, dim=-3)
         v = v.repeat_interleave(group, dim=-3)

@@ -7,8 +7,9 @@
                  and the differentiable ``flash_attention``
 - ``targets``:   compiling for sm_75 / sm_80 / sm_90 without that GPU (shared memory per config)
 - ``checks``:    references and error yardsticks for tests and self-checks
-- ``probes``:    ``stage_map``: which key tiles each query tile visits, as the kernels' own
-                 ``causal_bounds`` decides (the stage figures of chapters 7 and 8)
+- ``probes``:    ``stage_map``: which (query tile, key tile) pairs each kernel visits, as its
+                 own ``causal_bounds`` / ``query_bounds`` decides (the stage figures of
+                 chapters 7 and 8); ``observed_stages``: the same read off poisoned gradients
 """
 from . import configs
 from .autograd import (
