@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
@@ -193,30 +194,25 @@ def main(argv=None) -> int:
     progress = not args.no_progress
 
     if args.ladder:
-        print(f"Performance ladder of flashbook's kernels on {gpu['name']}: "
-              f"{len(args.shapes)} shapes")
-        results = run_ladder(args, progress=progress)
-        print(format_ladder_table(results))
-        csv_name, fields = "ladder.csv", LADDER_FIELDS
+        headline = f"Performance ladder of flashbook's kernels on {gpu['name']}: {len(args.shapes)} shapes"
+        run, table, csv_name, fields, row = run_ladder, format_ladder_table, "ladder.csv", LADDER_FIELDS, "rung"
     elif args.sweep_blocks:
-        print(f"Block-size sweep of flashbook's forward kernel on {gpu['name']}: "
-              f"{len(block_configs())} configs x {len(args.shapes)} shapes")
-        results = run_block_sweep(args, progress=progress)
-        print(format_block_table(results))
-        csv_name, fields = "blocks.csv", BLOCK_FIELDS
+        headline = (f"Block-size sweep of flashbook's forward kernel on {gpu['name']}: "
+                    f"{len(block_configs())} configs x {len(args.shapes)} shapes")
+        run, table, csv_name, fields, row = run_block_sweep, format_block_table, "blocks.csv", BLOCK_FIELDS, "config"
     else:
         impls = _resolve_impl_names(args.impl)
-        print(f"Attention on {gpu['name']} ({gpu['capability']}), {args.dtype}: "
-              f"{len(args.shapes)} shapes x {len(impls)} implementations")
-        results = run_sweep(args, impls, progress=progress)
-        print(format_table(results))
-        csv_name, fields = "results.csv", RESULT_FIELDS
+        headline = (f"Attention on {gpu['name']} ({gpu['capability']}), {args.dtype}: "
+                    f"{len(args.shapes)} shapes x {len(impls)} implementations")
+        run, table, csv_name, fields, row = (functools.partial(run_sweep, impls=impls), format_table,
+                                             "results.csv", RESULT_FIELDS, "implementation")
+    print(headline)
+    results = run(args, progress=progress)
+    print(table(results))
 
     write_csv(results, out_dir / csv_name, fields)
     prov = collect_provenance(argv, args)
-    prov["files"] = {csv_name: "one row per " + ("rung and shape" if args.ladder
-                                                 else "config and shape" if args.sweep_blocks
-                                                 else "implementation and shape")}
+    prov["files"] = {csv_name: f"one row per {row} and shape"}
     write_provenance(prov, out_dir / "provenance.json")
     print(f"\nWrote {out_dir / csv_name} and {out_dir / 'provenance.json'}")
     return 0
