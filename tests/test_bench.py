@@ -310,6 +310,12 @@ def test_cli_without_a_gpu_says_so_and_exits_cleanly():
     assert after == before  # nothing written
 
 
+def test_cli_help_names_every_run():
+    done = _run_cli("--help")
+    assert done.returncode == 0, done.stderr
+    assert all(flag in done.stdout for flag in ("--quick", "--sweep-blocks", "--ladder", "--impl"))
+
+
 def test_cli_bad_seq_exits_2_with_a_message():
     done = _run_cli("--seq", "4K,lots")
     assert done.returncode == 2
@@ -464,7 +470,24 @@ def test_bench_case_records_failures_instead_of_raising():
     assert res.status == "oom-skipped" and res.note == "needs about 99.0 GB"
 
 
+def test_every_status_written_is_listed():
+    """Each status the harness and the sweeps can write is one of ``STATUSES``."""
+    import inspect
+
+    written = set()
+    for module in (bench.harness, bench.sweeps):
+        written |= set(re.findall(r'(?:status|res\.status)\s*=\s*"([a-z-]+)"', inspect.getsource(module)))
+        written |= set(re.findall(r'return "([a-z-]+)", first', inspect.getsource(module)))
+    assert written and written <= set(bench.STATUSES), written - set(bench.STATUSES)
+
+
 def test_classify_error():
+    class OutOfResources(Exception):  # Triton's name for a config that does not fit the chip
+        pass
+
+    status, note = bench.classify_error(OutOfResources("out of resource: shared memory, Required: 278528"),
+                                        "flashbook")
+    assert status == "out-of-resources" and "278528" in note
     assert bench.classify_error(torch.OutOfMemoryError("x"), "naive")[0] == "oom"
     assert bench.classify_error(RuntimeError("CUDA error: an illegal memory access was "
                                              "encountered"), "flashbook")[0] == "cuda-error"
