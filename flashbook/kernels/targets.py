@@ -32,8 +32,12 @@ def _kernel_fn(kernel: str):
 
 
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
-                   causal: bool = True, atomic_dq: bool = False):
-    """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel."""
+                   causal: bool = True, atomic_dq: bool = False, dot_precision: str = "tf32"):
+    """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
+
+    ``dot_precision`` is the ``input_precision`` of the kernels' ``tl.dot`` (what
+    ``autograd.dot_precision`` passes at launch): it only matters for fp32 inputs,
+    "tf32" (tensor cores) or "ieee" (PyTorch's default "highest")."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -41,7 +45,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     constexprs = {
         "HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim),
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "CAUSAL": causal,
-        "DOT_PRECISION": "tf32",  # what autograd passes; it only matters for fp32 inputs
+        "DOT_PRECISION": dot_precision,
     }
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
@@ -106,7 +110,8 @@ def run_job(job: dict) -> dict:
     try:
         compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
                                   dtype=job["dtype"], causal=job.get("causal", True),
-                                  atomic_dq=job.get("atomic_dq", False))
+                                  atomic_dq=job.get("atomic_dq", False),
+                                  dot_precision=job.get("dot_precision", "tf32"))
         out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.
