@@ -91,18 +91,19 @@ def test_defaults_compile_and_fit(cc, request):
             assert r["tensor_core_ops"] == 0, f"sm_75 {r['kernel']}: Triton now emits mma; update the book"
         else:
             assert r["tensor_core_ops"] > 0, f"sm_{cc} {r['kernel']} {r['dtype']}: no tensor-core instruction"
-    # The estimate that ``keep`` filters with, against the compiled kernel's own number
-    # (measured at head_dim 128, fp16, causal: equal for the forward and dQ kernels on
-    # sm_90, 1 KiB under for dK/dV; 16-25% over on sm_80, where Triton reuses buffers).
-    # It may understate by a little (Triton's scratch), never by a whole tile.
+    # The estimate that ``keep`` filters with, against the compiled kernel's own number.
+    # Measured over these jobs (Triton 3.9): forward and dQ 0.63-1.00 of the estimate (exact
+    # on sm_90 for most), never above it; dK/dV 0.52-1.34: the estimate understates some
+    # dK/dV configurations (64 x 64 at head_dim 128 on sm_90: 132 KB compiled, 98 KB
+    # estimated), which is why a launch that does not fit moves on to the next candidate.
     if cc != 75:  # no tensor cores: Triton lays out shared memory otherwise there
         elem_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}
         for r in results:
             config = configs.Config(*r["config"])
             estimate = configs.smem_estimate(r["kernel"], config, configs.block_d(r["head_dim"]),
                                              elem_bytes[r["dtype"]], cc)
-            low = 0 if r.get("dot_precision") == "ieee" else estimate / 2  # no mma layout to match
-            assert low <= r["shared"] <= estimate + 4096, \
+            high = 1.5 if r["kernel"] == "backward_dkdv" else 1.0
+            assert 0.4 * estimate <= r["shared"] <= high * estimate, \
                 f"sm_{cc} {r['kernel']} {config} d={r['head_dim']}: compiled {r['shared']} B, estimate {estimate} B"
     # every head_dim tile the library accepts has its configuration compiled, per kernel
     compiled = {(r["kernel"], configs.Config(*r["config"])) for r in results if not r["error"]}
