@@ -189,7 +189,9 @@ def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch
         launch(config)
         return config
     cc, elem = _cc(x.device), x.element_size()
-    full_key = (kernel, cc, x.dtype, bd, causal) + (key if _state["autotune"] else ())
+    # float32's dot precision is part of the key: IEEE and TF32 compile to different kernels
+    dtype_key = (x.dtype, dot_precision(x.dtype)) if x.dtype == torch.float32 else x.dtype
+    full_key = (kernel, cc, dtype_key, bd, causal) + (key if _state["autotune"] else ())
     if full_key in _chosen:
         launch(_chosen[full_key])
         return _chosen[full_key]
