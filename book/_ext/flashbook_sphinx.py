@@ -53,7 +53,14 @@ def _copy_explorers(app, exception):
         shutil.copyfile(path, os.path.join(static, path.name))
 
 
+#: flashbook.exercises.SOLUTIONS_ENV: the book executes its notebooks with their
+#: solutions, so every exercise check must report "correct" (a check that does not
+#: raises, and the build fails). The kernels inherit this process's environment.
+SOLUTIONS_ENV = "FLASHBOOK_SOLUTIONS"
+
+
 def setup(app):
+    os.environ[SOLUTIONS_ENV] = "1"
     app.connect("build-finished", _copy_explorers)
     app.add_js_file("flashbook_mount.js", type="module")
     # last: after myst-nb has added the page's own scripts
