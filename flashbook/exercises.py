@@ -70,6 +70,11 @@ class Result:
     def ok(self) -> bool:
         return self.status == CORRECT
 
+    def _ipython_display_(self) -> None:
+        """A check shows its report itself: as a cell's last line it adds no second copy."""
+        if not getattr(self, "_shown", False):
+            _show(self)
+
     def __str__(self) -> str:
         if self.status == WRONG:
             return f"{self.name}: wrong: {self.message}"
@@ -165,8 +170,8 @@ def compare(answer, expected, *, rtol: float = 1e-7, atol: float = 0.0, path: st
         err = np.where(np.isnan(err), np.inf, err)
         idx = np.unravel_index(int(np.argmax(err)), e.shape) if e.shape else ()
         at = f" at index {tuple(int(i) for i in idx)}" if e.shape else ""
-        return (f"{here} is {a[idx]:.6g}{at}, expected {e[idx]:.6g} "
-                f"({int(bad.sum())} of {e.size} values differ)")
+        count = f" ({int(bad.sum())} of {e.size} values differ)" if e.shape else ""
+        return f"{here} is {a[idx]:.6g}{at}, expected {e[idx]:.6g}{count}"
     return None if answer == expected else f"{here} is {answer!r}, expected {expected!r}"
 
 
@@ -225,6 +230,7 @@ def _show(result: Result) -> None:
         from IPython.display import display
     except ImportError:                                       # pragma: no cover
         get_ipython = None
+    object.__setattr__(result, "_shown", True)               # frozen: not a field, a mark
     if get_ipython is None or get_ipython() is None:
         print(result)
         return

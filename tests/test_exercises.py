@@ -159,3 +159,16 @@ def test_in_a_kernel_the_report_carries_a_machine_readable_copy(monkeypatch):
     (bundle, raw), = shown
     assert raw and bundle["text/plain"] == "ex: wrong: the answer is 'x', expected 'y'"
     assert bundle[MIME] == {"name": "ex", "status": "wrong", "message": "the answer is 'x', expected 'y'"}
+
+
+def test_a_check_as_a_cells_last_line_shows_its_report_once(monkeypatch):
+    shown = []
+    import IPython
+    import IPython.display
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append(obj))
+    r = check("ex", 4, 4)
+    r._ipython_display_()             # what IPython does with the cell's value: nothing more
+    assert len(shown) == 1
+    check("ex", 4, 4, show=False)._ipython_display_()                 # never shown: now it is
+    assert len(shown) == 2 and shown[1]["text/plain"] == "ex: correct"
