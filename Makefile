@@ -11,7 +11,7 @@ BUILD  := _build/html
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: book test serve venv browser clean gpu-test student pdf
+.PHONY: book test serve venv browser clean gpu-test student colab pdf
 
 venv: $(VENV)/.installed
 
@@ -37,7 +37,7 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; \
 	  else echo "install Debian's 'chromium' and 'fonts-wqy-microhei' packages to run the browser tests and make pdf"; fi; }
 
-test: book browser
+test: book colab browser
 	$(PY) -m pytest -m "not gpu" -n 2 $(PYTEST_ARGS)
 
 # The whole book as one PDF, printed offline from the built HTML: _build/pdf/flashbook.pdf
@@ -53,9 +53,16 @@ serve:
 	@echo "Serving http://localhost:$(PORT)/ (Ctrl-C to stop)"
 	$(PY) -m http.server $(PORT) --bind 127.0.0.1 --directory $(BUILD)
 
-# The notebooks without their solutions, for a class: _build/student/
+# The Colab edition, from the built book's notebooks (glued numbers filled in, plain
+# Markdown, solutions folded): _build/colab/. Nothing is executed again.
+colab: venv
+	@test -d _build/jupyter_execute || $(MAKE) book
+	$(PY) tools/colab_edition.py _build/colab
+
+# The same without the solutions, for a class: _build/student/
 student: venv
-	$(PY) tools/student_edition.py _build/student
+	@test -d _build/jupyter_execute || $(MAKE) book
+	$(PY) tools/colab_edition.py --student _build/student
 
 clean:
 	rm -rf _build

@@ -33,7 +33,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton is imported)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
 from flashbook import bench  # noqa: E402
 from flashbook.kernels import flash_forward  # noqa: E402
@@ -161,7 +160,7 @@ def main() -> None:
                     row["max_abs_diff_vs_flashbook"] = float((o.float() - ref.float()).abs().max())
                     if isinstance(out, tuple):
                         row["lse_max_abs_diff"] = float((out[1] - ref_lse).abs().max())
-                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    ms = bench.time_ms(fn)
                     row.update(ms=ms, tflops=bench.tflops(flops, ms))
                 except Exception as err:  # record, go on
                     row["error"] = f"{type(err).__name__}: {str(err)[:300]}"

@@ -2,20 +2,21 @@
 
 One module per idea, in the order the book teaches them:
 
-- ``reference``: naive attention and its gradients in NumPy (float64 truth)
+- ``reference``: naive attention and its gradients in NumPy (float64 truth), and in PyTorch
 - ``softmax``:   stable and online softmax, merging partial statistics
-- ``tiled``:     FlashAttention forward/backward in NumPy, with I/O accounting
+- ``tiled``:     FlashAttention forward/backward in NumPy, with I/O accounting (``io_counter``)
 - ``split``:     split-K: the keys cut into splits, merged (``tiled.split_forward``)
 - ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``;
                  ``flash_decode``
 - ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
 - ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
-- ``widgets``, ``bench``, ``plots``: explorers, benchmarks, shared figures
+- ``widgets``, ``bench``, ``plots``: explorers, benchmarks (a package), shared figures
+- ``validation``, ``display``: shared argument checks; showing source in a chapter
 """
 from . import runtime  # first: it decides TRITON_INTERPRET before triton is imported
 from .display import show_source
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version: pyproject reads it; releases are tagged v<version>
 __all__ = ["runtime", "show_source", "flash_attention"]
 
 

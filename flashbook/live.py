@@ -29,7 +29,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from . import reference, runtime, softmax, tiled
+from . import io_counter, reference, runtime, softmax, tiled
+from .validation import check_count
 
 STATIC = pathlib.Path(__file__).parent / "static"
 #: The one front end: anywidget's ``_esm`` and the static book's module.
@@ -58,7 +59,7 @@ def blocksize_config(settings=None) -> dict:
                          "smem_per_sm": c.smem_per_sm_kib * 1024}
                   for name, c in runtime.CHIPS.items()},
         "dtype_bytes": widgets.DTYPE_BYTES, "acc_bytes": widgets.ACC_BYTES,
-        "input_buffers": sorted(tiled._INPUT_BUFFERS), "stat_arrays": sorted(tiled._STAT_ARRAYS),
+        "input_buffers": sorted(io_counter.INPUT_BUFFERS), "stat_arrays": sorted(io_counter.STAT_ARRAYS),
         "orders": {o: name for o, name in widgets.plots.ORDER_NAMES.items()},
         "limits": {k: list(v) for k, v in widgets.LIMITS.items()},
         "example": {"seed": widgets.EXAMPLE_SEED, "low": widgets.EXAMPLE_LOW,
@@ -73,7 +74,7 @@ def qkv_config(q, k, v, *, scale=None, token: int = 1, tokens=None, keys=None, d
     if q.ndim != 2:
         raise ValueError(f"q must be 2-D (tokens x dims), got shape {q.shape}")
     n, d = q.shape
-    token = tiled._check_count(token, "token", 0)
+    token = check_count(token, "token", 0)
     if token >= n:
         raise ValueError(f"token must be < {n}, got {token}")
     return {"scale": float(scale),

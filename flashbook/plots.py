@@ -605,6 +605,47 @@ def online_merge(ax, scores, block: int):
     return ax
 
 
+def running_max(axes, scores, block: int) -> dict:
+    """The running maximum of one row of scores and the rescale factor it causes.
+
+    ``axes`` is a pair (top, bottom). Top: the scores, the running maximum one score at
+    a time (a step line) and after each block of ``block`` scores (squares). Bottom: the
+    factor $e^{m_{old} - m_{new}}$ that rescales the old sum at each step, both ways (1
+    where the maximum did not move). The maxima come from ``softmax.online_softmax``'s
+    trace. Returns the numbers the figure shows: ``m1``, ``m_block`` (the running maxima),
+    ``alpha1``, ``alpha_block`` (the factors) and ``moves1``, ``moves_block`` (how often
+    the maximum moved).
+    """
+    from . import softmax as sm
+
+    x = np.asarray(scores, dtype=float)
+    if x.ndim != 1 or x.size < 2:
+        raise ValueError(f"scores must be a 1-D array of at least 2 scores, got shape {x.shape}")
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block < x.size:
+        raise ValueError(f"block must be an int from 1 to len(scores) - 1, got {block!r}")
+    m1 = np.array([t.row_max for t in sm.online_softmax(x, block_size=1, return_trace=True)[2]])
+    mb = np.array([t.row_max for t in sm.online_softmax(x, block_size=block, return_trace=True)[2]])
+    alpha1, alphab = np.exp(m1[:-1] - m1[1:]), np.exp(mb[:-1] - mb[1:])   # step 0 has no old state
+    ends = np.minimum(np.arange(block, x.size + block, block), x.size) - 1  # last score of each block
+    top, bottom = axes
+    top.plot(x, "o", ms=3.5, color="0.55", label="score $x_j$")
+    top.step(range(x.size), m1, where="post", color="C0", lw=2, label="running max, one score at a time")
+    top.plot(ends, mb, "s", color="C3", ms=7, mfc="none", mew=2,
+             label=f"running max after each block of {block}")
+    for b in range(block, x.size, block):
+        top.axvline(b - 0.5, color="C3", lw=0.6, ls=":")
+    top.set_ylabel("score")
+    top.legend(fontsize=8, loc="upper left")
+    bottom.stem(range(1, x.size), alpha1, linefmt="C0-", markerfmt="C0o", basefmt=" ", label="one score at a time")
+    bottom.plot(ends[1:], alphab, "s", color="C3", ms=7, mfc="none", mew=2, label=f"blocks of {block}")
+    bottom.set_ylim(0, 1.08)
+    bottom.set_ylabel(r"rescale $e^{m_{old}-m_{new}}$")
+    bottom.set_xlabel("score index j")
+    bottom.legend(fontsize=8, loc="lower right")
+    return {"m1": m1, "m_block": mb, "alpha1": alpha1, "alpha_block": alphab,
+            "moves1": int((alpha1 < 1).sum()), "moves_block": int((alphab < 1).sum())}
+
+
 # ----------------------------------------------------------------- chapter 6
 
 def tensor_layout(ax, shape=(2, 2, 8, 4), *, block_m: int = 4, program=(1, 0, 1)):

@@ -6,6 +6,10 @@ Everything here is computed in float64 and returned as float64: it is the truth
 that the tiled algorithm and the GPU kernels are measured against. It builds the
 whole N_q x N_k score matrix, which is exactly what FlashAttention avoids.
 
+``torch_attention`` is the same formula in PyTorch, the book's one PyTorch
+reference: the truth on a GPU in float64, the yardstick of a kernel in its own
+dtype, and the benchmark's "naive" implementation.
+
 Shapes: ``q`` is (..., N_q, d), ``k`` is (..., N_k, d), ``v`` is (..., N_k, d_v);
 the leading (batch, head) dimensions must match.
 """
@@ -139,3 +143,36 @@ def attention_backward(q, k, v, do, *, causal: bool = False, scale=None):
     dq = scale * (ds @ k)
     dk = scale * (np.swapaxes(ds, -1, -2) @ q)
     return dq, dk, dv
+
+
+# ----------------------------------------------------------------- the same, in PyTorch
+
+def torch_attention(q, k, v, *, causal: bool = False, scale=None):
+    """The same formula as three plain PyTorch steps: S = scale Q K^T, P = softmax(S), O = P V.
+
+    Differentiable, in q's dtype and on q's device: the one PyTorch reference of the
+    book. In float64 it is the truth on a GPU (too big for NumPy); in the input dtype
+    it is the yardstick of a kernel's error (``kernels.checks``); timed, it is the
+    benchmark's "naive" implementation (``bench``). Each step is its own kernel and
+    writes a whole (batch, heads, N_q, N_k) matrix to device memory; autograd keeps
+    P for the backward: this is what FlashAttention replaces. q, k, v are torch
+    tensors (..., N, d); with a heads axis (..., heads, N, d), k and v may have fewer
+    heads than q (GQA). Causal is
+    bottom-right aligned (``causal_mask``); a row that sees no key gives zeros.
+    """
+    import torch
+
+    scale = resolve_scale(scale, q.shape[-1])
+    if k.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(group, dim=-3)
+        v = v.repeat_interleave(group, dim=-3)
+    s = torch.matmul(q * scale, k.transpose(-2, -1))   # scaling Q is N*d work, not N*N
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if causal:  # the complement of causal_mask, built on q's device
+        hidden = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(n_k - n_q + 1)
+        s = s.masked_fill(hidden, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    if causal and n_q > n_k:
+        p = p.nan_to_num(0.0)  # rows with no key: softmax of all -inf is NaN
+    return torch.matmul(p, v)

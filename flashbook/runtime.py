@@ -41,24 +41,35 @@ if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") is None:
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+#: The oldest triton whose interpreter runs every chapter (measured: see how_to_run).
+INTERPRETER_TRITON_FLOOR = "3.3.0"
+
+
+def _version_tuple(v: str) -> tuple:
+    return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
+
+
 def interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run the kernels here, or None if it can.
 
-    The interpreter of triton 3.6 and older breaks on NumPy 2.4 and newer (loops
-    over a run-time range fail); triton 3.7.1 fixed it.
+    Two known causes, each with its fix: a triton older than
+    ``INTERPRETER_TRITON_FLOOR`` (its interpreter lacks what the kernels use), and
+    the interpreter of triton 3.6 and older with NumPy 2.4 and newer (loops over a
+    run-time range fail; triton 3.7.1 fixed it).
     """
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         triton_version = version("triton")
     except PackageNotFoundError:
-        return "triton is not installed: pip install 'triton>=3.7.1'"
+        return ("triton is not installed (it exists for Linux only): pip install "
+                f"'triton>={INTERPRETER_TRITON_FLOOR}', or run the Triton chapters on Colab")
     import numpy
 
-    def parts(v):
-        return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
-
-    if parts(triton_version) < (3, 7, 1) and parts(numpy.__version__) >= (2, 4):
+    if _version_tuple(triton_version) < _version_tuple(INTERPRETER_TRITON_FLOOR):
+        return (f"triton {triton_version} is too old for the book's kernels in the interpreter: "
+                f"pip install 'triton>={INTERPRETER_TRITON_FLOOR}' (then restart the kernel)")
+    if _version_tuple(triton_version) < (3, 7, 1) and _version_tuple(numpy.__version__) >= (2, 4):
         return (f"Triton's interpreter in triton {triton_version} fails with numpy "
                 f"{numpy.__version__}: pip install 'triton>=3.7.1' (or 'numpy<2.4')")
     return None

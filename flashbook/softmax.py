@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .reference import check_qkv
+from .validation import check_count
 
 
 # ----------------------------------------------------------------- input checks
@@ -52,14 +53,6 @@ def _check_scores(x, name: str = "x") -> np.ndarray:
         raise ValueError(f"{name} must not contain NaN or +inf "
                          f"(-inf is allowed: it means 'masked')")
     return arr
-
-
-def _check_int(value, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _check_axis(axis, ndim: int) -> int:
@@ -195,7 +188,7 @@ def empty_state(shape=(), value_dim: int | None = None, dtype=np.float64) -> Sof
     shape = tuple(shape) if np.iterable(shape) else (shape,)
     acc = None
     if value_dim is not None:
-        acc = np.zeros(shape + (_check_int(value_dim, "value_dim", minimum=1),), dtype=dtype)
+        acc = np.zeros(shape + (check_count(value_dim, "value_dim", 1),), dtype=dtype)
     return SoftmaxState(np.full(shape, -np.inf, dtype=dtype), np.zeros(shape, dtype=dtype), acc)
 
 
@@ -269,7 +262,7 @@ def online_softmax(x, block_size: int = 1, axis: int = -1, *, return_trace: bool
     fp32 m and l); p is returned in x's dtype.
     """
     x = _check_scores(x)
-    block_size = _check_int(block_size, "block_size", minimum=1)
+    block_size = check_count(block_size, "block_size", 1)
     axis = _check_axis(axis, x.ndim)
     xs = np.moveaxis(x, axis, -1).astype(np.promote_types(x.dtype, np.float32), copy=False)
     state = empty_state(xs.shape[:-1], dtype=xs.dtype)
@@ -333,7 +326,7 @@ def online_attention_trace(q_row, k, v, *, scale=None, block_k: int = 1) -> list
     if q_row.ndim != 1:
         raise ValueError(f"q_row must be one query vector of shape (d,), got shape {q_row.shape}")
     q2, k, v, scale = check_qkv(q_row[None, :], k, v, scale)  # k, v: (N_k, d), (N_k, d_v)
-    block_k = _check_int(block_k, "block_k", minimum=1)
+    block_k = check_count(block_k, "block_k", 1)
     q_row, k, v = (x.astype(np.float64) for x in (q2[0], k, v))
     m, l, o = -np.inf, 0.0, np.zeros(v.shape[-1])
     steps = []

@@ -26,13 +26,13 @@ import numpy as np
 
 from .reference import causal_mask, check_qkv, scores
 from .softmax import SoftmaxState, block_state, merge
-from .tiled import _check_count, _check_flag
+from .validation import check_count, check_flag
 
 
 def split_bounds(n_k: int, num_splits: int) -> list[range]:
     """The key range of each split: ``num_splits`` contiguous ranges of
     ``ceil(n_k / num_splits)`` keys, the last ones shorter or empty."""
-    n_k, num_splits = _check_count(n_k, "n_k", 0), _check_count(num_splits, "num_splits")
+    n_k, num_splits = check_count(n_k, "n_k", 0), check_count(num_splits, "num_splits")
     size = max(1, -(-n_k // num_splits))
     return [range(min(s * size, n_k), min((s + 1) * size, n_k)) for s in range(num_splits)]
 
@@ -41,7 +41,7 @@ def split_partials(q, k, v, *, num_splits: int, causal: bool = False, scale=None
     """Each split's own (o_s, lse_s), float64: the attention of every query over that
     split's keys alone (o_s = 0 and lse_s = -inf for a row that sees none of them)."""
     q, k, v, scale = check_qkv(q, k, v, scale)
-    causal = _check_flag(causal, "causal")
+    causal = check_flag(causal, "causal")
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     n_q, n_k = q.shape[-2], k.shape[-2]
     allowed = causal_mask(n_q, n_k) if causal else np.ones((n_q, n_k), dtype=bool)

@@ -21,7 +21,7 @@ comparison tests the algorithm and not the rounding.
 The module follows the book:
 
 1. tiles, and which ones a causal mask lets us skip   ``tile_slices``, ``tile_schedule``
-2. the counter                                        ``IOCounter``, ``IOStats``
+2. the counter (``flashbook.io_counter``)             ``IOCounter``, ``IOStats``
 3. forward, FlashAttention-2 order (Q tiles outer)     ``forward(order="fa2")``
 4. forward, FlashAttention-1 order (K/V tiles outer)   ``forward(order="fa1")``
 5. backward, recomputing P from Q, K and lse           ``backward``
@@ -29,14 +29,13 @@ The module follows the book:
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import numbers
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from .io_counter import IOCounter, IOStats, as_counter, buffer_bytes, merge_counts, nonzero_counts
 from .reference import check_array, check_qkv
+from .validation import check_choice, check_count, check_flag
 
 ORDERS = ("fa2", "fa1")                       # forward loop orders
 DQ_STRATEGIES = ("atomic", "second_pass")    # how the backward accumulates dQ
@@ -44,30 +43,9 @@ DQ_STRATEGIES = ("atomic", "second_pass")    # how the backward accumulates dQ
 
 # ============================================================ 1. tiles and the causal mask
 
-def _check_count(value, name: str, minimum: int = 1) -> int:
-    """An integer >= minimum (block sizes, lengths), or a TypeError/ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_choice(value, name: str, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-def _check_flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
 def tile_slices(n: int, block: int) -> list[slice]:
     """The tiles of a length-n axis: ``ceil(n / block)`` slices, the last one ragged."""
-    n, block = _check_count(n, "n", 0), _check_count(block, "block")
+    n, block = check_count(n, "n", 0), check_count(block, "block")
     return [slice(start, min(start + block, n)) for start in range(0, n, block)]
 
 
@@ -109,10 +87,10 @@ def tile_schedule(n_q: int, n_k: int, block_q: int, block_k: int, *,
     ``"fa1"``: key tiles outer, query tiles inner (column by column).
     Wholly masked tiles never appear. The backward's main loop uses the "fa1" order.
     """
-    _check_choice(order, "order", ORDERS)
-    counts = visible_key_tiles(_check_count(n_q, "n_q", 0), _check_count(n_k, "n_k", 0),
-                               _check_count(block_q, "block_q"), _check_count(block_k, "block_k"),
-                               _check_flag(causal, "causal"))
+    check_choice(order, "order", ORDERS)
+    counts = visible_key_tiles(check_count(n_q, "n_q", 0), check_count(n_k, "n_k", 0),
+                               check_count(block_q, "block_q"), check_count(block_k, "block_k"),
+                               check_flag(causal, "causal"))
     if order == "fa2":
         return [(i, j) for i, n_j in enumerate(counts) for j in range(n_j)]
     n_k_tiles = len(tile_slices(n_k, block_k))
@@ -136,178 +114,6 @@ def tile_kinds(n_q: int, n_k: int, block_q: int, block_k: int, *,
 def _mask_scores(s: np.ndarray, rows: slice, cols: slice, n_q: int, n_k: int) -> np.ndarray:
     allowed = tile_mask(rows, cols, n_q, n_k)
     return s if allowed.all() else np.where(allowed, s, -np.inf)
-
-
-# ============================================================ 2. counting what moves
-
-@dataclass(frozen=True)
-class IOStats:
-    """What one run moved and held, or what a closed-form formula says it should.
-
-    ``reads``/``writes``: elements read from / written to HBM, per array, summed over
-    all programs (batch, heads, tiles). ``onchip``: elements that one program holds
-    on chip at its peak, per buffer. ``matmul_flops``: 2 m n k per (m x k)(k x n)
-    product. ``tile_visits``: score tiles computed, per (batch, head).
-    """
-
-    reads: dict = field(default_factory=dict)
-    writes: dict = field(default_factory=dict)
-    onchip: dict = field(default_factory=dict)
-    matmul_flops: int = 0
-    tile_visits: int = 0
-
-    @property
-    def hbm_reads(self) -> int:
-        return sum(self.reads.values())
-
-    @property
-    def hbm_writes(self) -> int:
-        return sum(self.writes.values())
-
-    @property
-    def hbm_total(self) -> int:
-        """Elements moved between HBM and the chip, both directions."""
-        return self.hbm_reads + self.hbm_writes
-
-    @property
-    def onchip_elements(self) -> int:
-        return sum(self.onchip.values())
-
-    def hbm_bytes(self, dtype_bytes: int = 2, stat_bytes: int = 4) -> int:
-        """Bytes moved, with the per-row statistics (m, l, lse, delta) in ``stat_bytes``."""
-        moved = _merge(self.reads, self.writes)
-        return sum(n * (stat_bytes if name in _STAT_ARRAYS else dtype_bytes)
-                   for name, n in moved.items())
-
-    def onchip_bytes_by_buffer(self, dtype_bytes: int = 2, acc_bytes: int = 4) -> dict:
-        """Bytes per on-chip buffer at the peak: input tiles (Q, K, V, dO) in
-        ``dtype_bytes``, everything accumulated on chip in ``acc_bytes``."""
-        return _buffer_bytes(self.onchip, dtype_bytes, acc_bytes)
-
-    def onchip_bytes(self, dtype_bytes: int = 2, acc_bytes: int = 4) -> int:
-        """Bytes on chip at the peak, all buffers together."""
-        return sum(self.onchip_bytes_by_buffer(dtype_bytes, acc_bytes).values())
-
-
-# Per-row statistics are kept in fp32 even when Q, K, V are fp16 (chapter 3).
-_STAT_ARRAYS = frozenset({"m", "l", "lse", "delta"})
-# On chip, everything that is computed (rather than loaded) is an fp32 accumulator.
-_INPUT_BUFFERS = frozenset({"Q", "K", "V", "dO"})
-
-
-def _buffer_bytes(buffers: dict, dtype_bytes: int, acc_bytes: int) -> dict:
-    return {name: n * (dtype_bytes if name in _INPUT_BUFFERS else acc_bytes)
-            for name, n in buffers.items()}
-
-
-def _merge(*dicts: dict) -> dict:
-    out: dict = {}
-    for d in dicts:
-        for name, n in d.items():
-            out[name] = out.get(name, 0) + n
-    return out
-
-
-def _nonzero(d: dict) -> dict:
-    return {name: int(n) for name, n in d.items() if n}
-
-
-class IOCounter:
-    """Counts HBM traffic, on-chip buffers and matmul FLOPs of one tiled run.
-
-    Pass one as ``io=`` to ``forward`` or ``backward``; afterwards ``stats()`` gives
-    an ``IOStats``, ``visits`` the tiles (i, j) in the order they were computed and,
-    if ``watch_row`` was set, ``trace`` the running (step, m, l) of that query row
-    (first batch element) after each forward step that touched it.
-
-    Arrays inside the loops are (programs, rows, cols): the first axis is the
-    flattened batch and heads, so per-program sizes are ``size // shape[0]``.
-    """
-
-    def __init__(self, watch_row: int | None = None):
-        if watch_row is not None:
-            watch_row = _check_count(watch_row, "watch_row", 0)
-        self.watch_row = watch_row
-        self.reads: dict = {}
-        self.writes: dict = {}
-        self.matmul_flops = 0
-        self.visits: list[tuple[int, int]] = []
-        self.trace: list[tuple[int, float, float]] = []
-        self._live: dict = {}            # buffers on chip now -> elements per program
-        self._peak: dict = {}            # the live buffers when their total was largest
-
-    # -- HBM <-> chip
-    def read(self, name: str, x: np.ndarray) -> np.ndarray:
-        """A tile loaded from HBM: count it, and it now occupies the chip."""
-        self.reads[name] = self.reads.get(name, 0) + x.size
-        return self.hold(name, x)
-
-    def write(self, name: str, x: np.ndarray) -> np.ndarray:
-        """A tile stored to HBM."""
-        self.writes[name] = self.writes.get(name, 0) + x.size
-        return x
-
-    # -- on chip
-    def hold(self, name: str, x: np.ndarray) -> np.ndarray:
-        """``x`` occupies the on-chip buffer ``name`` (replacing what it held)."""
-        self._live[name] = x.size // x.shape[0] if x.ndim and x.shape[0] else 0
-        if sum(self._live.values()) > sum(self._peak.values()):
-            self._peak = dict(self._live)
-        return x
-
-    @contextlib.contextmanager
-    def program(self):
-        """One GPU program: its on-chip buffers are freed when it ends."""
-        try:
-            yield
-        finally:
-            self._live = {}
-
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """a @ b, counting 2 m n k multiply-adds per program."""
-        out = a @ b
-        self.matmul_flops += 2 * a.shape[0] * a.shape[-2] * a.shape[-1] * b.shape[-1]
-        return out
-
-    def visit(self, i: int, j: int, rows: slice | None = None,
-              row_max: np.ndarray | None = None, row_sum: np.ndarray | None = None):
-        """Record that tile (i, j) was computed (and the watched row's m and l)."""
-        self.visits.append((i, j))
-        r = self.watch_row
-        if r is not None and row_max is not None and rows.start <= r < rows.stop:
-            self.trace.append((len(self.visits) - 1, float(row_max[0, r - rows.start]),
-                               float(row_sum[0, r - rows.start])))
-
-    def stats(self) -> IOStats:
-        return IOStats(_nonzero(self.reads), _nonzero(self.writes), _nonzero(self._peak),
-                       int(self.matmul_flops), len(self.visits))
-
-
-class _NoCounter(IOCounter):
-    """Counts nothing: what ``io=None`` means, so the loops read the same either way."""
-
-    def read(self, name, x):
-        return x
-
-    def write(self, name, x):
-        return x
-
-    def hold(self, name, x):
-        return x
-
-    def matmul(self, a, b):
-        return a @ b
-
-    def visit(self, *args, **kwargs):
-        pass
-
-
-def _counter(io) -> IOCounter:
-    if io is None:
-        return _NoCounter()
-    if not isinstance(io, IOCounter):
-        raise TypeError(f"io must be an IOCounter or None, got {type(io).__name__}")
-    return io
 
 
 # ============================================================ shared pieces of the loops
@@ -441,12 +247,12 @@ def forward(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = Fal
     ``io``: an ``IOCounter`` to fill in.
     """
     q, k, v, scale = check_qkv(q, k, v, scale)
-    block_q, block_k = _check_count(block_q, "block_q"), _check_count(block_k, "block_k")
-    causal = _check_flag(causal, "causal")
-    run = {"fa2": _forward_fa2, "fa1": _forward_fa1}[_check_choice(order, "order", ORDERS)]
+    block_q, block_k = check_count(block_q, "block_q"), check_count(block_k, "block_k")
+    causal = check_flag(causal, "causal")
+    run = {"fa2": _forward_fa2, "fa1": _forward_fa1}[check_choice(order, "order", ORDERS)]
     lead = q.shape[:-2]
     o, lse = run(_flatten(q), _flatten(k), _flatten(v), scale, causal, block_q, block_k,
-                 _counter(io))
+                 as_counter(io))
     return o.reshape(lead + o.shape[-2:]), lse.reshape(lead + lse.shape[-1:])
 
 
@@ -551,13 +357,13 @@ def backward(q, k, v, o, lse, do, *, block_q: int = 64, block_k: int = 64,
     o = check_array(o, "o", shape=q.shape[:-1] + (v.shape[-1],))
     do = check_array(do, "do", shape=o.shape)
     lse = check_array(lse, "lse", shape=q.shape[:-1])  # one value per query row
-    block_q, block_k = _check_count(block_q, "block_q"), _check_count(block_k, "block_k")
-    causal = _check_flag(causal, "causal")
-    _check_choice(dq_strategy, "dq_strategy", DQ_STRATEGIES)
+    block_q, block_k = check_count(block_q, "block_q"), check_count(block_k, "block_k")
+    causal = check_flag(causal, "causal")
+    check_choice(dq_strategy, "dq_strategy", DQ_STRATEGIES)
     lead = q.shape[:-2]
     lse2 = np.asarray(lse, dtype=np.float64).reshape((-1, q.shape[-2]))
     grads = _backward_kv_outer(_flatten(q), _flatten(k), _flatten(v), _flatten(o), lse2,
-                               _flatten(do), scale, causal, block_q, block_k, _counter(io),
+                               _flatten(do), scale, causal, block_q, block_k, as_counter(io),
                                dq_strategy)
     return tuple(g.reshape(lead + g.shape[-2:]) for g in grads)
 
@@ -581,9 +387,9 @@ def _tile_sums(n_q, n_k, d, block_q, block_k, causal):
 
 def _check_sizes(n_q, n_k, d, d_v, block_q=1, block_k=1, batch=1):
     d_v = d if d_v is None else d_v
-    return (_check_count(n_q, "n_q"), _check_count(n_k, "n_k"), _check_count(d, "d"),
-            _check_count(d_v, "d_v"), _check_count(block_q, "block_q"),
-            _check_count(block_k, "block_k"), _check_count(batch, "batch"))
+    return (check_count(n_q, "n_q"), check_count(n_k, "n_k"), check_count(d, "d"),
+            check_count(d_v, "d_v"), check_count(block_q, "block_q"),
+            check_count(block_k, "block_k"), check_count(batch, "batch"))
 
 
 def _scaled(stats: IOStats, batch: int) -> IOStats:
@@ -608,9 +414,9 @@ def onchip_breakdown(block_q: int, block_k: int, d: int, dtype_bytes: int = 2, *
                      d_v: int | None = None, acc_bytes: int = 4) -> dict:
     """``onchip_elements`` in bytes: Q, K, V tiles in the input dtype (``dtype_bytes``),
     S/P, O, m and l as accumulators (``acc_bytes``, fp32 by default)."""
-    return _buffer_bytes(onchip_elements(block_q, block_k, d, d_v),
-                         _check_count(dtype_bytes, "dtype_bytes"),
-                         _check_count(acc_bytes, "acc_bytes"))
+    return buffer_bytes(onchip_elements(block_q, block_k, d, d_v),
+                         check_count(dtype_bytes, "dtype_bytes"),
+                         check_count(acc_bytes, "acc_bytes"))
 
 
 def onchip_bytes(block_q: int, block_k: int, d: int, dtype_bytes: int = 2, *,
@@ -638,7 +444,7 @@ TILE_DS = (16, 32, 64, 128, 256)
 
 def tile_d(d: int) -> int:
     """The head dimension rounded up to the tile width the kernels load (a power of two)."""
-    d = _check_count(d, "d")
+    d = check_count(d, "d")
     for width in TILE_DS:
         if d <= width:
             return width
@@ -659,9 +465,9 @@ def smem_bytes(block_q: int, block_k: int, d: int, *, num_stages: int = 2,
     with the compiled kernels' real numbers. ``kernels.configs.smem_estimate("forward",
     ...)`` gives the same bytes (a test checks).
     """
-    bq, bk = _check_count(block_q, "block_q"), _check_count(block_k, "block_k")
-    d, stages = _check_count(d, "d"), max(_check_count(num_stages, "num_stages"), 1)
-    elt = _check_count(dtype_bytes, "dtype_bytes")
+    bq, bk = check_count(block_q, "block_q"), check_count(block_k, "block_k")
+    d, stages = check_count(d, "d"), max(check_count(num_stages, "num_stages"), 1)
+    elt = check_count(dtype_bytes, "dtype_bytes")
     if not (isinstance(arch, str) and arch.startswith("sm_") and arch[3:].isdigit()):
         raise ValueError(f"arch must look like 'sm_80', got {arch!r}")
     if int(arch[3:]) < 80:
@@ -710,9 +516,9 @@ def io_flash(n_q: int, n_k: int, d: int, block_q: int, block_k: int, *,
     """
     n_q, n_k, d, d_v, block_q, block_k, batch = _check_sizes(n_q, n_k, d, d_v, block_q,
                                                             block_k, batch)
-    _check_choice(order, "order", ORDERS)
+    check_choice(order, "order", ORDERS)
     row_visits, key_visits, area, tiles = _tile_sums(n_q, n_k, d, block_q, block_k,
-                                                     _check_flag(causal, "causal"))
+                                                     check_flag(causal, "causal"))
     if order == "fa2":
         reads = {"Q": n_q * d, "K": key_visits * d, "V": key_visits * d_v}
         writes = {"O": n_q * d_v, "lse": n_q}
@@ -723,7 +529,7 @@ def io_flash(n_q: int, n_k: int, d: int, block_q: int, block_k: int, *,
                   "l": n_q + row_visits, "lse": n_q}
     onchip = onchip_elements(min(block_q, n_q), min(block_k, n_k), d, d_v)
     flops = 2 * area * (d + d_v)
-    return _scaled(IOStats(_nonzero(reads), _nonzero(writes), onchip, flops, tiles), batch)
+    return _scaled(IOStats(nonzero_counts(reads), nonzero_counts(writes), onchip, flops, tiles), batch)
 
 
 def io_naive_backward(n_q: int, n_k: int, d: int, d_v: int | None = None, *,
@@ -756,9 +562,9 @@ def io_flash_backward(n_q: int, n_k: int, d: int, block_q: int, block_k: int, *,
     """
     n_q, n_k, d, d_v, block_q, block_k, batch = _check_sizes(n_q, n_k, d, d_v, block_q,
                                                             block_k, batch)
-    _check_choice(dq_strategy, "dq_strategy", DQ_STRATEGIES)
+    check_choice(dq_strategy, "dq_strategy", DQ_STRATEGIES)
     row_visits, key_visits, area, tiles = _tile_sums(n_q, n_k, d, block_q, block_k,
-                                                     _check_flag(causal, "causal"))
+                                                     check_flag(causal, "causal"))
     br, bc = min(block_q, n_q), min(block_k, n_k)
     reads = {"O": n_q * d_v, "dO": n_q * d_v + row_visits * d_v, "K": n_k * d,
              "V": n_k * d_v, "Q": row_visits * d, "lse": row_visits, "delta": row_visits}
@@ -772,14 +578,14 @@ def io_flash_backward(n_q: int, n_k: int, d: int, block_q: int, block_k: int, *,
         passes.append({**main, "dQ": br * d})
         flops = 2 * area * (3 * d + 2 * d_v)
     else:
-        reads = _merge(reads, {"Q": n_q * d, "dO": n_q * d_v, "lse": n_q, "delta": n_q,
+        reads = merge_counts(reads, {"Q": n_q * d, "dO": n_q * d_v, "lse": n_q, "delta": n_q,
                                "K": key_visits * d, "V": key_visits * d_v})
         passes += [main, {"Q": br * d, "dO": br * d_v, "lse": br, "delta": br, "dQ": br * d,
                           "K": bc * d, "V": bc * d_v, "S/P": br * bc, "dP/dS": br * bc}]
         flops = 2 * area * (4 * d + 3 * d_v)
         tiles *= 2
     onchip = max(passes, key=lambda b: sum(b.values()))   # the first of equals, as counted
-    return _scaled(IOStats(_nonzero(reads), _nonzero(writes), onchip, flops, tiles), batch)
+    return _scaled(IOStats(nonzero_counts(reads), nonzero_counts(writes), onchip, flops, tiles), batch)
 
 
 def io_bound(n: int, d: int, smem_elements: int) -> float:
@@ -789,7 +595,7 @@ def io_bound(n: int, d: int, smem_elements: int) -> float:
 
 def paper_blocks(smem_elements: int, d: int) -> tuple[int, int]:
     """The block sizes of Algorithm 1: B_c = ceil(M / 4d), B_r = min(ceil(M / 4d), d)."""
-    block_k = math.ceil(_check_count(smem_elements, "smem_elements") / (4 * _check_count(d, "d")))
+    block_k = math.ceil(check_count(smem_elements, "smem_elements") / (4 * check_count(d, "d")))
     return min(block_k, d), block_k
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from . import plots, reference, runtime, tiled
-from .tiled import _check_choice, _check_count, _check_flag
+from .validation import check_choice, check_count, check_flag
 
 #: A live run stops being quick (about 0.1 ms per tile in NumPy) beyond this many tiles.
 MAX_LIVE_TILES = 8192
@@ -50,7 +50,7 @@ def _hash32(x: np.ndarray) -> np.ndarray:
 def example_qkv(n: int, d: int) -> tuple:
     """The explorer's Q, K, V (n x d each): entry (a, r, c) of the three is
     LOW + WIDTH * hash(seed + (a * 65536 + r) * 512 + c) / 2**32, exact in float64."""
-    n, d = _check_count(n, "n"), _check_count(d, "d")
+    n, d = check_count(n, "n"), check_count(d, "d")
     if n > 65536 or d > 512:
         raise ValueError(f"n must be <= 65536 and d <= 512, got n={n}, d={d}")
     a, r, c = np.meshgrid(np.arange(3), np.arange(n), np.arange(d), indexing="ij")
@@ -76,16 +76,16 @@ class Settings:
     def checked(self) -> "Settings":
         """The same settings, validated (TypeError/ValueError naming the field)."""
         runtime.chip(self.chip)                    # ValueError naming the chip
-        n = _check_count(self.n, "n")
-        row = n // 2 if self.row is None else _check_count(self.row, "row", 0)
+        n = check_count(self.n, "n")
+        row = n // 2 if self.row is None else check_count(self.row, "row", 0)
         if row >= n:
             raise ValueError(f"row must be < n = {n}, got {row}")
-        step = None if self.step is None else _check_count(self.step, "step", 0)
-        return replace(self, n=n, d=_check_count(self.d, "d"),
-                       block_q=_check_count(self.block_q, "block_q"),
-                       block_k=_check_count(self.block_k, "block_k"),
-                       causal=_check_flag(self.causal, "causal"),
-                       order=_check_choice(self.order, "order", tiled.ORDERS),
+        step = None if self.step is None else check_count(self.step, "step", 0)
+        return replace(self, n=n, d=check_count(self.d, "d"),
+                       block_q=check_count(self.block_q, "block_q"),
+                       block_k=check_count(self.block_k, "block_k"),
+                       causal=check_flag(self.causal, "causal"),
+                       order=check_choice(self.order, "order", tiled.ORDERS),
                        step=step, row=row)
 
 

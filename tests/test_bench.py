@@ -11,9 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections import namedtuple
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -114,8 +112,10 @@ def test_flops_match_an_explicit_loop(n_q, n_k, d, causal):
 
 
 def test_bad_dimensions_are_named():
-    with pytest.raises(ValueError, match="n_q must be a positive integer"):
+    with pytest.raises(ValueError, match="n_q must be >= 1"):
         bench.attention_flops(1, 1, 0, 4, 4)
+    with pytest.raises(TypeError, match="d must be an integer"):
+        bench.attention_flops(1, 1, 4, 4, 4.0)
     with pytest.raises(ValueError, match="pass_ must be one of"):
         bench.attention_flops(1, 1, 4, 4, 4, pass_="forward")
     with pytest.raises(ValueError, match="impl must be"):
@@ -310,6 +310,12 @@ def test_cli_without_a_gpu_says_so_and_exits_cleanly():
     assert after == before  # nothing written
 
 
+def test_cli_help_names_every_run():
+    done = _run_cli("--help")
+    assert done.returncode == 0, done.stderr
+    assert all(flag in done.stdout for flag in ("--quick", "--sweep-blocks", "--ladder", "--impl"))
+
+
 def test_cli_bad_seq_exits_2_with_a_message():
     done = _run_cli("--seq", "4K,lots")
     assert done.returncode == 2
@@ -321,13 +327,16 @@ def test_cli_bad_seq_exits_2_with_a_message():
 
 def _some_results():
     return [
-        bench.Result("naive", 8, 16, 4096, 128, False, "bf16", fwd_ms=3.25, bwd_ms=7.5,
+        bench.Result(impl="naive", batch=8, heads=16, seq=4096, head_dim=128, causal=False, dtype="bf16",
+                     fwd_ms=3.25, bwd_ms=7.5,
                      fwd_tflops=1.2345678901234567, bwd_tflops=2.5, peak_fwd_bytes=17179869184,
                      peak_fwd_bwd_bytes=34359738368, floor_fwd_bwd_bytes=2**34,
                      err_out=0.0031, err_grad=0.0123, check="pass"),
-        bench.Result("sdpa-cudnn", 2, 32, 16384, 64, True, "bf16", status="unsupported",
+        bench.Result(impl="sdpa-cudnn", batch=2, heads=32, seq=16384, head_dim=64, causal=True, dtype="bf16",
+                     status="unsupported",
                      note="first run: RuntimeError: No available kernel, 'quoted', comma"),
-        bench.Result("naive", 2, 32, 16384, 64, True, "bf16", status="oom-skipped",
+        bench.Result(impl="naive", batch=2, heads=32, seq=16384, head_dim=64, causal=True, dtype="bf16",
+                     status="oom-skipped",
                      note="needs about 103.1 GB"),
     ]
 
@@ -461,7 +470,24 @@ def test_bench_case_records_failures_instead_of_raising():
     assert res.status == "oom-skipped" and res.note == "needs about 99.0 GB"
 
 
+def test_every_status_written_is_listed():
+    """Each status the harness and the sweeps can write is one of ``STATUSES``."""
+    import inspect
+
+    written = set()
+    for module in (bench.harness, bench.sweeps):
+        written |= set(re.findall(r'(?:status|res\.status)\s*=\s*"([a-z-]+)"', inspect.getsource(module)))
+        written |= set(re.findall(r'return "([a-z-]+)", first', inspect.getsource(module)))
+    assert written and written <= set(bench.STATUSES), written - set(bench.STATUSES)
+
+
 def test_classify_error():
+    class OutOfResources(Exception):  # Triton's name for a config that does not fit the chip
+        pass
+
+    status, note = bench.classify_error(OutOfResources("out of resource: shared memory, Required: 278528"),
+                                        "flashbook")
+    assert status == "out-of-resources" and "278528" in note
     assert bench.classify_error(torch.OutOfMemoryError("x"), "naive")[0] == "oom"
     assert bench.classify_error(RuntimeError("CUDA error: an illegal memory access was "
                                              "encountered"), "flashbook")[0] == "cuda-error"
@@ -494,53 +520,6 @@ def test_block_configs_cover_the_grid_once():
     n = math.prod(len(v) for v in bench.BLOCK_GRID.values())
     assert len(configs) == n == len({tuple(sorted(c.items())) for c in configs})
     assert set(configs[0]) == {"block_m", "block_n", "num_warps", "num_stages"}
-
-
-def test_kernel_resources_reads_triton_like_objects():
-    compiled = SimpleNamespace(n_regs=168, n_spills=0, metadata=SimpleNamespace(shared=98304))
-    o = torch.ones(2)
-    want = {"n_regs": 168, "n_spills": 0, "shared_bytes": 98304}
-    assert bench.kernel_resources(compiled) == want
-    assert bench.kernel_resources((o, o, compiled)) == want
-    assert bench.kernel_resources((o, {"n_regs": 96, "n_spills": 4, "shared": 512})) == \
-        {"n_regs": 96, "n_spills": 4, "shared_bytes": 512}
-    assert bench.kernel_resources(o) == {"n_regs": None, "n_spills": None,
-                                         "shared_bytes": None}
-
-
-# A stand-in for a Triton JIT function: a cache of compiled kernels per device.
-_FAKE_JIT = SimpleNamespace(device_caches={0: ({}, None, None)})
-
-
-def _fake_forward(q, k, v, *, causal=False, scale=None, config=None):
-    cache = _FAKE_JIT.device_caches[0][0]
-    key = (config, q.shape[-1], causal)
-    if key not in cache:  # "compile" once per config, as Triton does
-        cache[key] = SimpleNamespace(n_regs=config.block_m, n_spills=0,
-                                     metadata=SimpleNamespace(shared=1024 * config.block_n))
-    return q * 2, q.sum(-1)
-
-
-def test_block_sweep_hook_prefers_the_kernels_own_hook_and_adapts_forward():
-    def own(*args):
-        return args
-
-    hook, how = bench.block_sweep_hook(SimpleNamespace(forward_with_config=own))
-    assert hook is own and how.endswith("forward_with_config")
-
-    Config = namedtuple("Config", "block_m block_n num_warps num_stages")
-    kernels = SimpleNamespace(forward=_fake_forward, configs=SimpleNamespace(Config=Config))
-    hook, how = bench.block_sweep_hook(kernels)
-    assert "forward(config=...)" in how
-    q = torch.randn(1, 2, 8, 16)
-    for _ in range(2):  # the second call compiles nothing new: resources are remembered
-        launched = hook(q, q, q, True, 0.25, 64, 32, 4, 3)
-        assert torch.equal(launched[0], q * 2)
-        assert bench.kernel_resources(launched) == {"n_regs": 64, "n_spills": 0,
-                                                    "shared_bytes": 32768}
-
-    hook, why = bench.block_sweep_hook(SimpleNamespace())
-    assert hook is None and "forward_with_config" in why
 
 
 # ------------------------------------------------------------------ recorded runs (chapter 9)
@@ -576,7 +555,7 @@ def _synthetic_results(seqs=(1024, 2048, 4096), head_dims=(64, 128)):
                 else (fwd, bwd)
             if shape.causal:
                 fwd, bwd = 0.8 * fwd, 0.8 * bwd
-            r = bench.Result(impl, b, h, n, d, shape.causal, "bf16")
+            r = bench.Result.of(shape, "bf16", impl=impl)
             naive_like = impl in ("naive", "sdpa-math")
             r.floor_fwd_bwd_bytes = bench.attention_memory_bytes(
                 b, h, n, n, d, impl="naive" if naive_like else "flash", pass_="fwd+bwd",
@@ -828,7 +807,8 @@ def test_seed_shape_rows_prefers_the_sizes_the_article_states():
                    "but d=64 instead of 128")
     rows, why = bench.seed_shape_rows(df[df["head_dim"] == 128])
     assert set(rows["heads"]) == {16} and "H=16 instead of 32" in why
-    exact = _frame([bench.Result("flashbook", 8, 32, 4096, 128, False, "bf16", fwd_ms=1.5)])
+    exact = _frame([bench.Result(impl="flashbook", batch=8, heads=32, seq=4096, head_dim=128, causal=False,
+                                 dtype="bf16", fwd_ms=1.5)])
     rows, why = bench.seed_shape_rows(exact)
     assert len(rows) == 1 and why.endswith("the seed's own shape")
     rows, why = bench.seed_shape_rows(df[df["seq"] == 1024])

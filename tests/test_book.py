@@ -30,10 +30,11 @@ def test_every_chapter_was_executed_and_rendered(built, nb):
     assert html.count('class="cell_output') >= 3, f"{slug}: no executed outputs in the page"
     assert "Traceback (most recent call last)" not in html
     assert "Error" not in re.findall(r'<span class="ne">(\w+)</span>', html)
-    # the setup cell is hidden; the Colab launch button derives from the one URL
-    assert "%pip install" not in html
+    # the setup cell is hidden; the Colab launch button opens the Colab edition's
+    # notebook on the `colab` branch, derived from the one URL
+    assert "pip\", \"install" not in html
     repo_path = REPO_URL.removeprefix("https://github.com/")
-    assert f"colab.research.google.com/github/{repo_path}/blob/main/notebooks/{slug}.ipynb" in html
+    assert f"colab.research.google.com/github/{repo_path}/blob/colab/{slug}.ipynb" in html
 
 
 def test_pages_load_nothing_from_the_network(built):
@@ -41,7 +42,8 @@ def test_pages_load_nothing_from_the_network(built):
     assert len(pages) >= 5
     for p in pages:
         html = open(p, encoding="utf-8").read()
-        external = re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="(https?://[^"]+)"', html)
+        # (rel="canonical" names the published page; it loads nothing)
+        external = re.findall(r'<(?:script|link(?! rel="canonical")|img)[^>]+(?:src|href)="(https?://[^"]+)"', html)
         external = [u for u in external if not u.startswith("https://colab.research.google.com")]
         assert external == [], f"{os.path.relpath(p, built)} loads {external}"
 
@@ -81,3 +83,33 @@ def test_solution_outputs_sit_inside_their_fold(built, nb):
         assert fold is not None, f"{slug}: a solution cell is not folded"
         outside = [o for o in cell.select("div.cell_output") if fold not in o.find_parents("details")]
         assert not outside, f"{slug}: a solution's output shows outside its fold: {outside[0].get_text()[:80]!r}"
+
+
+# Visible code is teaching code: the measure is the book's shared tool, which counts
+# the code lines a reader sees unfolded and the share of the page's text that is code.
+# CI has shared/ beside the clone; a checkout may hold it, or sit one folder deeper.
+VISIBLE_CODE_TOOL = next(
+    (p for p in (os.path.join(up, "shared", "tools", "visible_code.py")
+                 for up in (os.path.dirname(ROOT), ROOT, os.path.dirname(os.path.dirname(ROOT))))
+     if os.path.exists(p)),
+    os.path.join(os.path.dirname(ROOT), "shared", "tools", "visible_code.py"))
+MAX_CODE_SHARE = 0.40                         # in every chapter
+MAX_CODE_LINES = {"09_benchmarks": 250, "10_making_it_fast": 250}
+
+
+@pytest.fixture(scope="module")
+def visible_code():
+    require(os.path.exists(VISIBLE_CODE_TOOL), f"the visible-code tool is missing: {VISIBLE_CODE_TOOL}")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("visible_code", VISIBLE_CODE_TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool.measure
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=os.path.basename)
+def test_visible_code_is_teaching_code(built, visible_code, nb):
+    slug = os.path.basename(nb)[: -len(".ipynb")]
+    lines, share = visible_code(os.path.join(built, "notebooks", f"{slug}.html"))
+    assert share <= MAX_CODE_SHARE, f"{slug}: {share:.0%} of the visible page is code ({lines} lines)"
+    assert lines <= MAX_CODE_LINES.get(slug, lines), f"{slug}: {lines} visible lines of code"

@@ -1,27 +1,21 @@
 """What chapters 7 and 8 claim about the kernels' tiles, checked on the kernels themselves.
 
-Chapter 7 runs the forward kernel's own ``causal_bounds`` (through a probe kernel)
+Chapter 7 runs the forward kernel's own ``causal_bounds`` (through a probe kernel,
+``probes.stage_map``, which also runs the dK/dV kernel's ``query_bounds``)
 and says the kernel visits exactly the tiles of chapter 4's NumPy loop, masking
 those the causal diagonal cuts. Chapter 8 watches the backward kernels with
-poisoned inputs (NaN in dO or V shows which tiles a program visits; lse = -inf
+poisoned inputs (``probes.observed_stages``) (NaN in dO or V shows which tiles a program visits; lse = -inf
 shows whether the visit runs unmasked) and says they visit exactly chapter 5's
 tiles. These tests assert the same on more shapes, so a change to the kernels'
 bounds fails here before it fails a chapter.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-import torch
 
-from flashbook import runtime, tiled
-from flashbook.kernels import configs, flash_backward, flash_forward, probes
-
-import triton
-
-DEVICE = runtime.device()
+from flashbook import tiled
+from flashbook.kernels import configs, probes
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -38,50 +32,6 @@ def test_forward_visits_chapter_4_tiles(n_q, n_k, block_m, block_n, causal):
     assert extra[:, :-1].sum() == 0 and (n_k % block_n != 0 or not extra.any())
 
 
-def _fresh(n_q, n_k, d=16):
-    gen = torch.Generator().manual_seed(n_q * 1000 + n_k)
-    q, k, v = (torch.randn(1, 1, n, d, generator=gen).to(DEVICE) for n in (n_q, n_k, n_k))
-    o, lse = flash_forward(q, k, v, causal=True)
-    return q, k, v, o, lse, torch.randn(o.shape, generator=gen).to(DEVICE)
-
-
-def dkdv_stages(n_q, n_k, config):
-    """The dK/dV kernel observed: NaN rows of dO show visits, lse = -inf shows unmasked ones."""
-    q, k, v, o, lse, do = _fresh(n_q, n_k)
-    t_r, t_c = triton.cdiv(n_q, config.block_m), triton.cdiv(n_k, config.block_n)
-    kinds = np.full((t_r, t_c), "skipped", dtype=object)
-
-    def dv_tiles(lse_, do_):
-        _, _, dv = flash_backward(q, k, v, o, lse_, do_, causal=True, dq_mode="atomic", config_dkdv=config)
-        return [dv[..., j * config.block_n:(j + 1) * config.block_n, :] for j in range(t_c)]
-
-    with np.errstate(all="ignore"):
-        for i in range(t_r):
-            rows = slice(i * config.block_m, (i + 1) * config.block_m)
-            do_nan, lse_inf = do.clone(), lse.clone()
-            do_nan[..., rows, :] = math.nan
-            lse_inf[..., rows] = -math.inf
-            for j, (seen, main) in enumerate(zip(dv_tiles(lse, do_nan), dv_tiles(lse_inf, do))):
-                if torch.isnan(seen).any():
-                    kinds[i, j] = "masked" if torch.isfinite(main).all() else "main"
-    return kinds
-
-
-def dq_visits(n_q, n_k, config):
-    """The dQ kernel observed: NaN rows of V tile j show which query tiles visit it."""
-    q, k, v, o, lse, do = _fresh(n_q, n_k)
-    t_r, t_c = triton.cdiv(n_q, config.block_m), triton.cdiv(n_k, config.block_n)
-    seen = np.zeros((t_r, t_c), dtype=bool)
-    with np.errstate(all="ignore"):
-        for j in range(t_c):
-            v_nan = v.clone()
-            v_nan[..., j * config.block_n:(j + 1) * config.block_n, :] = math.nan
-            dq, _, _ = flash_backward(q, k, v_nan, o, lse, do, causal=True, config_dq=config)
-            for i in range(t_r):
-                seen[i, j] = bool(torch.isnan(dq[..., i * config.block_m:(i + 1) * config.block_m, :]).any())
-    return seen
-
-
 def _schedule(n_q, n_k, block_m, block_n):
     return set(tiled.tile_schedule(n_q, n_k, block_m, block_n, causal=True))
 
@@ -89,17 +39,19 @@ def _schedule(n_q, n_k, block_m, block_n):
 @pytest.mark.parametrize("n_q, n_k, block_m, block_n", [(72, 72, 16, 32), (64, 64, 32, 16), (40, 70, 16, 16),
                                                          (70, 40, 16, 32)])
 def test_dkdv_kernel_visits_chapter_5_tiles(n_q, n_k, block_m, block_n):
-    kinds = dkdv_stages(n_q, n_k, configs.Config(block_m, block_n, 4, 1))
+    kinds = probes.observed_stages(n_q, n_k, configs.Config(block_m, block_n, 4, 1), "backward_dkdv")
     assert {tuple(ij) for ij in np.argwhere(kinds != "skipped")} == _schedule(n_q, n_k, block_m, block_n)
     ch5 = tiled.tile_kinds(n_q, n_k, block_m, block_n, causal=True)
     assert np.all(kinds[ch5 == "partial"] == "masked"), "a tile the diagonal cuts ran unmasked"
+    # the kernel's own query_bounds, probed, says the same as the poisoned gradients
+    assert np.array_equal(kinds, probes.stage_map(n_q, n_k, block_m, block_n, True, kernel="backward_dkdv"))
 
 
 @pytest.mark.parametrize("n, block_m, block_n", [(64, 16, 32), (64, 32, 16), (64, 16, 16), (128, 32, 32)])
 def test_masked_tiles_number_n_over_the_smaller_block(n, block_m, block_n):
     """Chapters 7 and 8, exercises: causal, N a multiple of both blocks, the diagonal band
     holds N / min(B_r, B_c) tiles, in the forward and in the dK/dV kernel alike."""
-    dkdv = dkdv_stages(n, n, configs.Config(block_m, block_n, 4, 1))
+    dkdv = probes.observed_stages(n, n, configs.Config(block_m, block_n, 4, 1), "backward_dkdv")
     forward = probes.stage_map(n, n, block_m, block_n, True)
     assert int((dkdv == "masked").sum()) == n // min(block_m, block_n)
     assert int((forward == "masked").sum()) == n // min(block_m, block_n)
@@ -107,10 +59,31 @@ def test_masked_tiles_number_n_over_the_smaller_block(n, block_m, block_n):
 
 @pytest.mark.parametrize("n_q, n_k, block_m, block_n", [(72, 72, 32, 16), (40, 70, 16, 16), (70, 40, 32, 16)])
 def test_dq_kernel_visits_chapter_5_tiles(n_q, n_k, block_m, block_n):
-    seen = dq_visits(n_q, n_k, configs.Config(block_m, block_n, 4, 1))
+    seen = probes.observed_stages(n_q, n_k, configs.Config(block_m, block_n, 4, 1), "backward_dq") != "skipped"
     assert {tuple(ij) for ij in np.argwhere(seen)} == _schedule(n_q, n_k, block_m, block_n)
-    stages = probes.stage_map(n_q, n_k, block_m, block_n, True)     # _bwd_dq uses the same bounds
+    stages = probes.stage_map(n_q, n_k, block_m, block_n, True, kernel="backward_dq")  # causal_bounds, as the forward
     assert np.array_equal(seen, stages != "skipped")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_q, n_k, block_m, block_n", [(100, 100, 32, 16), (40, 110, 16, 32), (112, 48, 64, 16),
+                                                         (1, 77, 16, 16), (77, 1, 16, 32)])
+def test_dkdv_stage_map_matches_the_mask_tile_by_tile(n_q, n_k, block_m, block_n, causal):
+    """The dK/dV kernel's map, from the mask alone: skipped when no row sees any key of the
+    tile, main when every row of a whole query tile sees every key, masked otherwise (a
+    ragged key tile runs unmasked there: keys past seq_k only touch dK/dV rows never stored)."""
+    kinds = probes.stage_map(n_q, n_k, block_m, block_n, causal, kernel="backward_dkdv")
+    diagonal = n_k - n_q
+    for (i, j), kind in np.ndenumerate(kinds):
+        rows = np.arange(i * block_m, (i + 1) * block_m)[:, None]
+        cols = np.arange(j * block_n, (j + 1) * block_n)[None, :]
+        seen = (cols <= rows + diagonal) if causal else np.ones((block_m, block_n), bool)
+        seen = seen & (cols < n_k)
+        whole_rows = (i + 1) * block_m <= n_q
+        inside = cols < n_k
+        want = ("skipped" if not (seen & (rows < n_q)).any()
+                else "main" if whole_rows and seen[:, inside[0]].all() else "masked")
+        assert kind == want, (i, j, kind, want)
 
 
 # ------------------------------------------------------------ the stage map and its figure
@@ -137,6 +110,8 @@ def test_stage_map_rejects_bad_sizes():
         probes.stage_map(64, 0, 16, 16)
     with pytest.raises(TypeError, match="causal"):
         probes.stage_map(64, 64, 16, 16, causal=1)
+    with pytest.raises(ValueError, match="kernel"):
+        probes.stage_map(64, 64, 16, 16, kernel="backward")
 
 
 def test_stage_grid_draws_one_patch_per_tile():

@@ -62,6 +62,11 @@ def jobs_for(cc: int) -> list[dict]:
         if widest[kernel, smallest] != (16, 2):
             jobs.append(_job(kernel, cc, 16, "fp16", smallest))
     jobs.append(_job("backward_dkdv", cc, 128, "fp16", _config("backward_dkdv", cc, 128, 2), atomic_dq=True))
+    # float32 as PyTorch's default switch ("highest") runs it: IEEE products, no tensor cores
+    for kernel in configs.KERNELS:
+        config = _config(kernel, cc, 128, 4)
+        if config is not None:
+            jobs.append(dict(_job(kernel, cc, 128, "fp32", config), dot_precision="ieee"))
     return jobs
 
 
@@ -80,10 +85,26 @@ def test_defaults_compile_and_fit(cc, request):
     # What the book says about tensor cores: every kernel's tl.dot uses them on sm_80
     # and sm_90; on sm_75 (the T4) Triton compiles it to plain FMAs.
     for r in results:
+        if r.get("dot_precision") == "ieee":
+            continue  # the claim is about tensor-core products; IEEE float32 ones are left out
         if cc == 75:
             assert r["tensor_core_ops"] == 0, f"sm_75 {r['kernel']}: Triton now emits mma; update the book"
         else:
             assert r["tensor_core_ops"] > 0, f"sm_{cc} {r['kernel']} {r['dtype']}: no tensor-core instruction"
+    # The estimate that ``keep`` filters with, against the compiled kernel's own number.
+    # Measured over these jobs (Triton 3.9): forward and dQ 0.63-1.00 of the estimate (exact
+    # on sm_90 for most), never above it; dK/dV 0.52-1.34: the estimate understates some
+    # dK/dV configurations (64 x 64 at head_dim 128 on sm_90: 132 KB compiled, 98 KB
+    # estimated), which is why a launch that does not fit moves on to the next candidate.
+    if cc != 75:  # no tensor cores: Triton lays out shared memory otherwise there
+        elem_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}
+        for r in results:
+            config = configs.Config(*r["config"])
+            estimate = configs.smem_estimate(r["kernel"], config, configs.block_d(r["head_dim"]),
+                                             elem_bytes[r["dtype"]], cc)
+            high = 1.5 if r["kernel"] == "backward_dkdv" else 1.0
+            assert 0.4 * estimate <= r["shared"] <= high * estimate, \
+                f"sm_{cc} {r['kernel']} {config} d={r['head_dim']}: compiled {r['shared']} B, estimate {estimate} B"
     # every head_dim tile the library accepts has its configuration compiled, per kernel
     compiled = {(r["kernel"], configs.Config(*r["config"])) for r in results if not r["error"]}
     for kernel in configs.KERNELS:
@@ -105,13 +126,6 @@ def test_unsupported_combinations_are_only_fp32_at_large_head_dim():
     assert all(cc == 75 and bd == 256 and elem == 4 for _, cc, bd, elem in unsupported), unsupported
     with pytest.raises(ValueError, match="shared memory"):
         configs.default("backward_dkdv", cc=75, block_d=256, elem_bytes=4)
-
-
-def test_smem_estimate_is_close_for_the_defaults():
-    """The estimate that ``keep`` filters with is in the right range on sm_90 (exact for
-    the forward: a Q tile plus num_stages K and V tiles)."""
-    config = configs.Config(128, 64, 4, 3)
-    assert configs.smem_estimate("forward", config, 128, 2, cc=90) == 2 * (128 * 128 + 3 * 2 * 64 * 128)
 
 
 def test_keep_rejects_what_cannot_fit():

@@ -282,3 +282,63 @@ def test_every_ladder_rung_is_exact(causal):
         assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-5), rung.name
     with pytest.raises(TypeError, match="rung must be one of"):
         run_rung("exp2", q, k, v)
+
+
+# ------------------------------------------------------------ float32: PyTorch's switch
+
+@pytest.fixture
+def torch_matmul_precision():
+    """Set PyTorch's float32 matmul switch for one test; restore it and the override after."""
+    old = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(old)
+    flashbook.kernels.set_fp32_precision(None)
+
+
+# (PyTorch's switch, set_fp32_precision's override, what the kernels must get)
+FP32_SELECTION = [
+    ("highest", None, "ieee"), ("high", None, "tf32"), ("medium", None, "tf32"),
+    ("highest", "tf32", "tf32"), ("high", "ieee", "ieee"), ("medium", "ieee", "ieee"),
+]
+
+
+@pytest.mark.parametrize("torch_setting, override, want", FP32_SELECTION)
+def test_fp32_launches_follow_torch_switch(torch_matmul_precision, monkeypatch, torch_setting, override, want):
+    """Every kernel launch with float32 inputs passes the precision the switch asks for.
+
+    The interpreter ignores ``input_precision``, so what is checked is the argument
+    each launch hands to the kernel (the GPU tests check what it does to the error).
+    """
+    from flashbook.kernels import autograd
+
+    seen = {}
+
+    class Spy:  # stands in for a @triton.jit kernel: kernel[grid](*args, **meta)
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                seen.setdefault(self.name, set()).add(meta.get("DOT_PRECISION"))
+                return self.kernel[grid](*args, **meta)
+            return launch
+
+    for name in ("_attn_fwd", "_bwd_dkdv", "_bwd_dq"):
+        monkeypatch.setattr(autograd, name, Spy(name, getattr(autograd, name)))
+    torch_matmul_precision(torch_setting)
+    flashbook.kernels.set_fp32_precision(override)
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q, k, v = (make((1, 1, 9, 16), torch.float32, gen).requires_grad_() for _ in range(3))
+    flashbook.flash_attention(q, k, v, causal=True).sum().backward()
+    assert seen == {"_attn_fwd": {want}, "_bwd_dkdv": {want}, "_bwd_dq": {want}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_ignore_the_fp32_switch(torch_matmul_precision, dtype):
+    torch_matmul_precision("highest")
+    assert flashbook.kernels.dot_precision(dtype) == "tf32"  # the neutral value: exact products anyway
+
+
+def test_fp32_precision_refuses_unknown_names():
+    with pytest.raises(ValueError, match="precision must be"):
+        flashbook.kernels.set_fp32_precision("highest")  # PyTorch's word, not ours

@@ -14,6 +14,9 @@ import yaml
 from conftest import ROOT
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+#: the chapters (01_... to 11_...); the others are appendix pages (A2_...), which share
+#: the setup cell and the storage conventions but have no exercises
+CHAPTERS = [p for p in NOTEBOOKS if re.match(r"\d\d_", os.path.basename(p))]
 CONFIG = yaml.safe_load(open(os.path.join(ROOT, "_config.yml")))
 REPO_URL = CONFIG["repository"]["url"]
 
@@ -60,7 +63,7 @@ def test_repository_url_is_defined_once():
 def test_notebook_conventions(path):
     nb = load(path)
     name = os.path.basename(path)
-    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", name)
+    assert re.fullmatch(r"(\d\d|A\d)_[a-z0-9_]+\.ipynb", name)
     cells = nb["cells"]
     # stored without outputs: the book build executes them
     for c in cells:
@@ -70,12 +73,16 @@ def test_notebook_conventions(path):
     setup = "".join(cells[0]["source"])
     assert cells[0]["cell_type"] == "code"
     assert "remove-cell" in cells[0]["metadata"].get("tags", [])
-    assert f'%pip install -q "flashbook @ git+{REPO_URL}"' in setup
-    assert "torch" not in setup.split("import flashbook")[-1]  # never reinstalls torch
+    assert f'source = "git+{REPO_URL}@v' in setup  # the release tag (tests/test_colab.py)
+    assert "-c" in setup and "torch" in setup  # torch and co. pinned as installed, never reinstalled
     for url in re.findall(r"https://github\.com/[^\s\"')]+", json.dumps(nb)):
         assert url.startswith(REPO_URL), f"{name}: {url} is not the repository URL in _config.yml"
     # cell 2: the title and what you will learn
     head = "".join(cells[1]["source"])
+    if name.startswith("A"):  # an appendix page: its title, and no exercises
+        assert head.startswith(f"# {name[:2]}. "), f"{name}: title must read '# {name[:2]}. ...'"
+        assert nb["metadata"]["kernelspec"]["name"] == "python3"
+        return
     number = int(name[:2])
     assert head.startswith(f"# {number}. "), f"{name}: title must read '# {number}. ...'"
     assert "## What you will learn" in head
@@ -94,12 +101,18 @@ def test_notebook_conventions(path):
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
 
+def test_appendix_pages_have_a_chapters_setup_cell():
+    chapter_cells = {"".join(load(p)["cells"][0]["source"]) for p in CHAPTERS}
+    for p in set(NOTEBOOKS) - set(CHAPTERS):
+        assert "".join(load(p)["cells"][0]["source"]) in chapter_cells, f"{p}: setup cell differs"
+
+
 def test_student_edition_drops_solutions_only(tmp_path):
     import subprocess
     import sys
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "student_edition.py"), str(tmp_path)],
                    check=True, capture_output=True)
-    for path in NOTEBOOKS:
+    for path in CHAPTERS:
         full = load(path)
         student = load(tmp_path / os.path.basename(path))
         n_solutions = sum("solution" in c["metadata"].get("tags", []) for c in full["cells"])

@@ -105,6 +105,26 @@ def test_online_merge_ends_at_the_rows_logsumexp(rng):
         plots.online_merge(plt.subplots()[1], x, 0)
 
 
+def test_running_max_figure_shows_the_rows_running_maximum(rng):
+    x = 2 * rng.standard_normal(30)
+    fig, axes = plt.subplots(2, 1)
+    got = plots.running_max(axes, x, 8)
+    want = np.maximum.accumulate(x)
+    np.testing.assert_array_equal(got["m1"], want)
+    np.testing.assert_array_equal(axes[0].lines[1].get_ydata(), want)   # the step line
+    ends = [7, 15, 23, 29]                                              # a ragged last block
+    np.testing.assert_array_equal(got["m_block"], want[ends])
+    np.testing.assert_array_equal(axes[0].lines[2].get_xdata(), ends)
+    # the maximum moves exactly where a new score beats all before it
+    assert got["moves1"] == int((x[1:] > want[:-1]).sum())
+    assert got["moves_block"] == int((want[ends][1:] > want[ends][:-1]).sum())
+    assert np.all((got["alpha1"] > 0) & (got["alpha1"] <= 1))
+    with pytest.raises(ValueError, match="block"):
+        plots.running_max(axes, x, 30)
+    with pytest.raises(ValueError, match="scores"):
+        plots.running_max(axes, x[:1], 1)
+
+
 def test_tensor_layout_addresses_match_numpy_strides():
     shape, block_m, (b, h, m) = (2, 3, 8, 4), 4, (1, 2, 1)
     ax = plots.tensor_layout(plt.subplots()[1], shape, block_m=block_m, program=(b, h, m))

@@ -1,5 +1,4 @@
 """flashbook.reference against torch (float64, autograd): forward and backward."""
-import math
 
 import numpy as np
 import pytest
@@ -15,21 +14,10 @@ RTOL, ATOL = 1e-10, 1e-10
 
 
 def torch_attention(q, k, v, do=None, *, causal=False, scale=None):
-    """Independent reference: torch float64 with autograd for the gradients."""
+    """Independent of the NumPy code: ``reference.torch_attention`` (PyTorch, float64),
+    with autograd for the gradients."""
     q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = scale * q @ k.transpose(-1, -2)
-    n_q, n_k = s.shape[-2:]
-    if causal:
-        i = torch.arange(n_q)[:, None]
-        j = torch.arange(n_k)[None, :]
-        allowed = j <= i + (n_k - n_q)
-    else:
-        allowed = torch.ones(n_q, n_k, dtype=torch.bool)
-    sees_any = allowed.any(-1, keepdim=True)
-    s = s.masked_fill(~allowed, float("-inf")).masked_fill(~sees_any, 0.0)
-    p = torch.softmax(s, dim=-1) * sees_any
-    o = p @ v
+    o = reference.torch_attention(q, k, v, causal=causal, scale=scale)
     if do is None:
         return o.detach().numpy()
     o.backward(torch.tensor(do))

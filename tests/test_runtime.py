@@ -69,6 +69,13 @@ def test_interpreter_problem_names_the_fix(monkeypatch):
     assert "triton>=3.7.1" in runtime.interpreter_problem()
     monkeypatch.setattr(numpy, "__version__", "2.3.5")
     assert runtime.interpreter_problem() is None
+    # a triton below the measured floor: named, with the fix, whatever numpy is
+    floor = runtime.INTERPRETER_TRITON_FLOOR
+    major, minor = (int(x) for x in floor.split(".")[:2])
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: f"{major}.{minor - 1}.0" if name == "triton" else real_version(name))
+    problem = runtime.interpreter_problem()
+    assert f"triton {major}.{minor - 1}.0 is too old" in problem and f"triton>={floor}" in problem
 
 
 def test_fp32_and_exp_rates_match_the_datasheets():

@@ -14,5 +14,7 @@ status=0
 $py -m flashbook.bench --out "$out/bench" --no-progress || status=1
 $py -m flashbook.bench --sweep-blocks --out "$out/blocks" --no-progress || status=1
 $py -m flashbook.bench --ladder --out "$out/ladder" --no-progress || status=1
+# also OUT_DIR/notebooks/gpu_outputs/: what the book shows for cells tagged gpu (commit it
+# to benchmarks/results/gpu_outputs/)
 $py tools/run_notebooks.py "$out/notebooks" notebooks/0[6-9]_*.ipynb notebooks/1[0-9]_*.ipynb || status=1
 exit $status

@@ -3,9 +3,16 @@
     python tools/run_notebooks.py OUT_DIR [NOTEBOOK ...]
 
 Writes OUT_DIR/notebooks.json (per notebook: ok, seconds, the error if any, and
-where it ran: GPU, driver, torch, triton, date, command) and OUT_DIR/executed.tar.gz
-(the executed notebooks, outputs included). Used to run the book once on a real
-GPU; `make book` executes the notebooks on the machine that builds the book.
+where it ran: GPU, driver, torch, triton, date, command, commit), OUT_DIR/executed.tar.gz
+(the executed notebooks, outputs included) and, for each notebook that ran without
+error and has cells tagged `gpu`, OUT_DIR/gpu_outputs/<notebook>.json: those cells'
+outputs with the provenance, which the book shows where it is built without a GPU
+(book/_ext/gpu_outputs.py). Recording the GPU chapters on a GPU machine:
+
+    python tools/run_notebooks.py OUT notebooks/0[6-9]_*.ipynb notebooks/1[0-9]_*.ipynb
+    cp OUT/gpu_outputs/*.json benchmarks/results/gpu_outputs/
+
+`make book` executes the notebooks on the machine that builds the book.
 """
 from __future__ import annotations
 
@@ -24,11 +31,27 @@ import nbclient
 import nbformat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "book", "_ext"))
+import gpu_outputs  # noqa: E402  (the book's extension: what it reads, this writes)
+
+
+def commit() -> str:
+    """The checkout's commit (with "+changes" if notebooks/ or flashbook/ differ from it);
+    $FLASHBOOK_COMMIT where the copy has no git history."""
+    def git(*args):
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return os.environ.get("FLASHBOOK_COMMIT", "unknown")
+    dirty = git("status", "--porcelain", "--", "notebooks", "flashbook").stdout.strip()
+    return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def machine() -> dict:
     info = {"python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+            "command": " ".join([os.path.basename(sys.executable), sys.argv[0], "OUT_DIR", *sys.argv[2:]]),
+            "commit": commit()}   # OUT_DIR: no path of the machine that ran it
     try:
         import torch
         import triton
@@ -63,6 +86,7 @@ def main(out_dir: str, paths: list[str]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     paths = paths or sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
     records = []
+    where = machine()
     with tarfile.open(os.path.join(out_dir, "executed.tar.gz"), "w:gz") as tar:
         for path in paths:
             record, nb = run(path)
@@ -73,7 +97,12 @@ def main(out_dir: str, paths: list[str]) -> int:
             info = tarfile.TarInfo(os.path.basename(path))
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    summary = {"machine": machine(), "notebooks": records,
+            cells = gpu_outputs.extract(nb)
+            if record["ok"] and cells and where.get("gpu"):   # never a CPU run as a recording
+                stem = os.path.splitext(os.path.basename(path))[0]
+                gpu_outputs.write_record(os.path.join(out_dir, "gpu_outputs", f"{stem}.json"),
+                                         gpu_outputs.provenance(where, where.get("commit")), cells)
+    summary = {"machine": where, "notebooks": records,
                "passed": sum(r["ok"] for r in records), "failed": sum(not r["ok"] for r in records)}
     with open(os.path.join(out_dir, "notebooks.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -1,5 +1,10 @@
 """Small Sphinx additions for the book's HTML.
 
+Cells tagged `gpu` show their output recorded on a GPU when the book is built without
+one (``gpu_outputs``, next to this file). ``static/flashbook.css``: wide equations,
+code, tables and figures scroll inside their own box on small screens; the style of
+the recorded-on-a-GPU box.
+
 The explorers: ``flashbook/static/*.js`` is copied into ``_static``, and every page loads
 ``flashbook_mount.js``, which mounts ``flashbook_explorers.js`` on the explorer
 cells' placeholders (``flashbook.live``). Widget state that nothing on the page
@@ -59,8 +64,15 @@ def _copy_explorers(app, exception):
 SOLUTIONS_ENV = "FLASHBOOK_SOLUTIONS"
 
 
+def _add_static(app, config):
+    config.html_static_path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"))
+
+
 def setup(app):
     os.environ[SOLUTIONS_ENV] = "1"
+    app.setup_extension("gpu_outputs")
+    app.connect("config-inited", _add_static)
+    app.add_css_file("flashbook.css")
     app.connect("build-finished", _copy_explorers)
     app.add_js_file("flashbook_mount.js", type="module")
     # last: after myst-nb has added the page's own scripts

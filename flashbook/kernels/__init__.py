@@ -9,14 +9,16 @@
                  the splits merged with chapter 3's merge (``flash_decode``, chapter 11)
 - ``targets``:   compiling for sm_75 / sm_80 / sm_90 without that GPU (shared memory per config)
 - ``checks``:    references and error yardsticks for tests and self-checks
-- ``probes``:    ``stage_map``: which key tiles each query tile visits, as the kernels' own
-                 ``causal_bounds`` decides (the stage figures of chapters 7 and 8)
+- ``probes``:    ``stage_map``: which (query tile, key tile) pairs each kernel visits, as its
+                 own ``causal_bounds`` / ``query_bounds`` decides (the stage figures of
+                 chapters 7 and 8); ``observed_stages``: the same read off poisoned gradients
 """
 from . import configs
 from .autograd import (
     DQ_MODES,
     FlashAttention,
     check_inputs,
+    dot_precision,
     flash_attention,
     flash_backward,
     flash_forward,
@@ -26,6 +28,6 @@ from .autograd import (
 from .decode import flash_decode
 
 __all__ = [
-    "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs",
+    "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs", "dot_precision",
     "flash_decode", "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
 ]

@@ -8,14 +8,18 @@ recomputes the attention weights from them, tile by tile. Everything the kernels
 assume is checked here, once, with an error that names the argument.
 
 Precision: inputs may be float16, bfloat16 or float32; scores, softmax statistics
-and every accumulator are float32. For float32 inputs the matrix products on a
-GPU use TF32 tensor cores by default (``input_precision="tf32"``, a 10-bit
-mantissa). Measured on an H200 (unit-normal inputs, N = 1000, d = 64, causal):
+and every accumulator are float32. float32 inputs follow PyTorch's own switch for
+its float32 matrix products, ``torch.set_float32_matmul_precision``: "highest"
+(PyTorch's default) makes the kernels' products IEEE float32
+(``input_precision="ieee"``, no tensor cores, much slower), "high" or "medium"
+lets them use TF32 tensor cores (``input_precision="tf32"``, a 10-bit mantissa).
+Measured on an H200 (unit-normal inputs, N = 1000, d = 64, causal): with TF32,
 max errors 2.5e-3 (o) to 5.4e-3 (dv) against float64, 2 to 4 times those of
 PyTorch's own math with TF32 matrix products (most likely because the conversion
-to TF32 truncates instead of rounding, a bias that adds up along long sums).
-``set_fp32_precision("ieee")`` makes them float32 products, without tensor cores
-(much slower): measured within 2x the error of PyTorch's float32 SDPA. The Triton
+to TF32 truncates instead of rounding, a bias that adds up along long sums); with
+IEEE float32, within 2x the error of PyTorch's float32 SDPA.
+``set_fp32_precision("ieee" | "tf32")`` overrides PyTorch's switch for these
+kernels alone; ``set_fp32_precision(None)`` follows it again. The Triton
 interpreter (no GPU) always computes in float32 and cannot run bfloat16, so
 bfloat16 is refused there. float16 and bfloat16 inputs, on an H200, stay within
 twice the error of PyTorch's FlashAttention (SDPA flash backend) against float64.
@@ -38,25 +42,43 @@ from ..reference import resolve_scale
 from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq
 from .configs import Config
+from . import forward as forward_kernel
 from .forward import _attn_fwd
 
-LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * log2(e))
+LOG2E = forward_kernel.LOG2E.value  # log2(e), defined once beside the kernels that use it
 DQ_MODES = ("separate", "atomic")
 
 _state = {
-    "fp32_precision": "tf32",
+    "fp32_precision": None,  # None: follow torch.get_float32_matmul_precision()
     "autotune": os.environ.get("FLASHBOOK_AUTOTUNE", "0") not in ("", "0"),
 }
 
 
-def set_fp32_precision(precision: str) -> None:
-    """How float32 inputs are multiplied on a GPU: ``"tf32"`` (default, fast) or ``"ieee"``.
+def set_fp32_precision(precision: str | None) -> None:
+    """Override how float32 inputs are multiplied on a GPU: ``"ieee"``, ``"tf32"`` or ``None``.
 
-    See the module docstring for the errors measured with each.
+    ``None`` (the default) follows PyTorch's switch, as its own matmuls do:
+    ``torch.set_float32_matmul_precision("highest")`` gives ``"ieee"``, "high" and
+    "medium" give ``"tf32"``. ``"ieee"`` or ``"tf32"`` pins the kernels' choice
+    whatever PyTorch's switch says. See the module docstring for the errors.
     """
-    if precision not in ("tf32", "ieee"):
-        raise ValueError(f"precision must be 'tf32' or 'ieee', got {precision!r}")
+    if precision not in ("tf32", "ieee", None):
+        raise ValueError(f"precision must be 'tf32', 'ieee' or None (follow PyTorch), got {precision!r}")
     _state["fp32_precision"] = precision
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The ``input_precision`` the kernels' ``tl.dot`` get for inputs of ``dtype``.
+
+    float16 and bfloat16 are multiplied exactly on tensor cores whatever this says
+    ("tf32" is the neutral value there). float32: the override of
+    ``set_fp32_precision``, else PyTorch's switch ("highest" -> "ieee").
+    """
+    if dtype != torch.float32:
+        return "tf32"
+    if _state["fp32_precision"] is not None:
+        return _state["fp32_precision"]
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def set_autotune(enabled: bool) -> None:
@@ -171,17 +193,19 @@ def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch
         launch(config)
         return config
     cc, elem = _cc(x.device), x.element_size()
-    full_key = (kernel, cc, x.dtype, bd, causal) + (key if _state["autotune"] else ())
+    # float32's dot precision is part of the key: IEEE and TF32 compile to different kernels
+    dtype_key = (x.dtype, dot_precision(x.dtype)) if x.dtype == torch.float32 else x.dtype
+    full_key = (kernel, cc, dtype_key, bd, causal) + (key if _state["autotune"] else ())
     if full_key in _chosen:
         launch(_chosen[full_key])
         return _chosen[full_key]
     if _state["autotune"]:
-        from triton.testing import do_bench
+        from ..bench.harness import time_ms  # the benchmarks' timer, with a short budget per candidate
 
         timings = {}
         for candidate in configs.kept_candidates(kernel, cc=cc, block_d=bd, elem_bytes=elem):
             try:
-                timings[candidate] = do_bench(lambda: launch(candidate), warmup=5, rep=20)
+                timings[candidate] = time_ms(lambda: launch(candidate), warmup_ms=5, rep_ms=20)
             except OutOfResources:
                 continue
         options = sorted(timings, key=timings.get)
@@ -222,7 +246,7 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config |
     bd = configs.block_d(head_dim)
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
-    precision = _state["fp32_precision"] if q.dtype == torch.float32 else "tf32"
+    precision = dot_precision(q.dtype)
 
     def launch(cfg: Config):
         grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
@@ -277,7 +301,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     kv_heads, seq_k = k.shape[1], k.shape[2]
     group = heads // kv_heads
     bd = configs.block_d(head_dim)
-    precision = _state["fp32_precision"] if q.dtype == torch.float32 else "tf32"
+    precision = dot_precision(q.dtype)
     qk_scale = scale * LOG2E
 
     delta = torch.empty_like(lse)
@@ -369,9 +393,10 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
     Returns:
         o with q's shape, dtype and memory layout.
 
-    Precision: float32 accumulation for every dtype; float32 inputs use TF32 matrix
-    products on a GPU unless ``set_fp32_precision("ieee")`` (module docstring: the
-    errors measured with each). head_dim up to 256: sizes that
+    Precision: float32 accumulation for every dtype; float32 inputs follow
+    PyTorch's ``torch.get_float32_matmul_precision()``: IEEE float32 products for
+    "highest" (its default), TF32 for "high"/"medium"; ``set_fp32_precision``
+    overrides it (module docstring: the errors measured with each). head_dim up to 256: sizes that
     are not a power of two are padded on chip and masked. bfloat16 needs a GPU.
     """
     check_inputs(q, k, v, causal, scale, dq_mode)

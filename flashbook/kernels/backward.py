@@ -27,13 +27,16 @@ on an H200: benchmarks/results/gpu_tests_h200.json).
 
 Causal masking skips whole tiles exactly as the forward does: a key tile owned
 by ``_bwd_dkdv`` is seen only by query rows ``i >= j - (seq_k - seq_q)``, so its
-loop starts there; the tiles on the diagonal go through the same loop with the
-constexpr ``STAGE = MASKED``.
+loop starts there (``forward.query_bounds``, the mirror of the forward's and dQ
+kernel's ``causal_bounds``); the tiles on the diagonal go through the same loop
+with the constexpr ``STAGE = MASKED``. Names, in all three kernels: ``rows`` and
+``cols`` are absolute query and key indices, ``offs_m``, ``offs_n``, ``offs_d``
+offsets within a tile.
 """
 import triton
 import triton.language as tl
 
-from .forward import LOG2E, MAIN, MASKED, causal_bounds, load_tile, visible_keys
+from .forward import MAIN, MASKED, causal_bounds, load_lse, load_tile, query_bounds, visible_keys
 
 
 @triton.jit
@@ -47,14 +50,14 @@ def _bwd_delta(O, DO, DELTA,
     bh = tl.program_id(1)
     b = (bh // n_heads).to(tl.int64)
     h = (bh % n_heads).to(tl.int64)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = load_tile(O + b * stride_ob + h * stride_oh, offs_m, stride_om, seq_q,
+    o = load_tile(O + b * stride_ob + h * stride_oh, rows, stride_om, seq_q,
                   offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-    do = load_tile(DO + b * stride_dob + h * stride_doh, offs_m, stride_dom, seq_q,
+    do = load_tile(DO + b * stride_dob + h * stride_doh, rows, stride_dom, seq_q,
                    offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
+    tl.store(DELTA + bh.to(tl.int64) * seq_q + rows, delta, mask=rows < seq_q)
 
 
 @triton.jit
@@ -71,17 +74,14 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols,
         rows = start_m + offs_m
         q = load_tile(q_base, rows, stride_qm, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         do = load_tile(do_base, rows, stride_dom, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        lse = load_lse(lse_base, rows, seq_q, STAGE == MASKED)  # in base 2, as in the dQ kernel
         if STAGE == MASKED:
-            lse = tl.load(lse_base + rows, mask=rows < seq_q, other=0.0)
             delta = tl.load(delta_base + rows, mask=rows < seq_q, other=0.0)
-            # a row that sees no key has lse = -inf; +inf makes its P exactly 0
-            lse = tl.where(lse == float("-inf"), float("inf"), lse)
         else:
-            lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
         # Work with the transposed tile (keys x queries): dK and dV want P^T and dS^T.
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
-        pT = tl.exp2(qkT * qk_scale - (lse * LOG2E)[None, :])
+        pT = tl.exp2(qkT * qk_scale - lse[None, :])
         if STAGE == MASKED and CAUSAL:
             pT = tl.where(cols[:, None] <= rows[None, :] + diagonal, pT, 0.0)
         if ATOMIC_DQ:
@@ -130,18 +130,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
 
     # Which query tiles see this key tile, and which of them need the causal mask.
     diagonal = seq_k - seq_q
-    q_end = tl.cdiv(seq_q, BLOCK_M) * BLOCK_M      # one past the last query tile
-    q_full = (seq_q // BLOCK_M) * BLOCK_M          # query tiles below this are whole
-    if CAUSAL:
-        # row i sees key j when i >= j - diagonal: the first key of the tile sets
-        # where the loop starts, the last one where the rows see the whole tile
-        lo = tl.minimum((tl.maximum(start_n - diagonal, 0) // BLOCK_M) * BLOCK_M, q_end)
-        band_end = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diagonal, 0), BLOCK_M) * BLOCK_M
-        band_end = tl.minimum(tl.maximum(band_end, lo), q_end)
-    else:
-        lo = 0
-        band_end = 0
-    main_end = tl.maximum(band_end, q_full)
+    lo, band_end, full_end, main_end, hi = query_bounds(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     for g in range(0, group):  # the query heads that share this K/V head (GQA)
         h = h_kv * group + g
@@ -158,11 +147,11 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                                  HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
-                                 offs_m, offs_d, seq_q, seq_k, diagonal, band_end, q_full, qk_scale,
+                                 offs_m, offs_d, seq_q, seq_k, diagonal, band_end, full_end, qk_scale,
                                  HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
-                                 offs_m, offs_d, seq_q, seq_k, diagonal, main_end, q_end, qk_scale,
+                                 offs_m, offs_d, seq_q, seq_k, diagonal, main_end, hi, qk_scale,
                                  HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
 
     dk = dk * scale  # dK = scale * dS^T Q: the scale is applied once, at the end
@@ -224,9 +213,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     do = load_tile(DO + b * stride_dob + h * stride_doh, rows, stride_dom, seq_q,
                    offs_d, HEAD_DIM, True, not EVEN_D)
     row_ok = rows < seq_q
-    lse = tl.load(LSE + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)
+    lse = load_lse(LSE + bh.to(tl.int64) * seq_q, rows, seq_q, True)  # in base 2; no key seen: P = 0
     delta = tl.load(DELTA + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # no key seen: P = 0
 
     diagonal = seq_k - seq_q
     full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)

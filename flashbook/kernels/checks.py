@@ -5,8 +5,9 @@ Two references, for two questions:
 * ``reference_grads``: the truth, in float64 (``flashbook.reference``, NumPy),
   for the output and the three gradients; grouped-query K/V heads are repeated
   for the formula and their gradients summed back over the group.
-* ``torch_attention``: plain PyTorch math (the whole score matrix, causal mask
-  aligned bottom-right, rows that see nothing give zeros) in any dtype. Computed
+* ``torch_attention`` (``flashbook.reference.torch_attention``): plain PyTorch math
+  (the whole score matrix, causal mask aligned bottom-right, rows that see nothing
+  give zeros) in any dtype. Computed
   in the input dtype, its error against the truth is the yardstick for a kernel's
   error: the FlashAttention repository's tests ask a kernel to stay within twice
   the error of such a same-dtype PyTorch implementation, and so do ours. On a GPU,
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import reference
+from ..reference import torch_attention
 
 
 def _group(q, k) -> int:
@@ -39,21 +41,6 @@ def reference_grads(q, k, v, do, *, causal=False, scale=None):
     dk = dk.reshape(b, hkv, g, nk, d).sum(axis=2)  # each K/V head served `g` query heads
     dv = dv.reshape(b, hkv, g, nk, v.shape[-1]).sum(axis=2)
     return tuple(torch.from_numpy(x) for x in (o, dq, dk, dv))
-
-
-def torch_attention(q, k, v, *, causal=False, scale=None):
-    """softmax(scale q k^T) v with PyTorch operations, differentiable, in q's dtype."""
-    scale = reference.resolve_scale(scale, q.shape[-1])
-    g = _group(q, k)
-    k = k.repeat_interleave(g, dim=1)
-    v = v.repeat_interleave(g, dim=1)
-    s = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        allowed = torch.from_numpy(reference.causal_mask(q.shape[-2], k.shape[-2])).to(q.device)
-        s = s.masked_fill(~allowed, float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    p = torch.nan_to_num(p, nan=0.0)  # a row with no allowed key: weights 0, not NaN
-    return p @ v
 
 
 def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32):

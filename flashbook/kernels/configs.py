@@ -101,10 +101,12 @@ def smem_estimate(kernel: str, config: Config, block_d: int, elem_bytes: int, cc
 
 
 def keep(kernel: str, config: Config, *, cc: int, block_d: int, elem_bytes: int,
-         smem_limit: int | None = None) -> bool:
-    """Whether a configuration makes sense for this kernel, head_dim and chip."""
+         limit_bytes: int | None = None) -> bool:
+    """Whether a configuration makes sense for this kernel, head_dim and chip.
+
+    ``limit_bytes``: shared memory one program may use (default ``smem_limit(cc)``)."""
     bm, bn, warps = config.block_m, config.block_n, config.num_warps
-    limit = smem_limit if smem_limit is not None else globals()["smem_limit"](cc)
+    limit = limit_bytes if limit_bytes is not None else smem_limit(cc)
     if smem_estimate(kernel, config, block_d, elem_bytes, cc) > limit:
         return False
     if config == Config(16, 16, 4, 1):  # the last resort: small, always worth keeping
@@ -215,7 +217,7 @@ def preferred(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bo
     entries = _PREFERRED[_family(cc)][kernel] + [(ANY, Config(16, 16, 4, 1))]  # the last resort
     return [config for bound, config, *only in entries
             if block_d <= bound and (not only or only[0] == mask)
-            and keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit)]
+            and keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, limit_bytes=limit)]
 
 
 def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bool = False) -> Config:
@@ -243,4 +245,4 @@ def kept_candidates(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> l
     """``candidates`` filtered by ``keep`` for one chip and head_dim (the autotuner's list)."""
     limit = smem_limit(cc)
     return [c for c in candidates(kernel)
-            if keep(kernel, c, cc=cc, block_d=block_d, elem_bytes=elem_bytes, smem_limit=limit)]
+            if keep(kernel, c, cc=cc, block_d=block_d, elem_bytes=elem_bytes, limit_bytes=limit)]

@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..tiled import _check_count
-from .autograd import LOG2E, _last_dim_contiguous, _state, check_inputs
+from ..validation import check_count
+from .autograd import LOG2E, _last_dim_contiguous, check_inputs, dot_precision
 from .configs import block_d
 from .forward import MAIN, MASKED, _fwd_inner, load_tile, normalised_rows
 
@@ -104,12 +104,12 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
     full_end = (full_end // BLOCK_N) * BLOCK_N
     mid = tl.minimum(tl.maximum(full_end, lo), hi)
 
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    token = offs_m % N_NEW   # the row's new token: its causal diagonal is token + seq_k - N_NEW
+    token = rows % N_NEW   # the row's new token: its causal diagonal is token + seq_k - N_NEW
 
-    q = load_tile(Q + b * stride_qb + h_kv * stride_qh, offs_m, stride_qm, n_rows, offs_d, HEAD_DIM,
+    q = load_tile(Q + b * stride_qb + h_kv * stride_qh, rows, stride_qm, n_rows, offs_d, HEAD_DIM,
                   True, not EVEN_D)
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
@@ -126,10 +126,10 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
         HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, True)
     acc, lse = normalised_rows(acc, row_max, row_sum, True)
 
-    row_ok = offs_m < n_rows
-    tl.store(LSE + (bh.to(tl.int64) * num_splits + split) * n_rows + offs_m, lse, mask=row_ok)
+    row_ok = rows < n_rows
+    tl.store(LSE + (bh.to(tl.int64) * num_splits + split) * n_rows + rows, lse, mask=row_ok)
     o_ptrs = (O + b * stride_ob + h_kv * stride_oh + split.to(tl.int64) * stride_os
-              + offs_m[:, None] * stride_om + offs_d[None, :])
+              + rows[:, None] * stride_om + offs_d[None, :])
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
@@ -183,7 +183,7 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
                                  ("sm_count", sm_count, 1), ("block_n", block_n, 1),
                                  ("programs_per_sm", programs_per_sm, 1),
                                  ("min_tiles_per_split", min_tiles_per_split, 1), ("max_splits", max_splits, 1)):
-        _check_count(value, name, minimum)
+        check_count(value, name, minimum)
     slots = sm_count * programs_per_sm
     programs = batch * kv_heads
     tiles = math.ceil(seq_k / block_n)
@@ -281,7 +281,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
     block_m, block_n, num_warps, num_stages = decode_tiles(head_dim, q.element_size(), n_rows)
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv_heads, n_max, sm_count=sm_count(q.device), block_n=block_n)
-    elif _check_count(num_splits, "num_splits") > MAX_SPLITS:
+    elif check_count(num_splits, "num_splits") > MAX_SPLITS:
         raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
 
     # (batch, heads, n_new, d) -> (batch, kv_heads, group * n_new, d): a group's rows side by side
@@ -296,7 +296,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
                              dtype=torch.float32)
         o_part_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3))
     lse = torch.empty((batch, kv_heads, num_splits, n_rows), device=q.device, dtype=torch.float32)
-    precision = _state["fp32_precision"] if q.dtype == torch.float32 else "tf32"
+    precision = dot_precision(q.dtype)
 
     grid = (num_splits, triton.cdiv(n_rows, block_m), batch * kv_heads)
     _decode_fwd[grid](

@@ -28,7 +28,7 @@ import triton.language as tl
 
 MAIN: tl.constexpr = tl.constexpr(1)     # tiles wholly visible to every row: no mask
 MASKED: tl.constexpr = tl.constexpr(2)   # the causal diagonal and the ragged end
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e))
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e)); LOG2E.value on the host
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 back into a natural log
 
 
@@ -87,7 +87,48 @@ def causal_bounds(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def shifted_scores(qk, row_max, offs_m, cols, seq_k, diagonal, qk_scale,
+def query_bounds(start_n, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr):
+    """The other side of ``causal_bounds``: which query tiles see the key tile at ``start_n``.
+
+    Returns ``(lo, band_end, full_end, main_end, hi)``: query tiles [lo, band_end)
+    straddle the causal diagonal (masked stage), [band_end, full_end) see the whole
+    key tile (main stage), [main_end, hi) is a ragged last query tile (masked); tiles
+    below ``lo`` see none of its keys and are never visited. All multiples of BLOCK_M.
+    """
+    diagonal = seq_k - seq_q
+    hi = tl.cdiv(seq_q, BLOCK_M) * BLOCK_M        # one past the last query tile
+    full_end = (seq_q // BLOCK_M) * BLOCK_M       # query tiles below this are whole
+    if CAUSAL:
+        # row i sees key j when i >= j - diagonal: the first key of the tile sets
+        # where the loop starts, the last one where the rows see the whole tile
+        lo = tl.minimum((tl.maximum(start_n - diagonal, 0) // BLOCK_M) * BLOCK_M, hi)
+        band_end = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diagonal, 0), BLOCK_M) * BLOCK_M
+        band_end = tl.minimum(tl.maximum(band_end, lo), hi)
+    else:
+        lo = 0
+        band_end = 0
+    main_end = tl.maximum(band_end, full_end)
+    return lo, band_end, full_end, main_end, hi
+
+
+@triton.jit
+def load_lse(lse_base, rows, seq_q, MASK_ROWS: tl.constexpr):
+    """The saved lse of ``rows``, times log2(e) (the backward's exp2 wants it in base 2).
+
+    A row that sees no key has lse = -inf; it becomes +inf, so that its recomputed
+    P = exp2(s - lse) is exactly 0 rather than NaN. Rows past ``seq_q`` read 0.
+    """
+    if MASK_ROWS:
+        lse = tl.load(lse_base + rows, mask=rows < seq_q, other=0.0)
+        lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    else:
+        lse = tl.load(lse_base + rows)
+    return lse * LOG2E
+
+
+@triton.jit
+def shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale,
                    STAGE: tl.constexpr, CAUSAL: tl.constexpr):
     """One tile's scaled scores minus the new running row maximum, and that maximum.
 
@@ -95,7 +136,7 @@ def shifted_scores(qk, row_max, offs_m, cols, seq_k, diagonal, qk_scale,
     score). Masked stage: the scores a row may not see become -inf first.
     """
     if STAGE == MASKED:
-        visible = visible_keys(offs_m, cols, seq_k, diagonal, CAUSAL)
+        visible = visible_keys(rows, cols, seq_k, diagonal, CAUSAL)
         qk = tl.where(visible, qk * qk_scale, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(qk, 1))
         # A row that has seen no key yet keeps a max of -inf; use 0 instead so
@@ -111,7 +152,7 @@ def shifted_scores(qk, row_max, offs_m, cols, seq_k, diagonal, qk_scale,
 @triton.jit
 def _fwd_inner(acc, row_max, row_sum, q,
                k_base, v_base, stride_kn, stride_vn,
-               offs_m, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
+               rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
                CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                EXP2: tl.constexpr):
@@ -121,7 +162,7 @@ def _fwd_inner(acc, row_max, row_sum, q,
         cols = start_n + offs_n
         k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        qk, new_max = shifted_scores(qk, row_max, offs_m, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
+        qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
         if EXP2:
             p = tl.exp2(qk)
             alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
@@ -185,11 +226,11 @@ def _attn_fwd(Q, K, V, O, LSE,
     v_base = V + b * stride_vb + h_kv * stride_vh
     o_base = O + b * stride_ob + h * stride_oh
 
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
+    rows = start_m + tl.arange(0, BLOCK_M)   # this tile's query rows (absolute)
+    offs_n = tl.arange(0, BLOCK_N)           # offsets within a key tile
     offs_d = tl.arange(0, BLOCK_D)
 
-    q = load_tile(q_base, offs_m, stride_qm, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+    q = load_tile(q_base, rows, stride_qm, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -202,15 +243,15 @@ def _attn_fwd(Q, K, V, O, LSE,
         full_end = 0
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, offs_n, offs_d, seq_k, diagonal, 0, full_end, qk_scale,
+        rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, qk_scale,
         HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, EXP2)
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
+        rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
         HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, EXP2)
 
     acc, lse = normalised_rows(acc, row_max, row_sum, EXP2)
-    row_ok = offs_m < seq_q
-    tl.store(LSE + bh.to(tl.int64) * seq_q + offs_m, lse, mask=row_ok)
-    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
+    row_ok = rows < seq_q
+    tl.store(LSE + bh.to(tl.int64) * seq_q + rows, lse, mask=row_ok)
+    o_ptrs = o_base + rows[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))

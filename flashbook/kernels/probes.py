@@ -1,16 +1,24 @@
-"""Probes that ask the kernels' own helpers what they decide (chapters 7 and 8).
+"""Probes that ask the kernels what they decide (chapters 7 and 8).
 
-``stage_map`` runs ``forward.causal_bounds``, the function the forward and dQ
-kernels call, inside a tiny Triton kernel and turns its answer into a map of
-which key tiles each query tile visits, and how:
+``stage_map`` runs the kernels' own bounds helpers inside a tiny Triton kernel:
+``forward.causal_bounds`` (what the forward and dQ kernels call: which key tiles a
+query tile visits) or ``forward.query_bounds`` (what the dK/dV kernel calls: which
+query tiles visit a key tile), and turns the answer into one map of (query tile,
+key tile) pairs, visited how:
 
 * ``"main"``: visited without a mask (every row of the query tile sees the whole key tile);
 * ``"masked"``: visited with the mask (the causal diagonal, or a ragged last key tile);
 * ``"skipped"``: never visited (the mask removes the whole tile).
 
-It runs wherever the kernels run: on the GPU, or in Triton's CPU interpreter.
+``observed_stages`` asks the real backward kernels instead: it poisons inputs
+(NaN in dO or V shows which tiles a program visits; lse = -inf shows whether a
+visit runs unmasked) and reads the map off the gradients. Tests compare the two.
+
+Both run wherever the kernels run: on the GPU, or in Triton's CPU interpreter.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -18,9 +26,11 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .forward import causal_bounds
+from ..validation import check_count, check_flag
+from .forward import causal_bounds, query_bounds
 
 STAGES = ("main", "masked", "skipped")
+KERNELS = ("forward", "backward_dq", "backward_dkdv")
 
 
 @triton.jit
@@ -33,21 +43,100 @@ def _bounds_probe(out_ptr, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
     tl.store(out_ptr + 2 * pid + 1, hi)
 
 
-def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool = True) -> np.ndarray:
+@triton.jit
+def _query_bounds_probe(out_ptr, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        CAUSAL: tl.constexpr):
+    """One program per key tile stores query_bounds' (lo, band_end, full_end, main_end, hi)."""
+    pid = tl.program_id(0)
+    lo, band_end, full_end, main_end, hi = query_bounds(pid * BLOCK_N, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    tl.store(out_ptr + 5 * pid, lo)
+    tl.store(out_ptr + 5 * pid + 1, band_end)
+    tl.store(out_ptr + 5 * pid + 2, full_end)
+    tl.store(out_ptr + 5 * pid + 3, main_end)
+    tl.store(out_ptr + 5 * pid + 4, hi)
+
+
+def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool = True,
+              kernel: str = "forward") -> np.ndarray:
     """(T_r, T_c) array of "main", "masked" or "skipped" for each (query tile, key tile),
-    as ``causal_bounds`` decides it (the loop runs [0, full_end) main, then [full_end, hi) masked)."""
+    as ``kernel``'s own bounds helper decides it.
+
+    "forward" and "backward_dq" (one program per query tile): ``causal_bounds``, the loop
+    runs [0, full_end) main, then [full_end, hi) masked. "backward_dkdv" (one program per
+    key tile): ``query_bounds``, query tiles [lo, band_end) masked, [band_end, full_end)
+    main, [main_end, hi) masked.
+    """
     for name, value in (("seq_q", seq_q), ("seq_k", seq_k), ("block_m", block_m), ("block_n", block_n)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_count(value, name)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if value & (value - 1):
             raise ValueError(f"{name} must be a power of two (a Triton tile size), got {value}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    n_programs, n_key_tiles = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
+    check_flag(causal, "causal")
+    n_query_tiles, n_key_tiles = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
+    if kernel == "backward_dkdv":
+        out = torch.zeros(n_key_tiles, 5, dtype=torch.int32, device=runtime.device())
+        _query_bounds_probe[(n_key_tiles,)](out, seq_q, seq_k, BLOCK_M=block_m, BLOCK_N=block_n,
+                                            CAUSAL=causal)
+        lo, band_end, full_end, main_end, hi = out.cpu().numpy().T[:, None, :]  # each (1, T_c)
+        starts = np.arange(n_query_tiles)[:, None] * block_m
+        masked = ((lo <= starts) & (starts < band_end)) | ((main_end <= starts) & (starts < hi))
+        main = (band_end <= starts) & (starts < full_end)
+        return np.where(main, "main", np.where(masked, "masked", "skipped")).astype(object)
+    n_programs = n_query_tiles
     out = torch.zeros(n_programs, 2, dtype=torch.int32, device=runtime.device())
     _bounds_probe[(n_programs,)](out, seq_q, seq_k, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal)
     starts = np.arange(n_key_tiles) * block_n
     bounds = out.cpu().numpy()
     full_end, hi = bounds[:, :1], bounds[:, 1:]
     return np.where(starts < full_end, "main", np.where(starts < hi, "masked", "skipped")).astype(object)
+
+
+def observed_stages(seq_q: int, seq_k: int, config, kernel: str = "backward_dkdv", *, head_dim: int = 16,
+                    seed: int = 0) -> np.ndarray:
+    """The stage map read off a backward kernel's gradients, causal (see ``stage_map``).
+
+    "backward_dkdv": NaN in dO rows of query tile i turns NaN the dV of every key tile
+    that tile i visits; lse = -inf in those rows turns dV infinite only where the visit
+    runs unmasked (the masked stage guards lse = -inf). "backward_dq": NaN in V's key
+    tile j turns NaN the dQ of every query tile that visits it (visited or not only:
+    the stages are not observable there, so visited tiles read "visited").
+    ``config`` is the ``configs.Config`` of the kernel observed.
+    """
+    from .autograd import flash_backward, flash_forward
+
+    if kernel not in KERNELS[1:]:
+        raise ValueError(f"kernel must be one of {KERNELS[1:]}, got {kernel!r}")
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, n, head_dim, generator=gen).to(runtime.device()) for n in (seq_q, seq_k, seq_k))
+    o, lse = flash_forward(q, k, v, causal=True)
+    do = torch.randn(o.shape, generator=gen).to(runtime.device())
+    t_r, t_c = triton.cdiv(seq_q, config.block_m), triton.cdiv(seq_k, config.block_n)
+    row_tile = [slice(i * config.block_m, (i + 1) * config.block_m) for i in range(t_r)]
+    col_tile = [slice(j * config.block_n, (j + 1) * config.block_n) for j in range(t_c)]
+    kinds = np.full((t_r, t_c), "skipped", dtype=object)
+    with np.errstate(all="ignore"):  # the interpreter computes with NaN and inf on purpose here
+        if kernel == "backward_dq":
+            for j in range(t_c):
+                v_nan = v.clone()
+                v_nan[..., col_tile[j], :] = math.nan
+                dq, _, _ = flash_backward(q, k, v_nan, o, lse, do, causal=True, config_dq=config)
+                for i in range(t_r):
+                    if torch.isnan(dq[..., row_tile[i], :]).any():
+                        kinds[i, j] = "visited"
+            return kinds
+
+        def dv_tiles(lse_, do_):
+            # dq_mode="atomic" only to skip the dQ kernel: the dK/dV kernel's loops are the same
+            _, _, dv = flash_backward(q, k, v, o, lse_, do_, causal=True, dq_mode="atomic", config_dkdv=config)
+            return [dv[..., cols, :] for cols in col_tile]
+
+        for i in range(t_r):
+            do_nan, lse_inf = do.clone(), lse.clone()
+            do_nan[..., row_tile[i], :] = math.nan
+            lse_inf[..., row_tile[i]] = -math.inf
+            for j, (seen, main) in enumerate(zip(dv_tiles(lse, do_nan), dv_tiles(lse_inf, do))):
+                if torch.isnan(seen).any():
+                    kinds[i, j] = "masked" if torch.isfinite(main).all() else "main"
+    return kinds

@@ -34,13 +34,16 @@ def _kernel_fn(kernel: str):
 
 
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
-                   causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True):
+                   causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True,
+                   dot_precision: str = "tf32"):
     """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
 
     The decode kernels (``flash_decode``, chapter 11) take ``n_new`` new tokens; with
     ``splits`` the decode kernel writes float32 partial results for the combine kernel
     (whose ``config.block_n`` is the number of splits it holds, BLOCK_S).
-    """
+    ``dot_precision`` is the ``input_precision`` of the kernels' ``tl.dot`` (what
+    ``autograd.dot_precision`` passes at launch): it only matters for fp32 inputs,
+    "tf32" (tensor cores) or "ieee" (PyTorch's default "highest")."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -48,7 +51,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     constexprs = {
         "HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim),
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "CAUSAL": causal,
-        "DOT_PRECISION": "tf32",  # what autograd passes; it only matters for fp32 inputs
+        "DOT_PRECISION": dot_precision,
     }
     fp32 = {"LSE", "DELTA"} | ({"DQ"} if atomic_dq else set())
     if kernel == "backward_dkdv":
@@ -83,6 +86,16 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
 
 
+def resources(compiled, *, load: bool = False) -> dict:
+    """Shared memory (bytes) of a kernel ``compile_kernel`` returned, and its registers
+    and spills per thread (known once the kernel is loaded on a GPU: ``load=True``
+    loads it there, and raises Triton's OutOfResources if it does not fit; None otherwise)."""
+    if load:
+        compiled._init_handles()  # Triton reads registers and spills when it loads the binary
+    return {"shared_bytes": int(compiled.metadata.shared),
+            "n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None)}
+
+
 def plan(kernels=configs.KERNELS, archs=ARCHS, head_dims=configs.BLOCK_DS, dtypes=DTYPES):
     """Every default configuration the library would launch, as compile jobs.
 
@@ -113,8 +126,9 @@ def run_job(job: dict) -> dict:
         compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
                                   dtype=job["dtype"], causal=job.get("causal", True),
                                   atomic_dq=job.get("atomic_dq", False), n_new=job.get("n_new", 1),
-                                  splits=job.get("splits", True))
-        out["shared"] = int(compiled.metadata.shared)
+                                  splits=job.get("splits", True),
+                                  dot_precision=job.get("dot_precision", "tf32"))
+        out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.
         ptx = compiled.asm.get("ptx", "")

@@ -1,0 +1,34 @@
+"""The Colab launch button opens the chapter's Colab edition, not its MyST source.
+
+sphinx-book-theme points the button at ``blob/<branch>/notebooks/NN_slug.ipynb``, the
+book's own notebook, which Colab shows with raw MyST roles. The workflow publishes
+the Colab edition (tools/colab_edition.py) to the ``colab`` branch; this points the
+button there: ``.../blob/colab/NN_slug.ipynb``.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "tools"))
+
+from colab_edition import colab_url  # noqa: E402
+
+
+def _retarget(buttons, slug):
+    for button in buttons:
+        if not isinstance(button, dict):
+            continue
+        if button.get("text") == "Colab" and "url" in button:
+            button["url"] = colab_url(slug)
+        _retarget(button.get("buttons", []), slug)
+
+
+def _colab_button(app, pagename, templatename, context, doctree):
+    if pagename.startswith("notebooks/") and context.get("header_buttons"):
+        _retarget(context["header_buttons"], pagename.split("/")[-1])
+
+
+def setup(app):
+    # after sphinx-book-theme's add_launch_buttons (priority 501) has made the button
+    app.connect("html-page-context", _colab_button, priority=600)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,126 @@
+"""Cells tagged `gpu` and their recorded outputs (book/_ext/gpu_outputs.py)."""
+import glob
+import json
+import os
+import sys
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "book", "_ext"))
+import gpu_outputs  # noqa: E402
+
+RECORDINGS = sorted(glob.glob(os.path.join(ROOT, gpu_outputs.RESULTS, "*.json")))
+# Chapters whose pages must show GPU results: every one that tags a cell `gpu`.
+GPU_CHAPTERS = sorted(p for p in glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb"))
+                      if any(gpu_outputs.is_gpu_cell(c) for c in nbformat.read(p, as_version=4).cells))
+
+
+def notebook(*cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = list(cells)
+    return nb
+
+
+def gpu_cell(source, outputs=(), cell_id="c1"):
+    cell = nbformat.v4.new_code_cell(source, id=cell_id, metadata={"tags": ["gpu"]})
+    cell.outputs = [nbformat.from_dict(o) for o in outputs]
+    return cell
+
+
+def stream(text):
+    return {"output_type": "stream", "name": "stdout", "text": text}
+
+
+def glued(name, value):
+    return {"output_type": "display_data", "data": {"text/plain": repr(value)},
+            "metadata": {"scrapbook": {"name": name, "mime_prefix": ""}}}
+
+
+PROV = {"gpu": "NVIDIA H200", "driver": "580.1", "cuda": "13.0", "torch": "2.11.0",
+        "triton": "3.6.0", "date": "2026-11-29T10:03:24+00:00", "commit": "abc1234"}
+
+
+def record_of(nb):
+    return {"provenance": PROV, "cells": gpu_outputs.extract(nb)}
+
+
+def test_recorded_outputs_replace_the_live_ones_with_a_provenance_label():
+    gpu_run = notebook(gpu_cell("t = time_it()", [stream("H200: 1.23 ms\n"), glued("ms", 1.23)]),
+                       nbformat.v4.new_code_cell("x = 1", id="c2"))
+    record = record_of(gpu_run)
+    assert [c["id"] for c in record["cells"]] == ["c1"]          # untagged cells are not recorded
+    cpu_build = notebook(gpu_cell("t = time_it()", [stream("needs a GPU\n"), glued("ms", 99.0),
+                                                    glued("only_live", 1)]))
+    status = gpu_outputs.apply(cpu_build, record)
+    assert status == {"c1": "recorded"}
+    outs = cpu_build.cells[0].outputs
+    box = outs[0]["data"]["text/html"]
+    for fact in ("Recorded on NVIDIA H200", "driver 580.1", "CUDA 13.0", "torch 2.11.0",
+                 "triton 3.6.0", "2026-11-29", "commit abc1234"):
+        assert fact in box
+    assert gpu_outputs.CHANGED_NOTE not in box
+    assert outs[1]["text"] == "H200: 1.23 ms\n"
+    assert "needs a GPU\n" not in [o.get("text") for o in outs]
+    # the recorded glued value wins; a value only the live cell glues is kept for the prose
+    assert {gpu_outputs._glue_key(o): o["data"]["text/plain"] for o in outs if gpu_outputs._glue_key(o)} == \
+        {"ms": "1.23", "only_live": "1"}
+
+
+def test_a_cell_changed_since_the_recording_says_so():
+    record = record_of(notebook(gpu_cell("t = time_it(n=4096)", [stream("1.23 ms\n")])))
+    nb = notebook(gpu_cell("t = time_it(n=8192)", [stream("needs a GPU\n")]))
+    assert gpu_outputs.apply(nb, record) == {"c1": "changed"}
+    assert gpu_outputs.CHANGED_NOTE in nb.cells[0].outputs[0]["data"]["text/html"]
+    assert nb.cells[0].outputs[1]["text"] == "1.23 ms\n"
+
+
+def test_a_cell_never_recorded_keeps_its_output_under_a_warning():
+    nb = notebook(gpu_cell("t = time_it()", [stream("needs a GPU\n")], cell_id="new"))
+    assert gpu_outputs.apply(nb, {"provenance": PROV, "cells": []}) == {"new": "missing"}
+    assert gpu_outputs.apply(notebook(gpu_cell("y", cell_id="n2")), None) == {"n2": "missing"}
+    outs = nb.cells[0].outputs
+    assert gpu_outputs.MISSING_CLASS in outs[0]["data"]["text/html"]
+    assert "Recorded on" not in outs[0]["data"]["text/html"]
+    assert outs[1]["text"] == "needs a GPU\n"
+
+
+def test_the_mode_can_be_forced(monkeypatch):
+    monkeypatch.setenv(gpu_outputs.ENV, "live")
+    assert not gpu_outputs.use_recordings()
+    monkeypatch.setenv(gpu_outputs.ENV, "recorded")
+    assert gpu_outputs.use_recordings()
+
+
+def test_gpu_chapters_6_to_10_tag_cells():
+    names = [os.path.basename(p)[:2] for p in GPU_CHAPTERS]
+    assert {"06", "07", "08", "09", "10"} <= set(names), names
+
+
+@pytest.mark.parametrize("path", GPU_CHAPTERS, ids=os.path.basename)
+def test_every_gpu_cell_has_a_recording_from_a_gpu(path):
+    stem = os.path.basename(path)[:-len(".ipynb")]
+    record = gpu_outputs.load_record(stem)
+    assert record is not None, f"no {gpu_outputs.RESULTS}/{stem}.json: run tools/run_notebooks.py on a GPU"
+    prov = record["provenance"]
+    for key in ("gpu", "driver", "torch", "triton", "date", "commit"):
+        assert prov.get(key), f"{stem}: the recording does not say its {key}"
+    assert "cpu" not in prov["gpu"].lower()
+    tagged = {c.id for c in nbformat.read(path, as_version=4).cells if gpu_outputs.is_gpu_cell(c)}
+    assert tagged <= {c["id"] for c in record["cells"]}, f"{stem}: gpu cells without a recording"
+    for cell in record["cells"]:
+        text = json.dumps(cell["outputs"])
+        # what was recorded on the GPU never comes from the interpreter or a build machine
+        assert "interpreter" not in text and "TRITON_INTERPRET" not in text, (stem, cell["id"])
+        assert not any(p in text for p in ("/work/", "/root/", "/home/", "../..")), (stem, cell["id"])
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=os.path.basename)
+def test_no_recording_is_left_without_its_cells(path):
+    with open(path) as f:
+        record = json.load(f)
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", os.path.basename(path)[:-5] + ".ipynb"), as_version=4)
+    tagged = {c.id for c in nb.cells if gpu_outputs.is_gpu_cell(c)}
+    assert {c["id"] for c in record["cells"]} <= tagged, "recorded cells that are no longer tagged gpu"
