@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import ROOT, require
-from test_notebooks import NOTEBOOKS, REPO_URL
+from test_notebooks import CHAPTERS, NOTEBOOKS, REPO_URL
 
 HTML = os.path.join(ROOT, "_build", "html")
 
@@ -69,7 +69,7 @@ def test_the_sources_appendix_was_executed_and_rendered(built):
     assert "6.4803" in text and "4.7683" in text and "显存" in text
 
 
-@pytest.mark.parametrize("nb", NOTEBOOKS, ids=os.path.basename)
+@pytest.mark.parametrize("nb", CHAPTERS, ids=os.path.basename)
 def test_solution_outputs_sit_inside_their_fold(built, nb):
     """A solution cell's output folds with its code: none shows outside the cell's <details>."""
     from bs4 import BeautifulSoup

@@ -16,13 +16,13 @@ import pytest
 from conftest import ROOT
 from flashbook import grade
 from flashbook.exercises import CORRECT, NOT_ATTEMPTED, WRONG
-from test_notebooks import NOTEBOOKS
+from test_notebooks import CHAPTERS
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import student_edition  # noqa: E402  (tools/ is not a package)
 
 FAST = ("02", "03")
-SELECTED = [p for p in NOTEBOOKS
+SELECTED = [p for p in CHAPTERS
             if os.environ.get("FLASHBOOK_GRADE_ALL") == "1" or os.path.basename(p)[:2] in FAST]
 
 #: One wrong answer per chapter: (exercise, the cell a student might write, what the report must say).
