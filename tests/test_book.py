@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import ROOT, require
-from test_notebooks import NOTEBOOKS, REPO_URL
+from test_notebooks import CHAPTERS, NOTEBOOKS, REPO_URL
 
 HTML = os.path.join(ROOT, "_build", "html")
 
@@ -67,6 +67,22 @@ def test_the_sources_appendix_was_executed_and_rendered(built):
     assert "S1.1" in text and "S2.15" in text
     # numbers glued by the page's own cells, next to the figures they correct
     assert "6.4803" in text and "4.7683" in text and "显存" in text
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=os.path.basename)
+def test_solution_outputs_sit_inside_their_fold(built, nb):
+    """A solution cell's output folds with its code: none shows outside the cell's <details>."""
+    from bs4 import BeautifulSoup
+
+    slug = os.path.basename(nb)[: -len(".ipynb")]
+    soup = BeautifulSoup(page(built, f"notebooks/{slug}.html"), "html.parser")
+    cells = soup.select("div.cell.tag_solution")
+    assert cells, f"{slug}: no solution cell in the page"
+    for cell in cells:
+        fold = cell.find("details")
+        assert fold is not None, f"{slug}: a solution cell is not folded"
+        outside = [o for o in cell.select("div.cell_output") if fold not in o.find_parents("details")]
+        assert not outside, f"{slug}: a solution's output shows outside its fold: {outside[0].get_text()[:80]!r}"
 
 
 # Visible code is teaching code: the measure is the book's shared tool, which counts

@@ -1,9 +1,12 @@
 """flashbook.exercises: the stub convention and the check that never raises."""
+import re
+
 import numpy as np
 import pytest
 
 from flashbook import reference
-from flashbook.exercises import CORRECT, NOT_ATTEMPTED, WRONG, check, compare
+from flashbook.exercises import (CORRECT, MIME, NOT_ATTEMPTED, SOLUTIONS_ENV, WRONG, answer_key, check,
+                                 compare)
 
 
 def stub_raises(q, k, v):
@@ -87,7 +90,7 @@ def test_a_test_function_reports_its_message(rng):
 def test_bad_calls_to_check_raise_naming_the_parameter():
     with pytest.raises(TypeError, match="name"):
         check("", 1, 1)
-    with pytest.raises(ValueError, match="expected answer or a test"):
+    with pytest.raises(ValueError, match="exactly one of an expected answer, a test or a key"):
         check("ex", 1)
 
 
@@ -95,3 +98,77 @@ def test_torch_tensors_are_compared_too(rng):
     torch = pytest.importorskip("torch")
     want = rng.standard_normal((3, 3))
     assert check("t", torch.from_numpy(want), want, show=False).ok
+
+
+def test_a_key_checks_an_answer_without_showing_it():
+    k = answer_key("q", "b")
+    assert re.fullmatch(r"[0-9a-f]{12}", k)                           # an opaque digest
+    assert check("q", " B ", key=k, show=False).ok                     # case and blanks ignored
+    r = check("q", "a", key=k, show=False)
+    assert r.status == WRONG and r.message == "'a' is not the answer"
+    assert check("q", NotImplemented, key=k, show=False).status == NOT_ATTEMPTED
+    # numbers to four significant digits, integers and tuples exactly
+    assert answer_key("x", 32.0) == answer_key("x", 32.00001) == answer_key("x", 32)
+    assert answer_key("x", 32.1) != answer_key("x", 32)
+    assert answer_key("x", (21, 6)) == answer_key("x", [np.int64(21), 6]) != answer_key("x", (6, 21))
+    assert answer_key("x", 1) != answer_key("y", 1)                    # the name salts the key
+
+
+def test_a_half_done_answer_is_not_attempted():
+    r = check("pair", (3, NotImplemented), test=lambda a: None, show=False)
+    assert r.status == NOT_ATTEMPTED
+
+
+def test_call_false_hands_the_function_to_the_test(rng):
+    x = rng.standard_normal(7)
+
+    def stub(a):
+        raise NotImplementedError("your code")
+
+    def tester(fn):
+        got = fn(x)
+        assert np.allclose(got, np.sort(x)), f"index {int(np.argmax(got != np.sort(x)))} differs"
+
+    assert check("sort", np.sort, test=tester, call=False, show=False).ok
+    r = check("sort", stub, test=tester, call=False, show=False)
+    assert r.status == NOT_ATTEMPTED and r.message == "your code"
+    r = check("sort", lambda a: a, test=tester, call=False, show=False)
+    assert r.status == WRONG and r.message.startswith("index ")
+    r = check("sort", lambda a: a[99], test=tester, call=False, show=False)
+    assert r.status == WRONG and "IndexError" in r.message and "line" in r.message
+
+
+def test_with_the_solutions_a_check_that_is_not_correct_raises(monkeypatch, capsys):
+    monkeypatch.setenv(SOLUTIONS_ENV, "1")
+    assert check("ex", 4, 4).ok
+    for answer in (5, NotImplemented):
+        with pytest.raises(AssertionError, match="with the solutions in place, ex: "):
+            check("ex", answer, 4)
+    assert "ex: wrong: the answer is 5, expected 4" in capsys.readouterr().out
+    monkeypatch.delenv(SOLUTIONS_ENV)
+    assert check("ex", 5, 4, show=False).status == WRONG                # a student's run: no raise
+
+
+def test_in_a_kernel_the_report_carries_a_machine_readable_copy(monkeypatch):
+    shown = []
+    import IPython
+    import IPython.display
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append((obj, raw)))
+    check("ex", "x", "y")
+    (bundle, raw), = shown
+    assert raw and bundle["text/plain"] == "ex: wrong: the answer is 'x', expected 'y'"
+    assert bundle[MIME] == {"name": "ex", "status": "wrong", "message": "the answer is 'x', expected 'y'"}
+
+
+def test_a_check_as_a_cells_last_line_shows_its_report_once(monkeypatch):
+    shown = []
+    import IPython
+    import IPython.display
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append(obj))
+    r = check("ex", 4, 4)
+    r._ipython_display_()             # what IPython does with the cell's value: nothing more
+    assert len(shown) == 1
+    check("ex", 4, 4, show=False)._ipython_display_()                 # never shown: now it is
+    assert len(shown) == 2 and shown[1]["text/plain"] == "ex: correct"

@@ -146,3 +146,29 @@ def test_glue_works_without_myst_nb(monkeypatch, capsys):
     glue("x", 1.5, display=False)                        # silently nothing
     glue("y", 2.5)                                       # shown
     assert "2.5" in capsys.readouterr().out
+
+
+CHAPTERS = [p for p in NOTEBOOKS if os.path.basename(p)[0].isdigit()]   # appendices have no exercises
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=os.path.basename)
+def test_every_exercise_has_a_check(path):
+    """Spec -> stub -> check: one `check("chNN.exK", ...)` per exercise, and one stub convention."""
+    import nbformat
+
+    from flashbook.grade import exercises_in
+
+    nb = nbformat.read(path, as_version=4)
+    chapter = os.path.basename(path)[:2]
+    md = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    section = md[md.index("## Exercises"):md.index("## Further reading")]
+    numbers = re.findall(r"^(?:### Exercise (\d+)|\*\*(\d+)\. )", section, re.M)
+    numbers = [int(a or b) for a, b in numbers]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 3, numbers
+    assert exercises_in(nb) == [f"ch{chapter}.ex{k}" for k in numbers]
+    start = next(i for i, c in enumerate(nb.cells) if "## Exercises" in c.source.splitlines())
+    end = next(i for i, c in enumerate(nb.cells) if "## Further reading" in c.source.splitlines())
+    for c in nb.cells[start:end]:
+        if c.cell_type == "code" and "solution" not in c.metadata.get("tags", []):
+            assert not re.search(r"^\s+(return None|\.\.\.)\s*(#.*)?$", c.source, re.M), \
+                f"a stub returns None or `...`: raise NotImplementedError instead\n{c.source[:200]}"

@@ -58,11 +58,18 @@ def _copy_explorers(app, exception):
         shutil.copyfile(path, os.path.join(static, path.name))
 
 
+#: flashbook.exercises.SOLUTIONS_ENV: the book executes its notebooks with their
+#: solutions, so every exercise check must report "correct" (a check that does not
+#: raises, and the build fails). The kernels inherit this process's environment.
+SOLUTIONS_ENV = "FLASHBOOK_SOLUTIONS"
+
+
 def _add_static(app, config):
     config.html_static_path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"))
 
 
 def setup(app):
+    os.environ[SOLUTIONS_ENV] = "1"
     app.setup_extension("gpu_outputs")
     app.connect("config-inited", _add_static)
     app.add_css_file("flashbook.css")
