@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import flashbook  # noqa: E402
-from flashbook import plots  # noqa: E402
+from flashbook import bench, plots  # noqa: E402
 
 
 def environment() -> dict:
@@ -36,7 +36,7 @@ def environment() -> dict:
 
     env = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-           "git_commit": run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "HEAD"]),
+           "git_commit": bench.git_commit(),
            "python": platform.python_version(), "torch": torch.__version__,
            "flashbook": flashbook.__version__}
     try:

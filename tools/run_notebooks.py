@@ -36,16 +36,10 @@ import gpu_outputs  # noqa: E402  (the book's extension: what it reads, this wri
 
 
 def commit() -> str:
-    """The checkout's commit (with "+changes" if notebooks/ or flashbook/ differ from it);
-    $FLASHBOOK_COMMIT where the copy has no git history."""
-    def git(*args):
-        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
-
-    head = git("rev-parse", "--short", "HEAD")
-    if head.returncode != 0:
-        return os.environ.get("FLASHBOOK_COMMIT", "unknown")
-    dirty = git("status", "--porcelain", "--", "notebooks", "flashbook").stdout.strip()
-    return head.stdout.strip() + ("+changes" if dirty else "")
+    """$FLASHBOOK_COMMIT when set (a copy whose git history is not the one sent); else
+    the checkout's commit, with "+changes" if notebooks/ or flashbook/ differ from it."""
+    from flashbook.bench import git_commit
+    return git_commit(("notebooks", "flashbook")) or "unknown"
 
 
 def machine() -> dict:

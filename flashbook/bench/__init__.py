@@ -35,7 +35,7 @@ from .sweeps import (  # noqa: F401
     LADDER_SEQS, LadderResult, LADDER_FIELDS, run_ladder,
 )
 from .records import (  # noqa: F401
-    PACKAGE_DIR, CHECKOUT_DIR, RESULTS_ENV, results_root, PROVENANCE_KEYS, source_digest,
+    PACKAGE_DIR, CHECKOUT_DIR, RESULTS_ENV, COMMIT_ENV, results_root, PROVENANCE_KEYS, source_digest, git_commit,
     gpu_info, match_chip, command_line, collect_provenance, write_csv, read_csv,
     write_provenance, default_out_dir, format_table, format_block_table, format_ladder_table,
 )

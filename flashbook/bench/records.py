@@ -61,16 +61,23 @@ def _driver_version():
         return None
 
 
-def _git_commit():
-    """HEAD's commit, with "+changes" when the package's sources differ from it
-    (``source_sha256`` then names the sources that ran)."""
+#: Names the commit of the sources that ran, where the copy's git history is missing
+#: or not the one that was sent (a GPU machine given a copy of a working tree).
+COMMIT_ENV = "FLASHBOOK_COMMIT"
+
+
+def git_commit(paths=("flashbook",)):
+    """``$FLASHBOOK_COMMIT`` when set; else HEAD's commit, with "+changes" when
+    ``paths`` differ from it (``source_sha256`` then names the sources that ran)."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     root = CHECKOUT_DIR
     try:
         done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
                               capture_output=True, text=True, timeout=10, check=False)
         commit = (done.stdout.strip() or None) if done.returncode == 0 else None
         if commit:
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "flashbook"],
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *paths],
                                    capture_output=True, text=True, timeout=10, check=False)
             if dirty.returncode == 0 and dirty.stdout.strip():
                 commit += "+changes"
@@ -166,7 +173,7 @@ def collect_provenance(argv, args=None) -> dict:
         "triton": versions["triton"],
         "python": sys.version.split()[0],
         "flashbook": __version__,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "source_sha256": source_digest(),
         "settings": settings,
         "timing": {
