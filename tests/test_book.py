@@ -35,6 +35,9 @@ def test_every_chapter_was_executed_and_rendered(built, nb):
     assert "pip\", \"install" not in html
     repo_path = REPO_URL.removeprefix("https://github.com/")
     assert f"colab.research.google.com/github/{repo_path}/blob/colab/{slug}.ipynb" in html
+    # a chapter (not an appendix page) also launches its exercises: the student edition
+    student = f"colab.research.google.com/github/{repo_path}/blob/colab/student/{slug}.ipynb"
+    assert (student in html) == slug[:1].isdigit(), slug
 
 
 def test_pages_load_nothing_from_the_network(built):

@@ -81,10 +81,16 @@ def book_url(cfg: dict | None = None) -> str:
     return (cfg or config())["html"]["baseurl"].rstrip("/") + "/"
 
 
-def colab_url(slug: str, cfg: dict | None = None) -> str:
-    """Where Colab opens the published Colab edition of one chapter."""
+def colab_url(slug: str, cfg: dict | None = None, student: bool = False) -> str:
+    """Where Colab opens the published Colab edition of one chapter (``student``: the
+    student edition, published beside it under ``student/``)."""
     path = repo_url(cfg).removeprefix("https://github.com/")
-    return f"{COLAB}/{path}/blob/{COLAB_BRANCH}/{slug}.ipynb"
+    return f"{COLAB}/{path}/blob/{COLAB_BRANCH}/{'student/' if student else ''}{slug}.ipynb"
+
+
+def has_exercises(nb) -> bool:
+    """The notebook ends with exercises (every chapter; not the appendix pages)."""
+    return any(c.cell_type == "markdown" and "## Exercises" in c.source for c in nb.cells)
 
 
 def version() -> str:
@@ -374,12 +380,18 @@ def forbidden(text: str) -> list[str]:
 # One notebook
 # ---------------------------------------------------------------------------
 
-def header(nb, slug: str, cfg: dict | None = None) -> str:
+def header(nb, slug: str, cfg: dict | None = None, student: bool = False) -> str:
     title = nb.cells[1].source.splitlines()[0].lstrip("#").strip()
-    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-            f"({colab_url(slug, cfg)})\n\n"
+    text = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"({colab_url(slug, cfg, student)})\n\n"
             f"Read this chapter in the book, with its figures and numbers rendered: "
             f"[{title}]({book_url(cfg)}notebooks/{slug}.html)")
+    if has_exercises(nb):
+        text += ("\n\nThis is the student edition: the exercises without their solutions. "
+                 f"[The chapter with the solutions]({colab_url(slug, cfg)})." if student else
+                 "\n\nThe exercises alone, without the solutions, for a class: "
+                 f"[open the exercises in Colab]({colab_url(slug, cfg, student=True)}).")
+    return text
 
 
 def fold_solution(cell) -> None:
@@ -414,7 +426,7 @@ def edition(path: str, student: bool = False, cfg: dict | None = None,
                 fold_solution(cell)
     out.cells[0].source = book_setup_cell(nb, cfg, source=source)
     out.cells[0].metadata = {}
-    out.cells.insert(0, nbformat.v4.new_markdown_cell(header(nb, slug, cfg)))
+    out.cells.insert(0, nbformat.v4.new_markdown_cell(header(nb, slug, cfg, student)))
     return out, conv.glued
 
 

@@ -3,7 +3,8 @@
 sphinx-book-theme points the button at ``blob/<branch>/notebooks/NN_slug.ipynb``, the
 book's own notebook, which Colab shows with raw MyST roles. The workflow publishes
 the Colab edition (tools/colab_edition.py) to the ``colab`` branch; this points the
-button there: ``.../blob/colab/NN_slug.ipynb``.
+button there: ``.../blob/colab/NN_slug.ipynb``, and adds a second one beside it,
+"Exercises", which opens the student edition (``.../blob/colab/student/NN_slug.ipynb``).
 """
 import os
 import sys
@@ -14,18 +15,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 from colab_edition import colab_url  # noqa: E402
 
 
-def _retarget(buttons, slug):
-    for button in buttons:
+def _retarget(buttons, slug, exercises):
+    for i, button in enumerate(list(buttons)):
         if not isinstance(button, dict):
             continue
         if button.get("text") == "Colab" and "url" in button:
             button["url"] = colab_url(slug)
-        _retarget(button.get("buttons", []), slug)
+            if exercises:
+                student = dict(button, text="Exercises", url=colab_url(slug, student=True),
+                               tooltip="Open the exercises (no solutions) in Colab",
+                               label="exercises-colab-button")
+                buttons.insert(buttons.index(button) + 1, student)
+        _retarget(button.get("buttons", []), slug, exercises)
 
 
 def _colab_button(app, pagename, templatename, context, doctree):
     if pagename.startswith("notebooks/") and context.get("header_buttons"):
-        _retarget(context["header_buttons"], pagename.split("/")[-1])
+        slug = pagename.split("/")[-1]
+        _retarget(context["header_buttons"], slug, exercises=slug[:1].isdigit())
 
 
 def setup(app):
