@@ -424,9 +424,9 @@ class _NoMemory:
         pass
 
 
-def _cpu_case(fn, name="naive", causal=True, ref=True, skip=None):
+def _cpu_case(fn, name="naive", causal=True, ref=True, skip=None, seed=7):
     shape = bench.Shape(batch=2, heads=2, seq=32, head_dim=16, causal=causal)
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(seed)
     inputs = bench.make_inputs(shape, torch.float32, "cpu", g)
     r = bench.reference_slice(*inputs, causal) if ref else None
     return shape, bench.bench_case(name, fn, shape, inputs, dtype_name="fp32",
@@ -450,6 +450,46 @@ def test_bench_case_catches_a_wrong_implementation():
         return bench.naive_attention(q, k, v, causal=not causal)  # the wrong mask
     _, res = _cpu_case(off_by_a_bit, name="flashbook")
     assert res.status == "ok" and res.check == "FAIL" and res.err_out > 0.05
+
+
+def _slice_inputs(rng, dtype, causal):
+    """Fresh standard-normal q, k, v, dO (batch 2, heads 2, N 24, d 16) in ``dtype``."""
+    q, k, v, do = (torch.from_numpy(rng.standard_normal((2, 2, 24, 16))).to(dtype)
+                   for _ in range(4))
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_check_slice_is_the_kernel_tests_rule(rng, dtype, causal):
+    """The harness's pass/fail is ``within_twice_yardstick`` on o, dq, dk, dv: the float64
+    truth rounded to the inputs' dtype (an error of half a rounding step, below the
+    yardstick's) passes; the same with dv[0, 0, 3, 5] off by 0.05 (over ten fp16 rounding
+    steps at that size, 1e5 fp32 ones: no correct kernel is that far) fails, naming dv."""
+    q, k, v, do = _slice_inputs(rng, dtype, causal)
+    ref = bench.reference_slice(q, k, v, do, causal)
+    yard = bench.reference_slice(q, k, v, do, causal, dtype=dtype)
+    assert yard[0].dtype == dtype and ref[0].dtype == torch.float64
+    o, grads = ref[0].to(dtype), [g.to(dtype) for g in ref[1]]
+    assert bench.check_slice(o, grads, ref, yard, head_dim=16) == []
+    bad = grads[2].clone()
+    bad[0, 0, 3, 5] += 0.05
+    problems = bench.check_slice(o, [grads[0], grads[1], bad], ref, yard, head_dim=16)
+    assert len(problems) == 1 and problems[0].startswith("dv:"), problems
+
+
+def test_bench_case_fails_a_result_that_a_relative_bound_would_pass(rng):
+    """One wrong output row (row 5 of every head scaled by 1.02) moves the relative
+    Frobenius error by about 2% / sqrt(32) = 0.4%, under the old 2e-2 bound; the
+    yardstick rule (fp32: errors near 1e-7) rejects it and says where."""
+    def one_row_off(q, k, v, *, causal=False, scale=None):
+        o = bench.naive_attention(q, k, v, causal=causal)
+        factor = torch.ones(o.shape[-2], 1, dtype=o.dtype)
+        factor[5] = 1.02
+        return o * factor
+    _, res = _cpu_case(one_row_off, name="flashbook", seed=int(rng.integers(2**31)))
+    assert res.status == "ok" and res.err_out < bench.TOLERANCE["out"]
+    assert res.check == "FAIL" and res.note.startswith("o: max error"), res.note
 
 
 def test_bench_case_records_failures_instead_of_raising():

@@ -27,7 +27,7 @@ from .impls import (  # noqa: F401
 from .harness import (  # noqa: F401
     Shape, shape_label, TOKENS, MODEL_WIDTH, heads_for, make_shapes, STATUSES, TOLERANCE,
     ShapeRow, Result, RESULT_FIELDS, classify_error, rel_err, CudaTimer, time_ms,
-    CudaMemory, make_inputs, reference_slice, skip_reason, bench_case, run_tools, run_sweep,
+    CudaMemory, make_inputs, reference_slice, check_slice, skip_reason, bench_case, run_tools, run_sweep,
     progress_bar,
 )
 from .sweeps import (  # noqa: F401
