@@ -36,7 +36,6 @@ Each report is displayed with a machine-readable copy, the mime type
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import traceback
 from dataclasses import asdict, dataclass

@@ -88,9 +88,9 @@ def colab_url(slug: str, cfg: dict | None = None, student: bool = False) -> str:
     return f"{COLAB}/{path}/blob/{COLAB_BRANCH}/{'student/' if student else ''}{slug}.ipynb"
 
 
-def has_exercises(nb) -> bool:
-    """The notebook ends with exercises (every chapter; not the appendix pages)."""
-    return any(c.cell_type == "markdown" and "## Exercises" in c.source for c in nb.cells)
+def is_chapter(slug: str) -> bool:
+    """A chapter (NN_slug), which ends with exercises; not an appendix page (An_slug)."""
+    return slug[:1].isdigit()
 
 
 def version() -> str:
@@ -386,7 +386,7 @@ def header(nb, slug: str, cfg: dict | None = None, student: bool = False) -> str
             f"({colab_url(slug, cfg, student)})\n\n"
             f"Read this chapter in the book, with its figures and numbers rendered: "
             f"[{title}]({book_url(cfg)}notebooks/{slug}.html)")
-    if has_exercises(nb):
+    if is_chapter(slug):
         text += ("\n\nThis is the student edition: the exercises without their solutions. "
                  f"[The chapter with the solutions]({colab_url(slug, cfg)})." if student else
                  "\n\nThe exercises alone, without the solutions, for a class: "

@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tools"))
 
-from colab_edition import colab_url  # noqa: E402
+from colab_edition import colab_url, is_chapter  # noqa: E402
 
 
 def _retarget(buttons, slug, exercises):
@@ -32,7 +32,7 @@ def _retarget(buttons, slug, exercises):
 def _colab_button(app, pagename, templatename, context, doctree):
     if pagename.startswith("notebooks/") and context.get("header_buttons"):
         slug = pagename.split("/")[-1]
-        _retarget(context["header_buttons"], slug, exercises=slug[:1].isdigit())
+        _retarget(context["header_buttons"], slug, exercises=is_chapter(slug))
 
 
 def setup(app):

@@ -18,14 +18,13 @@ import sys
 from pathlib import Path
 
 from .. import runtime
+from ..resources import RESULTS_ENV, results_dir  # noqa: F401  (RESULTS_ENV: re-exported by bench)
 from .costs import GB
 from .harness import shape_label
 
 #: flashbook's own directory, and the checkout that holds it.
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 CHECKOUT_DIR = PACKAGE_DIR.parent
-
-from ..resources import RESULTS_ENV, results_dir  # noqa: E402  (where recorded runs live)
 
 
 def results_root(root=None):
