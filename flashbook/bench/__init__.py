@@ -10,7 +10,9 @@ importable from ``flashbook.bench``:
 - ``sweeps``:       block sizes of the forward kernel; chapter 10's performance ladder
 - ``records``:      CSV rows and provenance, where results live, text tables
 - ``readback``:     the recorded runs read back: ratios, targets, roofline, block explorer
-- ``cli``:          ``python -m flashbook.bench`` (``--quick``, ``--sweep-blocks``, ``--ladder``)
+- ``peer``:         a peer's kernel file (Triton's tutorial, supplied by the user) timed beside ours
+- ``cli``:          ``python -m flashbook.bench`` (``--quick``, ``--sweep-blocks``, ``--ladder``,
+                    ``--peer``)
 """
 from .. import runtime  # noqa: F401  (chip facts, used beside the costs)
 from .costs import (  # noqa: F401
@@ -46,6 +48,11 @@ from .readback import (  # noqa: F401
     roofline_points, roofline_ceilings, seed_shape_rows, block_shared_bytes, block_fits,
     best_blocks, BlockState, block_state, HOPPER_EXPERIMENT, AUTOTUNE_RUN,
     load_recorded_json, load_hopper_experiment, hopper_experiment_table,
+)
+from .peer import (  # noqa: F401
+    DEFAULT_FUNC, PEER_ROWS, PEER_SEQS, PEER_HEAD_DIMS, PEER_DTYPE, COMPARED, PeerSpec, split_peer,
+    load_peer, peer_shapes, PeerResult, PEER_FIELDS, measure, compare, run_peer, peer_provenance,
+    format_peer_table,
 )
 from .cli import (  # noqa: F401
     DEFAULT_SEQS, DEFAULT_HEAD_DIMS, QUICK_SEQS, QUICK_HEAD_DIMS, parse_seq_list,

@@ -5,6 +5,7 @@
     python -m flashbook.bench --impl naive,sdpa-flash,flashbook,flashbook-atomic --seq 4K,8K
     python -m flashbook.bench --sweep-blocks  # block sizes of our forward kernel
     python -m flashbook.bench --ladder        # chapter 10's performance ladder
+    python -m flashbook.bench --peer .peer/06-fused-attention.py   # beside a peer's kernel
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 from .. import runtime
 from .harness import MODEL_WIDTH, RESULT_FIELDS, TOKENS, make_shapes, run_sweep
 from .impls import IMPLEMENTATIONS, flashbook_impls
+from .peer import (PEER_DTYPE, PEER_FIELDS, PEER_HEAD_DIMS, PEER_SEQS, SHAPES_HELP,
+                   format_peer_table, load_peer, peer_provenance, peer_shapes, run_peer)
 from .records import (collect_provenance, default_out_dir, format_block_table, format_ladder_table,
                       format_table, gpu_info, write_csv, write_provenance)
 from .sweeps import (BLOCK_FIELDS, LADDER_FIELDS, LADDER_SEQS, SWEEP_SEQS, block_configs,
@@ -96,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", type=parse_impl_list, default=("all",),
                    help=f"implementations, comma-separated: {', '.join(IMPLEMENTATIONS)}, "
                         f"flashbook-atomic (the atomic-dQ backward) (default: all)")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default=None,
+                   help=f"bf16 (default) or fp16 ({PEER_DTYPE} with --peer)")
     p.add_argument("--tokens", type=int, default=TOKENS,
                    help=f"batch * seq for every shape (default {TOKENS})")
     p.add_argument("--heads", type=int, default=None,
@@ -117,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ladder", action="store_true",
                    help="time each rung of chapter 10's performance ladder (forward) and "
                         "the two dQ strategies (backward); writes ladder.csv")
+    p.add_argument("--peer", metavar="PATH[:FUNC]", default=None,
+                   help="instead: time a peer's attention, a Python file you supply (e.g. "
+                        "Triton's python/tutorials/06-fused-attention.py), beside flashbook "
+                        "and sdpa-flash; FUNC (default attention) is called as "
+                        "FUNC(q, k, v, causal, scale). Shapes: d 64,128, N 1K,4K,16K, both "
+                        f"causal, fp16, {SHAPES_HELP}. Writes peer.csv")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
     return p
@@ -134,6 +144,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.rep_ms = 50.0 if args.quick else 100.0
     if args.rep_ms <= 0 or args.warmup_ms < 0:
         parser.error("--rep-ms must be > 0 and --warmup-ms >= 0")
+    if args.peer is not None and (args.ladder or args.sweep_blocks):
+        parser.error("--peer cannot be combined with --ladder or --sweep-blocks")
+    args.dtype = args.dtype or (PEER_DTYPE if args.peer is not None else "bf16")
+    if args.peer is not None:
+        try:
+            args.peer = load_peer(args.peer)
+        except (TypeError, ValueError) as err:
+            parser.error(f"argument --peer: {err}")
+        args.shapes = peer_shapes(args.seq or PEER_SEQS, args.head_dim or PEER_HEAD_DIMS,
+                                  args.causal or (False, True), heads=args.heads)
+        return args
     if args.ladder:
         seqs = args.seq or LADDER_SEQS
         head_dims = args.head_dim or DEFAULT_HEAD_DIMS
@@ -200,6 +221,10 @@ def main(argv=None) -> int:
         headline = (f"Block-size sweep of flashbook's forward kernel on {gpu['name']}: "
                     f"{len(block_configs())} configs x {len(args.shapes)} shapes")
         run, table, csv_name, fields, row = run_block_sweep, format_block_table, "blocks.csv", BLOCK_FIELDS, "config"
+    elif args.peer is not None:
+        headline = (f"{args.peer.path}:{args.peer.func} beside flashbook and sdpa-flash on "
+                    f"{gpu['name']}, {args.dtype}: {len(args.shapes)} shapes")
+        run, table, csv_name, fields, row = run_peer, format_peer_table, "peer.csv", PEER_FIELDS, "implementation"
     else:
         impls = _resolve_impl_names(args.impl)
         headline = (f"Attention on {gpu['name']} ({gpu['capability']}), {args.dtype}: "
@@ -213,6 +238,8 @@ def main(argv=None) -> int:
     write_csv(results, out_dir / csv_name, fields)
     prov = collect_provenance(argv, args)
     prov["files"] = {csv_name: f"one row per {row} and shape"}
+    if args.peer is not None:
+        peer_provenance(prov, args)
     write_provenance(prov, out_dir / "provenance.json")
     print(f"\nWrote {out_dir / csv_name} and {out_dir / 'provenance.json'}")
     return 0
