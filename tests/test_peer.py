@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -16,6 +19,8 @@ import torch
 
 from flashbook import bench
 from flashbook.bench import peer as peer_mod
+
+from conftest import ROOT
 
 PEERS = '''
 import torch
@@ -218,6 +223,17 @@ def test_csv_and_provenance_name_the_peer_file(peer_file, tmp_path, rng):
     assert prov["command"].startswith("python -m flashbook.bench --peer ")
     assert prov["settings"]["impl"] == ["peer", "flashbook", "sdpa-flash"]
     assert prov["settings"]["dtype"] == "fp16" and "peer.csv" in prov["files"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+def test_cli_with_a_peer_and_no_gpu_says_so_and_writes_nothing(peer_file, tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "flashbook.bench", "--peer", str(peer_file),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr
+    assert "No CUDA GPU on this machine" in done.stdout and "Traceback" not in done.stderr
+    assert not out.exists()
 
 
 def test_the_peer_module_keeps_under_700_lines():

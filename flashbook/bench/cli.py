@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "Triton's python/tutorials/06-fused-attention.py), beside flashbook "
                         "and sdpa-flash; FUNC (default attention) is called as "
                         "FUNC(q, k, v, causal, scale). Shapes: d 64,128, N 1K,4K,16K, both "
-                        f"causal, fp16, {SHAPES_HELP}. Writes peer.csv")
+                        f"causal, fp16, {SHAPES_HELP}; --seq, --head-dim, --causal, --dtype "
+                        "and --heads override them. Writes peer.csv")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
     return p
