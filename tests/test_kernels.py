@@ -284,6 +284,53 @@ def test_every_ladder_rung_is_exact(causal):
         run_rung("exp2", q, k, v)
 
 
+def test_every_combination_of_features_is_exact():
+    """Any mix of chapter 10's switches (not only the six rungs) is still attention,
+    including rows that see no key at all (causal, seq_q > seq_k: output 0, lse -inf)."""
+    import itertools
+    import os
+
+    import numpy as np
+
+    from flashbook import reference
+    from flashbook.kernels.ladder import FIRST_CONFIG, Features, Rung, run_rung
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q = torch.randn(1, 2, 45, 16, dtype=torch.float32)
+    k = torch.randn(1, 1, 30, 16, dtype=torch.float32)    # GQA, and 15 query rows that see no key
+    v = torch.randn(1, 1, 30, 16, dtype=torch.float32)
+    want = reference.attention(q.numpy(), k.repeat(1, 2, 1, 1).numpy(), v.repeat(1, 2, 1, 1).numpy(),
+                               causal=True)
+    blind = np.arange(45) < 45 - 30
+    for flags in itertools.product((False, True), repeat=4):
+        features = Features(*flags)
+        o, lse = run_rung(Rung(str(flags), "", features, FIRST_CONFIG), q, k, v, causal=True)
+        assert torch.isfinite(o).all(), features
+        err = np.abs(o.double().numpy() - np.nan_to_num(want)).max()
+        assert err < 1e-5, f"{features}: max error {err:.2e}"   # fp32, sums of at most 30 terms
+        assert (o[:, :, blind] == 0).all() and torch.isinf(lse[:, :, blind]).all(), features
+        assert (lse[:, :, blind] < 0).all() and torch.isfinite(lse[:, :, ~blind]).all(), features
+
+
+def test_a_rung_swaps_only_helpers_the_library_kernel_calls():
+    """A rung is ``_attn_fwd`` compiled against other helpers: each helper it swaps must be
+    one ``_attn_fwd`` calls by that name (else the swap would silently change nothing),
+    with the same arguments; the library's own features swap nothing."""
+    from flashbook.kernels import forward, ladder
+    assert ladder.rung_kernel(ladder.Features()) is forward._attn_fwd
+    called = set(forward._attn_fwd.fn.__code__.co_names)
+    for flags in ((False, True, True, True), (True, False, True, True), (True, True, False, True),
+                  (True, True, True, False), (False, False, False, False)):
+        features = ladder.Features(*flags)
+        swapped = ladder.swaps(features)
+        assert swapped and set(swapped) <= called, (features, set(swapped) - called)
+        for name, plain in swapped.items():
+            assert plain.arg_names == getattr(forward, name).arg_names, name
+        kernel = ladder.rung_kernel(features)
+        assert kernel is not forward._attn_fwd and kernel is ladder.rung_kernel(features)   # built once
+    with pytest.raises(TypeError, match="features must be"):
+        ladder.rung_kernel((True, True, True, True))
+
+
 # ------------------------------------------------------------ float32: PyTorch's switch
 
 @pytest.fixture

@@ -228,17 +228,22 @@ def _seq_bucket(n: int) -> int:
 
 # ------------------------------------------------------------------ forward / backward
 
-def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
-                  features: configs.Features = configs.Features()):
+def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None):
     """Run the forward kernel: returns (o, lse), lse float32 of shape (batch, heads, seq_q).
 
     ``lse`` is the natural-log logsumexp of each scaled score row (-inf for a row
     that sees no key). No autograd: ``flash_attention`` is the differentiable entry.
-    ``config`` overrides the block sizes (see ``configs``); ``features`` switches
-    off optimisations to reproduce chapter 10's ladder (the result is the same).
+    ``config`` overrides the block sizes (see ``configs``).
     """
-    if not isinstance(features, configs.Features):
-        raise TypeError(f"features must be a flashbook.kernels.configs.Features, got {features!r}")
+    return forward_with(_attn_fwd, q, k, v, causal=causal, scale=scale, config=config)
+
+
+def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
+                 log2_scores: bool = True):
+    """``flash_forward`` with another kernel that takes ``_attn_fwd``'s arguments
+    (chapter 10's rungs, ``ladder.rung_kernel``). ``log2_scores``: the kernel wants
+    the scale times log2(e) (exp2); False passes the plain scale (natural exp).
+    """
     scale = check_inputs(q, k, v, causal, scale)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     batch, heads, seq_q, head_dim = q.shape
@@ -250,18 +255,15 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config |
 
     def launch(cfg: Config):
         grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
-        _attn_fwd[grid](
+        kernel[grid](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             o.stride(0), o.stride(1), o.stride(2),
-            heads, heads // kv_heads, seq_q, seq_k, scale * LOG2E if features.exp2 else scale,
+            heads, heads // kv_heads, seq_q, seq_k, scale * LOG2E if log2_scores else scale,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, DOT_PRECISION=precision,
-            EXP2=features.exp2, SKIP_MASKED=features.skip_masked, SPLIT=features.split,
-            HEAVY_FIRST=features.heavy_first,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     _run("forward", q, bd, causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
     return o, lse

@@ -36,7 +36,7 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import MAIN, MASKED, causal_bounds, load_lse, load_tile, query_bounds, visible_keys
+from .forward import MAIN, MASKED, causal_bounds, load_lse, load_tile, query_bounds, query_tile_index, visible_keys
 
 
 @triton.jit
@@ -61,19 +61,26 @@ def _bwd_delta(O, DO, DELTA,
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, cols,
-                    q_base, do_base, lse_base, delta_base, dq_base,
-                    stride_qm, stride_dom, stride_dqm,
-                    offs_m, offs_d, seq_q, seq_k, diagonal, lo, hi, qk_scale,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, STAGE: tl.constexpr,
-                    CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+def load_tile_pair(base_a, base_b, rows, stride_a, stride_b, n_rows, offs_d, HEAD_DIM: tl.constexpr,
+                   MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """The two tiles a backward step streams, rows ``rows`` of both: Q and dO (dK/dV
+    kernel), or K and V (dQ kernel)."""
+    a = load_tile(base_a, rows, stride_a, n_rows, offs_d, HEAD_DIM, MASK_ROWS, not EVEN_D)
+    b = load_tile(base_b, rows, stride_b, n_rows, offs_d, HEAD_DIM, MASK_ROWS, not EVEN_D)
+    return a, b
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
+                    stride_qm, stride_dom, stride_dqm, offs_m, offs_d, seq_q, seq_k, diagonal, lo, hi,
+                    qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, STAGE: tl.constexpr,
+                    CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add query tiles [lo, hi) into this K/V tile's (dk, dv); optionally push dq out."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
-        q = load_tile(q_base, rows, stride_qm, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
-        do = load_tile(do_base, rows, stride_dom, seq_q, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        q, do = load_tile_pair(q_base, do_base, rows, stride_qm, stride_dom, seq_q, offs_d, HEAD_DIM,
+                               STAGE == MASKED, EVEN_D)
         lse = load_lse(lse_base, rows, seq_q, STAGE == MASKED)  # in base 2, as in the dQ kernel
         if STAGE == MASKED:
             delta = tl.load(delta_base + rows, mask=rows < seq_q, other=0.0)
@@ -163,16 +170,16 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                  rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
-                  CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_n, offs_d,
+                  seq_k, diagonal, lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  STAGE: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
     """Add key tiles [lo, hi) into this query tile's dq."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
-        v = load_tile(v_base, cols, stride_vn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+        k, v = load_tile_pair(k_base, v_base, cols, stride_kn, stride_vn, seq_k, offs_d, HEAD_DIM,
+                              STAGE == MASKED, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         if STAGE == MASKED:
@@ -196,10 +203,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # the heaviest query tiles first, as in the forward
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    start_m = pid_m * BLOCK_M
+    start_m = query_tile_index(CAUSAL) * BLOCK_M  # the heaviest query tiles first, as in the forward
     bh = tl.program_id(1)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads

@@ -43,19 +43,6 @@ class Config:
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}"
 
 
-@dataclass(frozen=True)
-class Features:
-    """What the forward kernel does beyond the plain algorithm (chapter 10's ladder).
-
-    The library always uses all of them; switching one off gives the kernel of an
-    earlier rung, still exact, only slower.
-    """
-    exp2: bool = True         # exp2 with log2(e) folded into the scale, instead of exp
-    skip_masked: bool = True  # causal: never visit key tiles that no row of the tile sees
-    split: bool = True        # mask only the diagonal and ragged tiles; the rest run unmasked
-    heavy_first: bool = True  # causal: launch the query tiles with the most keys first
-
-
 def block_d(head_dim: int) -> int:
     """head_dim rounded up to the tile width the kernels use (loads are masked past head_dim)."""
     for bd in BLOCK_DS:

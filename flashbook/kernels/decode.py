@@ -12,7 +12,7 @@ reading it fast needs every SM.
 
 So the keys are cut into ``num_splits`` ranges (split-K, ``flashbook.split`` in
 NumPy): one program per (split, batch, KV head) folds its range of keys into
-its own (o, lse) with the forward kernel's inner loop (``_fwd_inner``: exp2,
+its own (o, lse) with the forward kernel's two stages (``attend``: exp2,
 unmasked main stage, masked last tile), and a second small kernel merges the
 splits with chapter 3's merge. Three choices make the cache be read once, at
 full speed:
@@ -52,7 +52,7 @@ from .. import runtime
 from ..validation import check_count
 from .autograd import LOG2E, _last_dim_contiguous, check_inputs, dot_precision
 from .configs import block_d
-from .forward import MAIN, MASKED, _fwd_inner, load_tile, normalised_rows
+from .forward import attend, load_tile, normalised_rows
 
 MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
 MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
@@ -116,15 +116,11 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc, row_max, row_sum = _fwd_inner(
+    acc, row_max, row_sum = attend(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        token, offs_n, offs_d, seq_k, diagonal, lo, mid, qk_scale,
-        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, True)
-    acc, row_max, row_sum = _fwd_inner(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        token, offs_n, offs_d, seq_k, diagonal, mid, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, True)
-    acc, lse = normalised_rows(acc, row_max, row_sum, True)
+        token, offs_n, offs_d, seq_k, diagonal, lo, mid, hi, qk_scale,
+        HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION)
+    acc, lse = normalised_rows(acc, row_max, row_sum)
 
     row_ok = rows < n_rows
     tl.store(LSE + (bh.to(tl.int64) * num_splits + split) * n_rows + rows, lse, mask=row_ok)

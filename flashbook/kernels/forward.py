@@ -15,8 +15,13 @@ Two tricks make the inner loop cheap:
   partial tile) need no mask: the *main* stage. The few tiles on the causal
   diagonal, and a last tile that sticks out past ``seq_k``, need a mask: the
   *masked* stage. Both are the same loop, ``_fwd_inner``, with a constexpr
-  ``STAGE`` (which ``shifted_scores`` reads); tiles that are masked entirely are
-  never visited at all.
+  ``STAGE`` (which ``shifted_scores`` reads); ``attend`` runs the two stages one
+  after the other. Tiles that are masked entirely are never visited at all.
+* Under a causal mask the query tiles with the most keys are launched first,
+  so that no long program is left running alone at the end.
+
+Chapter 10 builds this kernel up one change at a time; its slower rungs live in
+``ladder.py``, so that this file holds only the kernel the library runs.
 
 Shapes: q (batch, heads, seq_q, head_dim); k, v (batch, kv_heads, seq_k, head_dim)
 with ``heads = group * kv_heads`` (GQA; group 1 is plain multi-head attention).
@@ -52,6 +57,19 @@ def load_tile(base, rows, stride, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr,
     else:
         x = tl.load(ptrs)
     return x
+
+
+@triton.jit
+def query_tile_index(CAUSAL: tl.constexpr):
+    """Which query tile this program owns (program axis 0).
+
+    Under a causal mask the last query tiles see the most keys: they get the first
+    programs, so that no long program is left running alone at the end.
+    """
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    return pid_m
 
 
 @triton.jit
@@ -154,42 +172,64 @@ def _fwd_inner(acc, row_max, row_sum, q,
                k_base, v_base, stride_kn, stride_vn,
                rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
-               CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               EXP2: tl.constexpr):
-    """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax."""
+               CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax, in base 2."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
-        if EXP2:
-            p = tl.exp2(qk)
-            alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
-        else:  # chapter 10's first rung: natural exp, scores and maxima in natural units
-            p = tl.exp(qk)
-            alpha = tl.exp(row_max - new_max)
-        row_sum = row_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = load_tile(v_base, cols, stride_vn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        p = tl.exp2(qk)
+        alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
+        acc, row_sum = fold_values(acc, row_sum, p, alpha, v_base, cols, stride_vn, seq_k, offs_d,
+                                   HEAD_DIM, STAGE == MASKED, EVEN_D, DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
 
 
 @triton.jit
-def normalised_rows(acc, row_max, row_sum, EXP2: tl.constexpr):
+def fold_values(acc, row_sum, p, alpha, v_base, cols, stride_vn, seq_k, offs_d,
+                HEAD_DIM: tl.constexpr, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """The second half of an online-softmax step: rescale the running sum and output
+    by ``alpha``, then add this key tile's weights ``p`` and ``p @ V``."""
+    row_sum = row_sum * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = load_tile(v_base, cols, stride_vn, seq_k, offs_d, HEAD_DIM, MASK_ROWS, not EVEN_D)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, row_sum
+
+
+@triton.jit
+def attend(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+           rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, hi, qk_scale,
+           HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+           EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Both stages for one query tile: key tiles [lo, full_end) without a mask (main),
+    then [full_end, hi) with one (the causal diagonal and a ragged last tile)."""
+    acc, row_max, row_sum = _fwd_inner(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, qk_scale,
+        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+    acc, row_max, row_sum = _fwd_inner(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
+        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
+    return acc, row_max, row_sum
+
+
+@triton.jit
+def normalised_rows(acc, row_max, row_sum):
     """The output rows acc / row_sum and the natural-log ``lse`` of each row.
 
-    A row that saw no key (causal, seq_q > seq_k; or an empty split of the keys)
-    has row_sum 0: output 0, lse -inf. With ``EXP2`` the row maxima are in log2 units.
+    ``row_max`` is in log2 units (the scores were scaled by log2(e) for exp2). A row
+    that saw no key (causal, seq_q > seq_k; or an empty split of the keys) has
+    row_sum 0: output 0, lse -inf.
     """
     seen = row_sum > 0.0
     acc = acc / tl.where(seen, row_sum, 1.0)[:, None]
-    if EXP2:
-        lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * LN2, float("-inf"))
-    else:
-        lse = tl.where(seen, row_max + tl.log(tl.where(seen, row_sum, 1.0)), float("-inf"))
+    lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * LN2, float("-inf"))
     return acc, lse
 
 
@@ -202,19 +242,13 @@ def _attn_fwd(Q, K, V, O, LSE,
               n_heads, group, seq_q, seq_k, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              EXP2: tl.constexpr, SKIP_MASKED: tl.constexpr, SPLIT: tl.constexpr,
-              HEAVY_FIRST: tl.constexpr):
+              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
-    The last four flags are the rungs of chapter 10's performance ladder; the
-    library always runs with all four on (``configs.Features()``).
+    ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m = tl.program_id(0)
-    if CAUSAL and HEAVY_FIRST:  # the last query tiles see the most keys: start them first, so none runs alone at the end
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    start_m = pid_m * BLOCK_M
+    start_m = query_tile_index(CAUSAL) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads
@@ -237,20 +271,12 @@ def _attn_fwd(Q, K, V, O, LSE,
 
     diagonal = seq_k - seq_q
     full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    if not SKIP_MASKED:  # visit every key tile, even those no row of this tile may see
-        hi = seq_k
-    if not SPLIT:  # no unmasked main stage: every tile pays for the mask
-        full_end = 0
-    acc, row_max, row_sum = _fwd_inner(
+    acc, row_max, row_sum = attend(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, qk_scale,
-        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, EXP2)
-    acc, row_max, row_sum = _fwd_inner(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, EXP2)
+        rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, hi, qk_scale,
+        HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION)
 
-    acc, lse = normalised_rows(acc, row_max, row_sum, EXP2)
+    acc, lse = normalised_rows(acc, row_max, row_sum)
     row_ok = rows < seq_q
     tl.store(LSE + bh.to(tl.int64) * seq_q + rows, lse, mask=row_ok)
     o_ptrs = o_base + rows[:, None] * stride_om + offs_d[None, :]

@@ -1,16 +1,38 @@
 """Chapter 10's performance ladder: from a first, plain kernel to the library's.
 
-Each rung changes one thing and keeps the result exact. Every rung is the same
-kernel (``forward._attn_fwd``) with some of its ``configs.Features`` switched off
-and, below the tuning rung, a small fixed tile configuration, so a reader with a
-GPU can run any rung with ``run_rung`` and time it.
+Each rung changes one thing and keeps the result exact. A rung's kernel is the
+library's own, ``forward._attn_fwd`` of chapter 7, compiled with some of the helpers
+it calls swapped for a plain version (``swaps``): natural exp instead of exp2, every
+key tile visited, every tile masked, the query tiles launched in order. So the
+library's kernel carries no switches, and each rung differs from it only where its
+``Features`` say. Below the tuning rung each rung also uses a small fixed tile
+configuration. A reader with a GPU can run any rung with ``run_rung`` and time it.
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
-from .autograd import flash_forward
-from .configs import Config, Features
+import triton
+import triton.language as tl
+
+from .autograd import forward_with
+from .configs import Config
+from .forward import LOG2E, _attn_fwd, causal_bounds, fold_values, load_tile, visible_keys
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the library's forward kernel does beyond the plain algorithm, one switch per rung.
+
+    The library's kernel has all four; a rung with some switched off is still exact,
+    only slower.
+    """
+    exp2: bool = True         # exp2 with log2(e) folded into the scale, instead of exp
+    skip_masked: bool = True  # causal: never visit key tiles that no row of the tile sees
+    split: bool = True        # mask only the diagonal and ragged tiles; the rest run unmasked
+    heavy_first: bool = True  # causal: launch the query tiles with the most keys first
+
 
 #: The tiles of a first kernel: what a tutorial would pick before measuring anything.
 FIRST_CONFIG = Config(block_m=64, block_n=64, num_warps=4, num_stages=2)
@@ -43,9 +65,105 @@ RUNGS = (
 )
 
 
+# ------------------------------------------------------------------ the plain versions
+# Each rung is ``forward._attn_fwd`` with some of the helpers it calls swapped for
+# the plain version below (same arguments, same results, slower).
+
+@triton.jit
+def in_launch_order(CAUSAL: tl.constexpr):
+    """Instead of ``query_tile_index``: program i takes query tile i, heavy or not."""
+    return tl.program_id(0)
+
+
+@triton.jit
+def every_tile_masked(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      CAUSAL: tl.constexpr):
+    """Instead of ``causal_bounds``: visit every key tile, each with the mask."""
+    return 0, seq_k
+
+
+@triton.jit
+def visible_tiles_masked(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         CAUSAL: tl.constexpr):
+    """Instead of ``causal_bounds``: skip the tiles no row sees, but mask all the others."""
+    full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    return 0, hi
+
+
+@triton.jit
+def every_tile_split(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL: tl.constexpr):
+    """Instead of ``causal_bounds``: the unmasked main stage, then every other tile masked."""
+    full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    return full_end, seq_k
+
+
+@triton.jit
+def attend_natural(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn, rows, offs_n, offs_d,
+                   seq_k, diagonal, lo, full_end, hi, qk_scale, HEAD_DIM: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):  # attend's arguments, as a swap needs
+    """Instead of ``attend``: natural exp, scores and maxima in natural units (``qk_scale``
+    is the plain softmax scale here), and every key tile in [lo, hi) masked, whatever
+    ``full_end`` says (the split into two stages came later, with exp2)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(visible_keys(rows, cols, seq_k, diagonal, CAUSAL), s, float("-inf"))
+        # a row that has seen no key yet keeps 0 as its maximum, so -inf - max is never NaN
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+        new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        alpha = tl.exp(row_max - new_max)
+        acc, row_sum = fold_values(acc, row_sum, tl.exp(s - new_max[:, None]), alpha, v_base, cols,
+                                   stride_vn, seq_k, offs_d, HEAD_DIM, True, EVEN_D, DOT_PRECISION)
+        row_max = new_max
+    return acc, row_max * LOG2E, row_sum  # the maxima in log2 units, as normalised_rows wants them
+
+
+_BOUNDS = {(False, False): every_tile_masked, (True, False): visible_tiles_masked,
+           (False, True): every_tile_split, (True, True): causal_bounds}
+
+
+def swaps(features: Features) -> dict:
+    """The helpers of ``forward._attn_fwd`` that a kernel with ``features`` replaces."""
+    out = {}
+    if not features.exp2:
+        out["attend"] = attend_natural
+    if (features.skip_masked, features.split) != (True, True):
+        out["causal_bounds"] = _BOUNDS[features.skip_masked, features.split]
+    if not features.heavy_first:
+        out["query_tile_index"] = in_launch_order
+    return out
+
+
+_kernels: dict = {}
+
+
+def rung_kernel(features: Features):
+    """``forward._attn_fwd`` with the helpers ``swaps(features)`` names replaced.
+
+    The same Python function, compiled against other globals: the rung's kernel
+    is the library's line for line, except for the helpers it calls.
+    """
+    if not isinstance(features, Features):
+        raise TypeError(f"features must be a flashbook.kernels.ladder.Features, got {features!r}")
+    if features not in _kernels:
+        replaced = swaps(features)
+        if not replaced:
+            _kernels[features] = _attn_fwd
+        else:
+            fn = _attn_fwd.fn
+            scope = dict(fn.__globals__, **replaced)
+            plain = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+            plain.__module__, plain.__qualname__, plain.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+            _kernels[features] = triton.jit(plain)
+    return _kernels[features]
+
+
 def run_rung(rung: Rung, q, k, v, *, causal: bool = False, scale=None):
     """The forward pass (o, lse) as the kernel of ``rung`` computes it."""
     if not isinstance(rung, Rung):
         raise TypeError(f"rung must be one of flashbook.kernels.ladder.RUNGS, got {rung!r}")
-    return flash_forward(q, k, v, causal=causal, scale=scale, config=rung.config,
-                         features=rung.features)
+    return forward_with(rung_kernel(rung.features), q, k, v, causal=causal, scale=scale,
+                        config=rung.config, log2_scores=rung.features.exp2)

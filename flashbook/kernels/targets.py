@@ -56,8 +56,6 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     fp32 = {"LSE", "DELTA"} | ({"DQ"} if atomic_dq else set())
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
-    if kernel == "forward":  # the library's own features (chapter 10's top rung)
-        constexprs.update(EXP2=True, SKIP_MASKED=True, SPLIT=True, HEAVY_FIRST=True)
     if kernel == "decode":
         constexprs.update(N_NEW=n_new, HAS_SEQLENS=True)
         fp32 |= {"O"} if splits else set()
