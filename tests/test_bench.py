@@ -32,11 +32,31 @@ def test_flops_closed_forms_for_a_small_shape():
     assert bench.attention_flops(2, 3, 5, 7, 4, pass_="bwd") == 5 * 1680        # 2.5x
     assert bench.attention_flops(2, 3, 5, 7, 4, pass_="bwd", recompute=False) == 4 * 1680
     assert bench.attention_flops(2, 3, 5, 7, 4, pass_="fwd+bwd") == 7 * 1680
-    # The usual convention: 4 * B * H * N^2 * d forward, 2.5x that backward.
+
+
+def test_flops_are_what_pytorch_counts_in_plain_attention():
+    """At real sizes, PyTorch's own FLOP counter (``torch.utils.flop_counter``, which
+    counts every matrix product an operation runs) over plain attention on meta tensors:
+    the forward is ``attention_flops``; autograd's backward, which keeps P, is the count
+    without recompute; adding the one product S = Q K^T gives the recomputing count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def counted(fn):
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        return counter.get_total_flops()
+
     for b, h, n, d in [(1, 1, 16, 8), (8, 32, 4096, 128), (3, 5, 100, 64)]:
-        fwd = bench.attention_flops(b, h, n, n, d)
-        assert fwd == 4 * b * h * n * n * d
-        assert bench.attention_flops(b, h, n, n, d, pass_="bwd") == 2.5 * fwd
+        q, k, v, do = (torch.empty(b, h, n, d, device="meta", requires_grad=True)
+                       for _ in range(4))
+        out = []
+        fwd = counted(lambda: out.append(bench.naive_attention(q, k, v)))
+        bwd_keeping_p = counted(lambda: out[0].backward(do))
+        s_again = counted(lambda: q @ k.transpose(-1, -2))
+        assert fwd > 0 and bwd_keeping_p > 0 and s_again > 0
+        assert bench.attention_flops(b, h, n, n, d) == fwd
+        assert bench.attention_flops(b, h, n, n, d, pass_="bwd", recompute=False) == bwd_keeping_p
+        assert bench.attention_flops(b, h, n, n, d, pass_="bwd") == bwd_keeping_p + s_again
 
 
 def test_causal_halves_the_convention_and_exact_counts_the_mask():
@@ -434,15 +454,19 @@ def _cpu_case(fn, name="naive", causal=True, ref=True, skip=None, seed=7):
 
 
 def test_bench_case_measures_and_checks_a_correct_implementation():
-    shape, res = _cpu_case(bench.naive_attention)
+    _, res = _cpu_case(bench.naive_attention)
     assert res.status == "ok", res.note
     assert res.check == "pass" and res.err_out < 1e-5 and res.err_grad < 1e-5  # fp32
     assert res.fwd_ms > 0 and res.bwd_ms > 0
-    assert res.fwd_tflops == pytest.approx(shape.flops_fwd / (res.fwd_ms * 1e-3) / 1e12)
-    assert res.bwd_tflops == pytest.approx(shape.flops_bwd / (res.bwd_ms * 1e-3) / 1e12)
+    # B=2, H=2, N=32, d=16, causal: S and O are 2 * 32 * 32 * 16 = 32768 FLOPs each per
+    # head, 4 heads, halved for the mask: 131072 forward, 2.5x = 327680 backward. TFLOP/s
+    # times ms is then FLOPs / 1e9, whatever the time measured.
+    assert res.fwd_tflops * res.fwd_ms == pytest.approx(131072e-9)
+    assert res.bwd_tflops * res.bwd_ms == pytest.approx(327680e-9)
     assert res.peak_fwd_bytes == 12345
-    assert res.floor_fwd_bwd_bytes == bench.attention_memory_bytes(
-        2, 2, 32, 32, 16, impl="naive", pass_="fwd+bwd", dtype_bytes=4, include_inputs=False)
+    # fp32, beyond the inputs: O is 4 heads x 32 x 16 x 4 B = 8192 B; then P and dP at once,
+    # 2 x 4 x 32 x 32 x 4 B = 32768 B, more than dQ, dK, dV (3 x 8192 B): 40960 B in all.
+    assert res.floor_fwd_bwd_bytes == 40960
 
 
 def test_bench_case_catches_a_wrong_implementation():
