@@ -395,6 +395,32 @@ def test_provenance_has_every_key_and_no_hostname(tmp_path):
         bench.write_provenance({"date_utc": "today"}, tmp_path / "bad.json")
 
 
+def test_naive_breakdown_records_the_provenance_every_run_writes(tmp_path):
+    """benchmarks/naive_breakdown.py on the CPU (small): its JSON's "environment" is
+    ``collect_provenance``'s record (every key, this script's command), and chapter 1 reads
+    it, and the recorded H200 run, through ``provenance_summary``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("naive_breakdown",
+                                                  REPO / "benchmarks" / "naive_breakdown.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--out", str(tmp_path), "--n", "48", "--d", "16", "32"])
+    rec = json.loads((tmp_path / "naive_breakdown.json").read_text())
+    env = rec["environment"]
+    assert set(bench.PROVENANCE_KEYS) <= set(env), set(bench.PROVENANCE_KEYS) - set(env)
+    assert env["command"] == f"python3 benchmarks/naive_breakdown.py --out {tmp_path} --n 48 --d 16 32"
+    assert env["torch"] == torch.__version__ and env["source_sha256"] == bench.source_digest()
+    assert env["settings"]["n"] == [48] and list(env["files"]) == ["naive_breakdown.json"]
+    assert [(r["n"], r["d"]) for r in rec["rows"]] == [(48, 16), (48, 32)]
+    assert all(sum(r["ms"].values()) > 0 for r in rec["rows"])
+    summary = bench.provenance_summary(env)
+    assert summary["torch"] == torch.__version__ and summary["date (UTC)"] == env["date_utc"]
+    recorded = json.loads((REPO / "benchmarks" / "results" / "naive_breakdown_h200"
+                           / "naive_breakdown.json").read_text())
+    assert bench.provenance_summary(recorded["environment"])["GPU"].startswith("NVIDIA H200")
+
+
 def test_default_out_dir_never_overwrites(tmp_path):
     first = bench.default_out_dir("NVIDIA H200", "2026-01-02", base=tmp_path)
     assert first == tmp_path / "2026-01-02-nvidia-h200"
