@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -601,6 +602,65 @@ def test_skip_reason_uses_the_estimate():
     assert bench.skip_reason("naive", mid, 2, 30e9) is not None
     assert bench.skip_reason("sdpa-math", mid, 2, 60e9) is not None  # about 69 GB
     assert bench.skip_reason("sdpa-math", mid, 2, 80e9) is None
+
+
+def test_run_steps_records_every_step_and_stops_at_a_cuda_error(monkeypatch, rng):
+    """The loop behind the block sweep and the ladder, on the CPU: fresh inputs and a
+    float64 output per shape, one row per step and shape in order, a failure recorded as a
+    status, and nothing more after a CUDA error (the third shape never runs)."""
+    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    monkeypatch.setattr(bench.sweeps, "run_tools",
+                        lambda args: (torch.float32, _WallTimer(), _NoMemory(), gen))
+    monkeypatch.setattr(bench.sweeps, "make_inputs",
+                        lambda shape, dtype, device, g: bench.make_inputs(shape, dtype, "cpu", g))
+    shapes = [bench.Shape(1, 2, 24, 8, causal) for causal in (False, True, False)]
+    seen = []
+
+    def measure(res, shape, inputs, o_ref, timer):
+        q, k, v, _do = inputs
+        seen.append((shape.causal, res.name, q.data_ptr()))
+        if res.name == "raises":
+            raise ValueError("head_dim 8")
+        if res.name == "lost context" and shape.causal:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        causal = not shape.causal if res.name == "wrong mask" else shape.causal
+        with torch.no_grad():
+            res.err_out = bench.rel_err(bench.naive_attention(q, k, v, causal=causal)[:1, :1], o_ref)
+            res.ms = timer(lambda: bench.naive_attention(q, k, v, causal=causal))
+
+    names = ["right", "wrong mask", "raises", "lost context"]
+    steps = [(name, lambda shape, i=i, name=name: bench.LadderResult.of(
+        shape, "fp32", rung=i, name=name, pass_="fwd")) for i, name in enumerate(names)]
+    rows = bench.sweeps.run_steps(SimpleNamespace(shapes=shapes), steps, measure, progress=False)
+    assert [(r.causal, r.name) for r in rows] == [(c, n) for c in (False, True) for n in names]
+    assert [r.status for r in rows] == ["ok", "ok", "error", "ok", "ok", "ok", "error", "cuda-error"]
+    assert rows[2].note == "ValueError: head_dim 8" and "illegal memory access" in rows[-1].note
+    for r in (rows[0], rows[4]):
+        assert r.err_out < 1e-5 and r.ms > 0         # fp32 against float64: rounding only
+    for r in (rows[1], rows[5]):
+        assert r.err_out > 0.05                       # the other mask: a different output
+    # the inputs are made once per shape and shared by its steps
+    assert all(len({p for c, _, p in seen if c == causal}) == 1 for causal in (False, True))
+
+
+def test_run_ladder_runs_every_rung_on_the_cpu(monkeypatch, rng):
+    """Chapter 10's ladder through the same loop, the kernels in Triton's interpreter:
+    every forward rung and both dQ strategies run, and each output is the float64 one
+    to fp32 rounding (1e-5: a few units of 2**-24 over sums of 32 terms)."""
+    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    monkeypatch.setattr(bench.sweeps, "run_tools",
+                        lambda args: (torch.float32, _WallTimer(), _NoMemory(), gen))
+    monkeypatch.setattr(bench.sweeps, "make_inputs",
+                        lambda shape, dtype, device, g: bench.make_inputs(shape, dtype, "cpu", g))
+    from flashbook.kernels.ladder import RUNGS
+
+    args = SimpleNamespace(shapes=[bench.Shape(1, 2, 32, 16, True)], dtype="fp32")
+    rows = bench.run_ladder(args, progress=False)
+    assert [(r.rung, r.pass_) for r in rows] == \
+        [(i, "fwd") for i in range(len(RUNGS))] + [(len(RUNGS), "bwd"), (len(RUNGS) + 1, "bwd")]
+    assert [r.name for r in rows[-2:]] == ["dQ atomic", "dQ separate"]
+    for r in rows:
+        assert r.status == "ok" and 0 < r.err_out < 1e-5 and r.ms > 0, (r.name, r.note)
 
 
 # ------------------------------------------------------------------ block sweep helpers
