@@ -631,7 +631,7 @@ def test_run_steps_records_every_step_and_stops_at_a_cuda_error(monkeypatch, rng
     names = ["right", "wrong mask", "raises", "lost context"]
     steps = [(name, lambda shape, i=i, name=name: bench.LadderResult.of(
         shape, "fp32", rung=i, name=name, pass_="fwd")) for i, name in enumerate(names)]
-    rows = bench.sweeps.run_steps(SimpleNamespace(shapes=shapes), steps, measure, progress=False)
+    rows = bench.run_steps(SimpleNamespace(shapes=shapes), steps, measure, progress=False)
     assert [(r.causal, r.name) for r in rows] == [(c, n) for c in (False, True) for n in names]
     assert [r.status for r in rows] == ["ok", "ok", "error", "ok", "ok", "ok", "error", "cuda-error"]
     assert rows[2].note == "ValueError: head_dim 8" and "illegal memory access" in rows[-1].note
