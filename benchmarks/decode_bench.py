@@ -184,11 +184,18 @@ def judge(row: Row, o, want, yardstick):
     row.check = "pass" if problem is None else problem
 
 
+def decode_inputs(batch: int, seq: int, device="cuda", generator=None):
+    """One decoding step's q (N_NEW new tokens) and its K and V caches of ``seq`` tokens,
+    standard normal in bf16."""
+    def randn(*size):
+        return torch.randn(*size, device=device, dtype=torch.bfloat16, generator=generator)
+    return randn(batch, HEADS, N_NEW, HEAD_DIM), randn(batch, KV_HEADS, seq, HEAD_DIM), \
+        randn(batch, KV_HEADS, seq, HEAD_DIM)
+
+
 def run_shape(batch, seq, impls, timer, copy_tb_s, deadline) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(batch * 1_000_003 + seq)
-    q = torch.randn(batch, HEADS, N_NEW, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k, v = (torch.randn(batch, KV_HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-            for _ in range(2))
+    q, k, v = decode_inputs(batch, seq, generator=gen)
     want, yardstick = reference_batch0(q, k, v)
     rows = []
     for name, prepare in impls.items():
@@ -259,8 +266,7 @@ def goals(rows, min_seq: int = 32768, fraction: float = 0.8) -> dict:
 def sweep_splits(timer, copy_tb_s) -> list[dict]:
     rows = []
     for batch, seq in SPLIT_SHAPES:
-        q = torch.randn(batch, HEADS, N_NEW, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(batch, KV_HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q, k, v = decode_inputs(batch, seq)
         block_n = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)[1]
         chosen = decode.choose_num_splits(batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device), block_n=block_n)
         for s in sorted(set(SPLIT_COUNTS) | {chosen}):
@@ -291,8 +297,7 @@ def tiles_fixed(block_n, num_warps, num_stages):
 def sweep_tiles(timer, copy_tb_s) -> list[dict]:
     rows = []
     for batch, seq in TILE_SHAPES:
-        q = torch.randn(batch, HEADS, N_NEW, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(batch, KV_HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q, k, v = decode_inputs(batch, seq)
         default = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)
         for block_n, warps, stages in TILE_GRID:
             row = {"batch": batch, "seq": seq, "block_n": block_n, "num_warps": warps, "num_stages": stages,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,11 +33,31 @@ def test_flops_closed_forms_for_a_small_shape():
     assert bench.attention_flops(2, 3, 5, 7, 4, pass_="bwd") == 5 * 1680        # 2.5x
     assert bench.attention_flops(2, 3, 5, 7, 4, pass_="bwd", recompute=False) == 4 * 1680
     assert bench.attention_flops(2, 3, 5, 7, 4, pass_="fwd+bwd") == 7 * 1680
-    # The usual convention: 4 * B * H * N^2 * d forward, 2.5x that backward.
+
+
+def test_flops_are_what_pytorch_counts_in_plain_attention():
+    """At real sizes, PyTorch's own FLOP counter (``torch.utils.flop_counter``, which
+    counts every matrix product an operation runs) over plain attention on meta tensors:
+    the forward is ``attention_flops``; autograd's backward, which keeps P, is the count
+    without recompute; adding the one product S = Q K^T gives the recomputing count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def counted(fn):
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        return counter.get_total_flops()
+
     for b, h, n, d in [(1, 1, 16, 8), (8, 32, 4096, 128), (3, 5, 100, 64)]:
-        fwd = bench.attention_flops(b, h, n, n, d)
-        assert fwd == 4 * b * h * n * n * d
-        assert bench.attention_flops(b, h, n, n, d, pass_="bwd") == 2.5 * fwd
+        q, k, v, do = (torch.empty(b, h, n, d, device="meta", requires_grad=True)
+                       for _ in range(4))
+        out = []
+        fwd = counted(lambda: out.append(bench.naive_attention(q, k, v)))
+        bwd_keeping_p = counted(lambda: out[0].backward(do))
+        s_again = counted(lambda: q @ k.transpose(-1, -2))
+        assert fwd > 0 and bwd_keeping_p > 0 and s_again > 0
+        assert bench.attention_flops(b, h, n, n, d) == fwd
+        assert bench.attention_flops(b, h, n, n, d, pass_="bwd", recompute=False) == bwd_keeping_p
+        assert bench.attention_flops(b, h, n, n, d, pass_="bwd") == bwd_keeping_p + s_again
 
 
 def test_causal_halves_the_convention_and_exact_counts_the_mask():
@@ -375,6 +396,32 @@ def test_provenance_has_every_key_and_no_hostname(tmp_path):
         bench.write_provenance({"date_utc": "today"}, tmp_path / "bad.json")
 
 
+def test_naive_breakdown_records_the_provenance_every_run_writes(tmp_path):
+    """benchmarks/naive_breakdown.py on the CPU (small): its JSON's "environment" is
+    ``collect_provenance``'s record (every key, this script's command), and chapter 1 reads
+    it, and the recorded H200 run, through ``provenance_summary``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("naive_breakdown",
+                                                  REPO / "benchmarks" / "naive_breakdown.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--out", str(tmp_path), "--n", "48", "--d", "16", "32"])
+    rec = json.loads((tmp_path / "naive_breakdown.json").read_text())
+    env = rec["environment"]
+    assert set(bench.PROVENANCE_KEYS) <= set(env), set(bench.PROVENANCE_KEYS) - set(env)
+    assert env["command"] == f"python3 benchmarks/naive_breakdown.py --out {tmp_path} --n 48 --d 16 32"
+    assert env["torch"] == torch.__version__ and env["source_sha256"] == bench.source_digest()
+    assert env["settings"]["n"] == [48] and list(env["files"]) == ["naive_breakdown.json"]
+    assert [(r["n"], r["d"]) for r in rec["rows"]] == [(48, 16), (48, 32)]
+    assert all(sum(r["ms"].values()) > 0 for r in rec["rows"])
+    summary = bench.provenance_summary(env)
+    assert summary["torch"] == torch.__version__ and summary["date (UTC)"] == env["date_utc"]
+    recorded = json.loads((REPO / "benchmarks" / "results" / "naive_breakdown_h200"
+                           / "naive_breakdown.json").read_text())
+    assert bench.provenance_summary(recorded["environment"])["GPU"].startswith("NVIDIA H200")
+
+
 def test_default_out_dir_never_overwrites(tmp_path):
     first = bench.default_out_dir("NVIDIA H200", "2026-01-02", base=tmp_path)
     assert first == tmp_path / "2026-01-02-nvidia-h200"
@@ -434,15 +481,19 @@ def _cpu_case(fn, name="naive", causal=True, ref=True, skip=None, seed=7):
 
 
 def test_bench_case_measures_and_checks_a_correct_implementation():
-    shape, res = _cpu_case(bench.naive_attention)
+    _, res = _cpu_case(bench.naive_attention)
     assert res.status == "ok", res.note
     assert res.check == "pass" and res.err_out < 1e-5 and res.err_grad < 1e-5  # fp32
     assert res.fwd_ms > 0 and res.bwd_ms > 0
-    assert res.fwd_tflops == pytest.approx(shape.flops_fwd / (res.fwd_ms * 1e-3) / 1e12)
-    assert res.bwd_tflops == pytest.approx(shape.flops_bwd / (res.bwd_ms * 1e-3) / 1e12)
+    # B=2, H=2, N=32, d=16, causal: S and O are 2 * 32 * 32 * 16 = 32768 FLOPs each per
+    # head, 4 heads, halved for the mask: 131072 forward, 2.5x = 327680 backward. TFLOP/s
+    # times ms is then FLOPs / 1e9, whatever the time measured.
+    assert res.fwd_tflops * res.fwd_ms == pytest.approx(131072e-9)
+    assert res.bwd_tflops * res.bwd_ms == pytest.approx(327680e-9)
     assert res.peak_fwd_bytes == 12345
-    assert res.floor_fwd_bwd_bytes == bench.attention_memory_bytes(
-        2, 2, 32, 32, 16, impl="naive", pass_="fwd+bwd", dtype_bytes=4, include_inputs=False)
+    # fp32, beyond the inputs: O is 4 heads x 32 x 16 x 4 B = 8192 B; then P and dP at once,
+    # 2 x 4 x 32 x 32 x 4 B = 32768 B, more than dQ, dK, dV (3 x 8192 B): 40960 B in all.
+    assert res.floor_fwd_bwd_bytes == 40960
 
 
 def test_bench_case_catches_a_wrong_implementation():
@@ -551,6 +602,65 @@ def test_skip_reason_uses_the_estimate():
     assert bench.skip_reason("naive", mid, 2, 30e9) is not None
     assert bench.skip_reason("sdpa-math", mid, 2, 60e9) is not None  # about 69 GB
     assert bench.skip_reason("sdpa-math", mid, 2, 80e9) is None
+
+
+def test_run_steps_records_every_step_and_stops_at_a_cuda_error(monkeypatch, rng):
+    """The loop behind the block sweep and the ladder, on the CPU: fresh inputs and a
+    float64 output per shape, one row per step and shape in order, a failure recorded as a
+    status, and nothing more after a CUDA error (the third shape never runs)."""
+    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    monkeypatch.setattr(bench.sweeps, "run_tools",
+                        lambda args: (torch.float32, _WallTimer(), _NoMemory(), gen))
+    monkeypatch.setattr(bench.sweeps, "make_inputs",
+                        lambda shape, dtype, device, g: bench.make_inputs(shape, dtype, "cpu", g))
+    shapes = [bench.Shape(1, 2, 24, 8, causal) for causal in (False, True, False)]
+    seen = []
+
+    def measure(res, shape, inputs, o_ref, timer):
+        q, k, v, _do = inputs
+        seen.append((shape.causal, res.name, q.data_ptr()))
+        if res.name == "raises":
+            raise ValueError("head_dim 8")
+        if res.name == "lost context" and shape.causal:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        causal = not shape.causal if res.name == "wrong mask" else shape.causal
+        with torch.no_grad():
+            res.err_out = bench.rel_err(bench.naive_attention(q, k, v, causal=causal)[:1, :1], o_ref)
+            res.ms = timer(lambda: bench.naive_attention(q, k, v, causal=causal))
+
+    names = ["right", "wrong mask", "raises", "lost context"]
+    steps = [(name, lambda shape, i=i, name=name: bench.LadderResult.of(
+        shape, "fp32", rung=i, name=name, pass_="fwd")) for i, name in enumerate(names)]
+    rows = bench.run_steps(SimpleNamespace(shapes=shapes), steps, measure, progress=False)
+    assert [(r.causal, r.name) for r in rows] == [(c, n) for c in (False, True) for n in names]
+    assert [r.status for r in rows] == ["ok", "ok", "error", "ok", "ok", "ok", "error", "cuda-error"]
+    assert rows[2].note == "ValueError: head_dim 8" and "illegal memory access" in rows[-1].note
+    for r in (rows[0], rows[4]):
+        assert r.err_out < 1e-5 and r.ms > 0         # fp32 against float64: rounding only
+    for r in (rows[1], rows[5]):
+        assert r.err_out > 0.05                       # the other mask: a different output
+    # the inputs are made once per shape and shared by its steps
+    assert all(len({p for c, _, p in seen if c == causal}) == 1 for causal in (False, True))
+
+
+def test_run_ladder_runs_every_rung_on_the_cpu(monkeypatch, rng):
+    """Chapter 10's ladder through the same loop, the kernels in Triton's interpreter:
+    every forward rung and both dQ strategies run, and each output is the float64 one
+    to fp32 rounding (1e-5: a few units of 2**-24 over sums of 32 terms)."""
+    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    monkeypatch.setattr(bench.sweeps, "run_tools",
+                        lambda args: (torch.float32, _WallTimer(), _NoMemory(), gen))
+    monkeypatch.setattr(bench.sweeps, "make_inputs",
+                        lambda shape, dtype, device, g: bench.make_inputs(shape, dtype, "cpu", g))
+    from flashbook.kernels.ladder import RUNGS
+
+    args = SimpleNamespace(shapes=[bench.Shape(1, 2, 32, 16, True)], dtype="fp32")
+    rows = bench.run_ladder(args, progress=False)
+    assert [(r.rung, r.pass_) for r in rows] == \
+        [(i, "fwd") for i in range(len(RUNGS))] + [(len(RUNGS), "bwd"), (len(RUNGS) + 1, "bwd")]
+    assert [r.name for r in rows[-2:]] == ["dQ atomic", "dQ separate"]
+    for r in rows:
+        assert r.status == "ok" and 0 < r.err_out < 1e-5 and r.ms > 0, (r.name, r.note)
 
 
 # ------------------------------------------------------------------ block sweep helpers

@@ -230,7 +230,11 @@ def test_decode_bench_plan_and_judge():
     """benchmarks/decode_bench.py: bytes, plan and argument errors; and its correctness
     judgement of flash_decode and SDPA's math backend on a small float32 case here."""
     db = _decode_bench()
-    assert db.kv_bytes(1, 32768) == 2 * 8 * 32768 * 128 * 2
+    # the bytes of the caches the benchmark reads, counted on the tensors it makes (meta: no
+    # memory); a Llama-3-8B-like layer, 8 KV heads x 128 x bf16, holds 4 KiB per token
+    for batch, seq in ((1, 32768), (8, 1024)):
+        _q, k, v = db.decode_inputs(batch, seq, device="meta")
+        assert db.kv_bytes(batch, seq) == k.nbytes + v.nbytes == batch * seq * 4096
     assert [s for *_, s in db.plan((1, 64), (1024, 131072), memory_bytes=40e9)] == [None, None, None, "skipped-memory"]
     assert db.main(["--dry-run", "--batches", "1", "--seqs", "1K"]) == 0
     with pytest.raises(SystemExit):

@@ -1,7 +1,16 @@
 """One on-chip memory model for the whole book: tiled.smem_bytes / tiled.largest_tile."""
+import csv
+import re
+from pathlib import Path
+
 import pytest
 
 from flashbook import runtime, tiled
+
+#: The H200 block sweep (``python -m flashbook.bench --sweep-blocks``): per forward
+#: configuration, the shared memory of the kernel as compiled for sm_90.
+BLOCK_SWEEP = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+               / "2026-11-29-h200-blocks" / "blocks.csv")
 
 
 def test_the_model_is_the_kernels_config_filter():
@@ -25,9 +34,25 @@ def test_the_largest_t4_tile_at_d128_is_one_number():
     assert {tiled.largest_tile(t4, 128, num_stages=s) for s in (1, 2, 3)} == {64}
 
 
-def test_sm80_model_is_q_plus_stages_of_k_and_v():
+def test_sm80_model_is_what_the_compiler_allocated_on_the_h200():
+    """Every forward configuration of the recorded H200 block sweep (sm_90, bfloat16):
+    ``shared_bytes`` is ``compiled.metadata.shared`` of the kernel Triton built there, and a
+    configuration that did not fit carries the compiler's "Required: N" in its note."""
+    rows = list(csv.DictReader(BLOCK_SWEEP.read_text().splitlines()))
+    assert len(rows) >= 60 and {r["status"] for r in rows} == {"ok", "out-of-resources"}
+    for r in rows:
+        if r["status"] == "ok":
+            compiled = int(float(r["shared_bytes"]))
+        else:
+            compiled = int(re.search(r"Required: (\d+)", r["note"]).group(1))
+        assert compiled > 0
+        model = tiled.smem_bytes(int(r["block_m"]), int(r["block_n"]), int(r["head_dim"]),
+                                 num_stages=int(r["num_stages"]), dtype_bytes=2, arch="sm_90")
+        assert model == compiled, r
+
+
+def test_largest_tile_on_the_a100():
     a100 = runtime.chip("A100")
-    assert tiled.smem_bytes(128, 64, 128, num_stages=3) == 2 * (128 * 128 + 3 * 2 * 64 * 128)
     assert tiled.largest_tile(a100, 128, num_stages=2) == 128      # 2 * 128 * 128 * 5 = 160 KiB
     assert tiled.largest_tile(a100, 128, num_stages=3) == 64       # 128 would need 224 KiB
 

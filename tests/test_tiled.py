@@ -293,9 +293,17 @@ def test_paper_block_rule_and_bound():
     assert tiled.io_bound(1024, 64, 4096) == 1024**2 * 64**2 / 4096
 
 
-def test_hbm_bytes_uses_fp32_for_statistics():
+def test_hbm_bytes_uses_fp32_for_statistics(rng):
+    # N = 64, d = 16, 16 x 16 tiles, fp16 data: Q read once (64 x 16 x 2 B = 2048 B), K and V
+    # once per query tile (4 x 2048 B each), O written once (2048 B), lse one fp32 per row
+    # (64 x 4 B = 256 B): 20736 B. Counted on a real run with an IOCounter, and closed form.
+    want = 2048 + 4 * 2048 + 4 * 2048 + 2048 + 256
     s = tiled.io_flash(64, 64, 16, 16, 16)
-    assert s.hbm_bytes(dtype_bytes=2, stat_bytes=4) == 2 * (s.hbm_total - 64) + 4 * 64
+    assert s.hbm_bytes(dtype_bytes=2, stat_bytes=4) == want == 20736
+    q, k, v = (rng.standard_normal((64, 16)) for _ in range(3))
+    io = tiled.IOCounter()
+    tiled.forward(q, k, v, block_q=16, block_k=16, io=io)
+    assert io.stats().hbm_bytes(dtype_bytes=2, stat_bytes=4) == want
 
 
 # ----------------------------------------------------------------- bad input

@@ -33,7 +33,7 @@ from .harness import (  # noqa: F401
     progress_bar,
 )
 from .sweeps import (  # noqa: F401
-    SWEEP_SEQS, BLOCK_GRID, BlockResult, BLOCK_FIELDS, block_configs, run_block_sweep,
+    SWEEP_SEQS, BLOCK_GRID, BlockResult, BLOCK_FIELDS, block_configs, run_steps, run_block_sweep,
     LADDER_SEQS, LadderResult, LADDER_FIELDS, run_ladder,
 )
 from .records import (  # noqa: F401

@@ -4,6 +4,7 @@ chapter 10's performance ladder (``--sweep-blocks``, ``--ladder``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from .harness import (ShapeRow, classify_error, make_inputs, progress_bar, reference_slice, rel_err,
@@ -45,6 +46,40 @@ def block_configs(grid=None) -> list:
     return combos
 
 
+def run_steps(args, steps, measure, *, progress=True) -> list:
+    """Run every step on every shape of ``args.shapes`` and return the rows, in order.
+
+    ``steps``: ``(label, row)`` pairs, ``row(shape)`` making the step's empty result row.
+    Each shape gets fresh inputs ``(q, k, v, do)`` (``make_inputs``) and batch 0's output
+    in float64 (``reference_slice``); ``measure(res, shape, inputs, o_ref, timer)`` fills
+    ``res``. A failure becomes the row's status and note (``classify_error``); a CUDA
+    error ends the run, since the context is lost.
+    """
+    dtype, timer, memory, gen = run_tools(args)
+    bar = progress_bar(len(steps) * len(args.shapes), progress)
+    results = []
+    for shape in args.shapes:
+        inputs = make_inputs(shape, dtype, "cuda", gen)
+        o_ref, _ = reference_slice(*inputs[:3], None, shape.causal)
+        for label, row in steps:
+            bar.set_description(f"{shape.label()} {label}")
+            res = row(shape)
+            try:
+                measure(res, shape, inputs, o_ref, timer)
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded
+                res.status, res.note = classify_error(exc, "flashbook")
+            finally:
+                memory.release()
+            results.append(res)
+            bar.update(1)
+            if res.status == "cuda-error":
+                bar.close()
+                return results
+        del inputs, o_ref
+    bar.close()
+    return results
+
+
 def run_block_sweep(args, *, progress=True) -> list:
     """Time the forward kernel (``kernels.flash_forward(config=...)``) with every config
     of ``BLOCK_GRID`` on every shape; registers, spills and shared memory come from the
@@ -54,43 +89,26 @@ def run_block_sweep(args, *, progress=True) -> list:
     from ..kernels import flash_forward, targets
     from ..kernels.configs import Config
 
-    dtype, timer, memory, gen = run_tools(args)
     major, minor = torch.cuda.get_device_capability()
-    configs = block_configs()
-    bar = progress_bar(len(configs) * len(args.shapes), progress)
-    results = []
-    for shape in args.shapes:
-        q, k, v, _do = make_inputs(shape, dtype, "cuda", gen)
-        q, k, v = (t.detach() for t in (q, k, v))
-        o_ref, _ = reference_slice(q, k, v, None, shape.causal)
-        for cfg in configs:
-            bar.set_description(f"{shape.label()} {cfg}")
-            res = BlockResult.of(shape, args.dtype, **cfg)
-            config = Config(cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"])
 
-            def launch(config=config):
-                return flash_forward(q, k, v, causal=shape.causal, config=config)
-            try:
-                compiled = targets.compile_kernel("forward", cc=10 * major + minor, config=config,
-                                                  head_dim=shape.head_dim, dtype=args.dtype,
-                                                  causal=shape.causal)
-                res.__dict__.update(targets.resources(compiled, load=True))
-                with torch.no_grad():
-                    res.err_out = rel_err(launch()[0][:1, :1], o_ref)
-                    res.fwd_ms = timer(launch)
-                res.fwd_tflops = tflops(shape.flops_fwd, res.fwd_ms)
-            except Exception as exc:  # noqa: BLE001
-                res.status, res.note = classify_error(exc, "flashbook")
-            finally:
-                memory.release()
-            results.append(res)
-            bar.update(1)
-            if res.status == "cuda-error":
-                bar.close()
-                return results
-        del q, k, v
-    bar.close()
-    return results
+    def measure(res, shape, inputs, o_ref, timer):
+        q, k, v = (t.detach() for t in inputs[:3])
+        config = Config(res.block_m, res.block_n, res.num_warps, res.num_stages)
+
+        def launch():
+            return flash_forward(q, k, v, causal=shape.causal, config=config)
+        compiled = targets.compile_kernel("forward", cc=10 * major + minor, config=config,
+                                          head_dim=shape.head_dim, dtype=args.dtype,
+                                          causal=shape.causal)
+        res.__dict__.update(targets.resources(compiled, load=True))
+        with torch.no_grad():
+            res.err_out = rel_err(launch()[0][:1, :1], o_ref)
+            res.fwd_ms = timer(launch)
+        res.fwd_tflops = tflops(shape.flops_fwd, res.fwd_ms)
+
+    steps = [(str(cfg), functools.partial(BlockResult.of, dtype=args.dtype, **cfg))
+             for cfg in block_configs()]
+    return run_steps(args, steps, measure, progress=progress)
 
 
 LADDER_SEQS = (4096, 16384)
@@ -121,40 +139,23 @@ def run_ladder(args, *, progress=True) -> list:
     from ..kernels import flash_attention
     from ..kernels.ladder import RUNGS, run_rung
 
-    dtype, timer, memory, gen = run_tools(args)
-    steps = [("fwd", i, r.name) for i, r in enumerate(RUNGS)]
-    steps += [("bwd", len(RUNGS) + i, f"dQ {mode}") for i, mode in enumerate(("atomic", "separate"))]
-    bar = progress_bar(len(steps) * len(args.shapes), progress)
-    results = []
-    for shape in args.shapes:
-        q, k, v, do = make_inputs(shape, dtype, "cuda", gen)
-        o_ref, _ = reference_slice(q, k, v, None, shape.causal)
-        for pass_, index, name in steps:
-            bar.set_description(f"{shape.label()} {name}")
-            res = LadderResult.of(shape, args.dtype, rung=index, name=name, pass_=pass_)
-            try:
-                if pass_ == "fwd":
-                    rung = RUNGS[index]
-                    with torch.no_grad():
-                        def call(rung=rung):
-                            return run_rung(rung, q, k, v, causal=shape.causal)
-                        res.err_out = rel_err(call()[0][:1, :1], o_ref)
-                        res.ms = timer(call)
-                    res.tflops = tflops(shape.flops_fwd, res.ms)
-                else:
-                    mode = name.split()[-1]
-                    out = flash_attention(q, k, v, causal=shape.causal, dq_mode=mode)
-                    res.err_out = rel_err(out[:1, :1].detach(), o_ref)
-                    res.ms = timer(lambda out=out: torch.autograd.grad(out, (q, k, v), do,
-                                                                       retain_graph=True))
-                    res.tflops = tflops(shape.flops_bwd, res.ms)
-                    del out
-            except Exception as exc:  # noqa: BLE001
-                res.status, res.note = classify_error(exc, "flashbook")
-            finally:
-                memory.release()
-            results.append(res)
-            bar.update(1)
-        del q, k, v, do
-    bar.close()
-    return results
+    def measure(res, shape, inputs, o_ref, timer):
+        q, k, v, do = inputs
+        if res.pass_ == "fwd":
+            def call():
+                return run_rung(RUNGS[res.rung], q, k, v, causal=shape.causal)
+            with torch.no_grad():
+                res.err_out = rel_err(call()[0][:1, :1], o_ref)
+                res.ms = timer(call)
+            res.tflops = tflops(shape.flops_fwd, res.ms)
+        else:
+            out = flash_attention(q, k, v, causal=shape.causal, dq_mode=res.name.split()[-1])
+            res.err_out = rel_err(out[:1, :1].detach(), o_ref)
+            res.ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
+            res.tflops = tflops(shape.flops_bwd, res.ms)
+
+    rungs = [("fwd", r.name) for r in RUNGS] + [("bwd", f"dQ {mode}") for mode in ("atomic", "separate")]
+    steps = [(name, functools.partial(LadderResult.of, dtype=args.dtype, rung=index, name=name,
+                                      pass_=pass_))
+             for index, (pass_, name) in enumerate(rungs)]
+    return run_steps(args, steps, measure, progress=progress)
