@@ -29,7 +29,7 @@ from pathlib import Path
 from .harness import (ShapeRow, Shape, check_slice, classify_error, make_inputs,
                       progress_bar, reference_slice, rel_err, run_tools)
 from .impls import resolve_impl
-from .records import _fmt
+from .records import format_cell
 from .costs import tflops
 
 #: The peer's function when ``--peer PATH`` names none (the tutorial's).
@@ -286,7 +286,7 @@ def _cell(res, pass_):
     status, check = getattr(res, f"{pass_}_status"), getattr(res, f"{pass_}_check")
     if status != "ok":
         return status
-    text = _fmt(getattr(res, f"{pass_}_tflops"), ".1f").strip()
+    text = format_cell(getattr(res, f"{pass_}_tflops"), ".1f").strip()
     return f"{text} FAIL" if check == "FAIL" else text
 
 
@@ -310,7 +310,7 @@ def format_peer_table(results) -> str:
             cells = "".join(f"{_cell(rows[i], pass_)[:12]:>13}" if i in rows else " " * 13
                             for i in impls)
             lines.append(f"{label if pass_ == 'fwd' else '':<26}{pass_:<5}{cells}"
-                         f"{_fmt(ratio, '16.2f') if ratio else '               -'}")
+                         f"{format_cell(ratio, '16.2f') if ratio else '               -'}")
         notes += [f"{label} {r.impl}: {r.note}" for r in rows.values() if r.note]
     if notes:
         lines += ["", "notes:", *notes]

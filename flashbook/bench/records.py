@@ -271,7 +271,7 @@ def default_out_dir(gpu_name: str, date: str | None = None, base=None) -> Path:
     return out
 
 
-def _fmt(value, spec):
+def format_cell(value, spec):
     """``value`` formatted by ``spec`` ("9.3f"), or blanks of the same width."""
     if value is None:
         return " " * int(re.match(r"\d*", spec).group() or 0)
@@ -292,9 +292,9 @@ def format_table(results) -> str:
         peak = None if r.peak_fwd_bwd_bytes is None else r.peak_fwd_bwd_bytes / GB
         floor = None if r.floor_fwd_bwd_bytes is None else r.floor_fwd_bwd_bytes / GB
         status = r.status if r.status == "ok" else f"{r.status}: {r.note}"[:70]
-        lines.append(f"{r.impl:<16}{_fmt(r.fwd_ms, '9.3f')}{_fmt(r.fwd_tflops, '9.1f')}"
-                     f"{_fmt(r.bwd_ms, '9.3f')}{_fmt(r.bwd_tflops, '9.1f')}"
-                     f"{_fmt(peak, '9.2f')}{_fmt(floor, '9.2f')}  {r.check:<6}{status}")
+        lines.append(f"{r.impl:<16}{format_cell(r.fwd_ms, '9.3f')}{format_cell(r.fwd_tflops, '9.1f')}"
+                     f"{format_cell(r.bwd_ms, '9.3f')}{format_cell(r.bwd_tflops, '9.1f')}"
+                     f"{format_cell(peak, '9.2f')}{format_cell(floor, '9.2f')}  {r.check:<6}{status}")
     return "\n".join(lines).lstrip("\n")
 
 
@@ -311,8 +311,8 @@ def format_block_table(results) -> str:
         smem = None if r.shared_bytes is None else r.shared_bytes / 1024
         status = r.status if r.status == "ok" else f"{r.status}: {r.note}"[:60]
         lines.append(f"{r.block_m:>5}{r.block_n:>5}{r.num_warps:>6}{r.num_stages:>7}"
-                     f"{_fmt(r.fwd_ms, '9.3f')}{_fmt(r.fwd_tflops, '9.1f')}"
-                     f"{_fmt(r.n_regs, '6d')}{_fmt(r.n_spills, '7d')}{_fmt(smem, '9.1f')}"
+                     f"{format_cell(r.fwd_ms, '9.3f')}{format_cell(r.fwd_tflops, '9.1f')}"
+                     f"{format_cell(r.n_regs, '6d')}{format_cell(r.n_spills, '7d')}{format_cell(smem, '9.1f')}"
                      f"  {status}")
     return "\n".join(lines).lstrip("\n")
 
@@ -322,7 +322,7 @@ def format_ladder_table(results) -> str:
     lines = [f"{'shape':<28} {'pass':<4} {'rung':<22} {'ms':>9} {'TFLOP/s':>8} {'err':>9}"]
     for r in results:
         shape = shape_label(r.head_dim, r.seq, r.causal)
-        lines.append(f"{shape:<28} {r.pass_:<4} {r.name:<22} {_fmt(r.ms, '.3f'):>9} "
-                     f"{_fmt(r.tflops, '.1f'):>8} {_fmt(r.err_out, '.1e'):>9}"
+        lines.append(f"{shape:<28} {r.pass_:<4} {r.name:<22} {format_cell(r.ms, '.3f'):>9} "
+                     f"{format_cell(r.tflops, '.1f'):>8} {format_cell(r.err_out, '.1e'):>9}"
                      + ("" if r.status == "ok" else f"  {r.status}: {r.note[:60]}"))
     return "\n".join(lines)

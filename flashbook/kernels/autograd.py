@@ -160,7 +160,7 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
     return resolve_scale(scale, head_dim)
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     # The kernels assume the head_dim axis has stride 1 (so a row loads as one vector);
     # every other stride is passed to them. A transposed (batch, seq, heads, head_dim)
     # tensor already satisfies this and is used as it is.
@@ -245,7 +245,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     the scale times log2(e) (exp2); False passes the plain scale (natural exp).
     """
     scale = check_inputs(q, k, v, causal, scale)
-    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     bd = configs.block_d(head_dim)
@@ -296,7 +296,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     if lse.dtype != torch.float32 or lse.device != q.device:
         raise TypeError(f"lse must be float32 on {q.device} (as flash_forward returns it), "
                         f"got {lse.dtype} on {lse.device}")
-    q, k, v, o, do = (_last_dim_contiguous(x) for x in (q, k, v, o, do))
+    q, k, v, o, do = (last_dim_contiguous(x) for x in (q, k, v, o, do))
     do = do.to(q.dtype)
     lse = lse.contiguous()
     batch, heads, seq_q, head_dim = q.shape

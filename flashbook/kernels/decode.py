@@ -50,7 +50,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..validation import check_count
-from .autograd import LOG2E, _last_dim_contiguous, check_inputs, dot_precision
+from .autograd import LOG2E, last_dim_contiguous, check_inputs, dot_precision
 from .configs import block_d
 from .forward import attend, load_tile, normalised_rows
 
@@ -281,8 +281,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
         raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
 
     # (batch, heads, n_new, d) -> (batch, kv_heads, group * n_new, d): a group's rows side by side
-    q_rows = _last_dim_contiguous(q.reshape(batch, kv_heads, n_rows, head_dim))
-    k_cache, v_cache = _last_dim_contiguous(k_cache), _last_dim_contiguous(v_cache)
+    q_rows = last_dim_contiguous(q.reshape(batch, kv_heads, n_rows, head_dim))
+    k_cache, v_cache = last_dim_contiguous(k_cache), last_dim_contiguous(v_cache)
     o = torch.empty((batch, kv_heads, n_rows, head_dim), device=q.device, dtype=q.dtype)
     if num_splits == 1:   # one split: the kernel writes the output itself
         o_part = o
