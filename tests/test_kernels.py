@@ -315,6 +315,8 @@ def test_a_rung_swaps_only_helpers_the_library_kernel_calls():
     """A rung is ``_attn_fwd`` compiled against other helpers: each helper it swaps must be
     one ``_attn_fwd`` calls by that name (else the swap would silently change nothing),
     with the same arguments; the library's own features swap nothing."""
+    from triton.runtime.jit import JITFunction
+
     from flashbook.kernels import forward, ladder
     assert ladder.rung_kernel(ladder.Features()) is forward._attn_fwd
     called = set(forward._attn_fwd.fn.__code__.co_names)
@@ -327,8 +329,14 @@ def test_a_rung_swaps_only_helpers_the_library_kernel_calls():
             assert plain.arg_names == getattr(forward, name).arg_names, name
         kernel = ladder.rung_kernel(features)
         assert kernel is not forward._attn_fwd and kernel is ladder.rung_kernel(features)   # built once
+        # what a GPU launch reads (the interpreter does not): the same constexpr arguments
+        gpu_view = [(p.name, p.is_constexpr) for p in JITFunction(kernel.fn).params]
+        assert gpu_view == [(p.name, p.is_constexpr) for p in JITFunction(forward._attn_fwd.fn).params]
+        assert sum(c for _, c in gpu_view) == 6, gpu_view
     with pytest.raises(TypeError, match="features must be"):
         ladder.rung_kernel((True, True, True, True))
+    with pytest.raises(ValueError, match="calls no helper named"):
+        ladder.kernel_with({"attend_fast": forward.attend})
 
 
 # ------------------------------------------------------------ float32: PyTorch's switch

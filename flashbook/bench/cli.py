@@ -243,5 +243,10 @@ def main(argv=None) -> int:
         peer_provenance(prov, args)
     write_provenance(prov, out_dir / "provenance.json")
     print(f"\nWrote {out_dir / csv_name} and {out_dir / 'provenance.json'}")
+    if args.ladder:  # every rung is our own exact kernel: a rung that did not run is a bug
+        broken = [r for r in results if r.status != "ok"]
+        if broken:
+            print(f"{len(broken)} of {len(results)} ladder rows did not run: {broken[0].status} {broken[0].note}")
+            return 1
     return 0
 

@@ -140,25 +140,37 @@ def swaps(features: Features) -> dict:
 _kernels: dict = {}
 
 
-def rung_kernel(features: Features):
-    """``forward._attn_fwd`` with the helpers ``swaps(features)`` names replaced.
+def kernel_with(replaced: dict):
+    """``forward._attn_fwd`` compiled with the helpers named in ``replaced`` (name -> a
+    ``@triton.jit`` function with the same arguments) in place of the library's.
 
-    The same Python function, compiled against other globals: the rung's kernel
-    is the library's line for line, except for the helpers it calls.
+    The same Python function, compiled against other globals: the kernel is the
+    library's line for line, except for the helpers it calls. Built once per set.
     """
+    fn = _attn_fwd.fn
+    unknown = set(replaced) - set(fn.__code__.co_names)
+    if unknown:
+        raise ValueError(f"_attn_fwd calls no helper named {sorted(unknown)}; it calls "
+                         f"{sorted(n for n in fn.__code__.co_names if n in fn.__globals__)}")
+    key = tuple(sorted((name, id(f)) for name, f in replaced.items()))
+    if not replaced:
+        return _attn_fwd
+    if key not in _kernels:
+        plain = types.FunctionType(fn.__code__, dict(fn.__globals__, **replaced), fn.__name__,
+                                   fn.__defaults__, fn.__closure__)
+        # the annotations say which arguments are tl.constexpr: without them a GPU launch
+        # would try to pass HEAD_DIM, CAUSAL, ... as run-time values
+        for attr in ("__module__", "__qualname__", "__doc__", "__annotations__", "__kwdefaults__"):
+            setattr(plain, attr, getattr(fn, attr))
+        _kernels[key] = (triton.jit(plain), replaced)   # keep the helpers alive with their id
+    return _kernels[key][0]
+
+
+def rung_kernel(features: Features):
+    """The kernel of a rung: ``kernel_with(swaps(features))``."""
     if not isinstance(features, Features):
         raise TypeError(f"features must be a flashbook.kernels.ladder.Features, got {features!r}")
-    if features not in _kernels:
-        replaced = swaps(features)
-        if not replaced:
-            _kernels[features] = _attn_fwd
-        else:
-            fn = _attn_fwd.fn
-            scope = dict(fn.__globals__, **replaced)
-            plain = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-            plain.__module__, plain.__qualname__, plain.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
-            _kernels[features] = triton.jit(plain)
-    return _kernels[features]
+    return kernel_with(swaps(features))
 
 
 def run_rung(rung: Rung, q, k, v, *, causal: bool = False, scale=None):
