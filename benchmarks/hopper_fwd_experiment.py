@@ -123,6 +123,33 @@ def cudnn_forward(q, k, v, *, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def measure_variant(row: dict, fn, flops: float, ref, ref_lse, o64=None) -> dict:
+    """Run ``fn`` (a forward returning o, or (o, lse)), compare it with the library's output
+    ``ref``/``ref_lse`` (and with float64 ``o64`` for batch 0, head 0, if given), time it;
+    an exception is recorded in the row, not raised."""
+    try:
+        out = fn()
+        o = out[0] if isinstance(out, tuple) else out
+        row["max_abs_diff_vs_flashbook"] = float((o.float() - ref.float()).abs().max())
+        if isinstance(out, tuple):
+            row["lse_max_abs_diff"] = float((out[1] - ref_lse).abs().max())
+        if o64 is not None:
+            row["max_abs_err_head0_vs_float64"] = float((o[0, 0].double() - o64).abs().max())
+        ms = bench.time_ms(fn)
+        row.update(ms=ms, tflops=bench.tflops(flops, ms))
+    except Exception as err:  # record, go on
+        row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    return row
+
+
+def record(result: dict, row: dict, path: str) -> None:
+    """Add ``row`` to ``result``, print it, and rewrite ``path`` (a crash keeps what ran)."""
+    result["rows"].append(row)
+    print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
 CONFIGS = [Config(128, 64, 8, 3), Config(128, 64, 8, 4), Config(128, 128, 8, 2), Config(128, 128, 8, 3),
            Config(128, 64, 4, 3), Config(128, 128, 4, 2)]
 
@@ -154,20 +181,7 @@ def main() -> None:
                                      lambda cfg=cfg, ws=ws: tma_forward(q, k, v, causal=causal, cfg=cfg, ws=ws)))
             for name, fn in variants:
                 row = {"seq": n, "batch": batch, "heads": heads, "head_dim": d, "causal": causal, "variant": name}
-                try:
-                    out = fn()
-                    o = out[0] if isinstance(out, tuple) else out
-                    row["max_abs_diff_vs_flashbook"] = float((o.float() - ref.float()).abs().max())
-                    if isinstance(out, tuple):
-                        row["lse_max_abs_diff"] = float((out[1] - ref_lse).abs().max())
-                    ms = bench.time_ms(fn)
-                    row.update(ms=ms, tflops=bench.tflops(flops, ms))
-                except Exception as err:  # record, go on
-                    row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
-                result["rows"].append(row)
-                print({k2: (round(v2, 4) if isinstance(v2, float) else v2) for k2, v2 in row.items()}, flush=True)
-                with open(path, "w") as f:
-                    json.dump(result, f, indent=1)
+                record(result, measure_variant(row, fn, flops, ref, ref_lse), path)
     result["elapsed_s"] = round(time.time() - START, 1)
     with open(path, "w") as f:
         json.dump(result, f, indent=1)

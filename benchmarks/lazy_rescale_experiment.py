@@ -44,15 +44,16 @@ from flashbook.kernels.autograd import forward_with  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
 from flashbook.kernels.forward import MASKED, load_tile, visible_keys  # noqa: E402
 from flashbook.kernels.ladder import kernel_with  # noqa: E402
+from hopper_fwd_experiment import cudnn_forward, measure_variant, record  # noqa: E402  (beside this script)
 
 TAU: tl.constexpr = tl.constexpr(8.0)   # rescale when a row maximum grows by more than 2^8
 
 
 @triton.jit
-def _lazy_inner(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-                rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
-                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
-                CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _lazy_inner(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn, rows, offs_n, offs_d,
+                seq_k, diagonal, lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                STAGE: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``forward._fwd_inner`` with the rescaling of acc and row_sum done only when needed."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -101,13 +102,6 @@ VARIANTS = [("flashbook", None, None), ("flashbook BN128 s3", None, Config(128, 
             ("lazy BN128 s3", LAZY, Config(128, 128, 8, 3))]
 
 
-def cudnn_forward(q, k, v, *, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -139,21 +133,7 @@ def main() -> None:
                 for name, fn in variants:
                     row = {"dtype": dtype_name, "seq": n, "heads": heads, "head_dim": d, "causal": causal,
                            "variant": name}
-                    try:
-                        out = fn()
-                        o = out[0] if isinstance(out, tuple) else out
-                        row["max_abs_diff_vs_flashbook"] = float((o.float() - ref.float()).abs().max())
-                        if isinstance(out, tuple):
-                            row["lse_max_abs_diff"] = float((out[1] - ref_lse).abs().max())
-                        row["max_abs_err_head0_vs_float64"] = float((o[0, 0].double() - o64).abs().max())
-                        ms = bench.time_ms(fn)
-                        row.update(ms=ms, tflops=bench.tflops(flops, ms))
-                    except Exception as err:  # record, go on
-                        row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
-                    result["rows"].append(row)
-                    print({k2: (round(v2, 4) if isinstance(v2, float) else v2) for k2, v2 in row.items()}, flush=True)
-                    with open(path, "w") as f:
-                        json.dump(result, f, indent=1, default=str)
+                    record(result, measure_variant(row, fn, flops, ref, ref_lse, o64), path)
     result["elapsed_s"] = round(time.time() - START, 1)
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)

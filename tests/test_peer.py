@@ -159,6 +159,26 @@ def test_a_correct_peer_passes_and_is_divided_by(peer_file, rng):
     assert "d=16 N=32 causal H=2" in table and f"{rows['flashbook', True].fwd_vs_peer:.2f}" in table
 
 
+def test_the_first_shape_is_measured_twice_and_recorded_once(peer_file, rng):
+    calls = []
+
+    def counting_timer(fn):
+        calls.append(fn)
+        return _timer(fn)
+
+    peer = bench.load_peer(f"{peer_file}:attention")
+    kw = dict(timer=counting_timer, device="cpu", impls={"flashbook": bench.naive_attention})
+    results = bench.compare(peer, SHAPES, torch.float32, "fp32", **kw)
+    with_warmup = len(calls)
+    calls.clear()
+    again = bench.compare(peer, SHAPES, torch.float32, "fp32", warmup=False, **kw)
+    # 2 shapes x 2 implementations x (fwd, bwd) timings, plus the thrown-away first shape
+    assert len(calls) == 8 and with_warmup == 12
+    assert [(r.impl, r.causal) for r in results] == [(r.impl, r.causal) for r in again]
+    assert [(r.impl, r.causal) for r in results] == [("peer", False), ("flashbook", False),
+                                                      ("peer", True), ("flashbook", True)]
+
+
 def test_wrong_raising_and_backward_less_peers_are_recorded_per_row(peer_file, rng):
     wrong = _rows(_compare(peer_file, "wrong_scale", rng))
     for causal in (False, True):

@@ -47,12 +47,13 @@ from .readback import (  # noqa: F401
     speedup_table, Target, PERFORMANCE_TARGETS, target_table, target_summary,
     roofline_points, roofline_ceilings, seed_shape_rows, block_shared_bytes, block_fits,
     best_blocks, BlockState, block_state, HOPPER_EXPERIMENT, AUTOTUNE_RUN,
-    load_recorded_json, load_hopper_experiment, hopper_experiment_table,
+    load_recorded_json, load_hopper_experiment, hopper_experiment_table, LAZY_EXPERIMENT,
+    lazy_experiment_table,
 )
 from .peer import (  # noqa: F401
     DEFAULT_FUNC, PEER_ROWS, PEER_SEQS, PEER_HEAD_DIMS, PEER_DTYPE, COMPARED, PeerSpec, split_peer,
     load_peer, peer_shapes, PeerResult, PEER_FIELDS, measure, compare, run_peer, peer_provenance,
-    format_peer_table,
+    format_peer_table, PEER_RUNS, load_peer_run, peer_ratio_table,
 )
 from .cli import (  # noqa: F401
     DEFAULT_SEQS, DEFAULT_HEAD_DIMS, QUICK_SEQS, QUICK_HEAD_DIMS, parse_seq_list,

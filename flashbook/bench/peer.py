@@ -29,7 +29,8 @@ from pathlib import Path
 from .harness import (ShapeRow, Shape, check_slice, classify_error, make_inputs,
                       progress_bar, reference_slice, rel_err, run_tools)
 from .impls import resolve_impl
-from .records import format_cell
+from .readback import provenance_for, typed_frame
+from .records import format_cell, results_root
 from .costs import tflops
 
 #: The peer's function when ``--peer PATH`` names none (the tutorial's).
@@ -218,9 +219,15 @@ def _ratio(row, peer, pass_):
 
 
 def compare(peer, shapes, dtype, dtype_name, *, timer, device="cuda", generator=None,
-            impls=None, progress=False) -> list:
+            impls=None, progress=False, warmup=True) -> list:
     """The peer and ``impls`` (name -> function, default ``COMPARED``) on every shape, on
-    the same inputs; returns ``PeerResult`` rows, the peer's first in each shape."""
+    the same inputs; returns ``PeerResult`` rows, the peer's first in each shape.
+
+    ``warmup``: the first shape is measured twice and the first measurement thrown away.
+    On the H200 the first shape of a run measured our backward at 206 TFLOP/s, where a
+    run that had warmed up gave 316 and every later shape agreed between runs
+    (benchmarks/results/peer-cudnn-h200): the GPU's clocks and caches, not the kernels.
+    """
     functions = {"peer": peer}
     unavailable = {}
     for name in (COMPARED if impls is None else impls):
@@ -229,9 +236,10 @@ def compare(peer, shapes, dtype, dtype_name, *, timer, device="cuda", generator=
         except Exception as exc:  # noqa: BLE001 - recorded on every row of that name
             unavailable[name] = classify_error(exc, name)
     names = list(functions) + list(unavailable)
-    bar = progress_bar(len(shapes) * len(names), progress)
+    bar = progress_bar((len(shapes) + bool(warmup and shapes)) * len(names), progress)
     results, stop = [], None
-    for shape in shapes:
+    passes = ([shapes[0]] if warmup and shapes else []) + list(shapes)
+    for index, shape in enumerate(passes):
         inputs = make_inputs(shape, dtype, device, generator)
         ref = reference_slice(*inputs, shape.causal)
         yardstick = reference_slice(*inputs, shape.causal, dtype=dtype)
@@ -252,7 +260,8 @@ def compare(peer, shapes, dtype, dtype_name, *, timer, device="cuda", generator=
             bar.update(1)
         for res in rows:
             res.fwd_vs_peer, res.bwd_vs_peer = (_ratio(res, rows[0], p) for p in ("fwd", "bwd"))
-        results += rows
+        if not (warmup and index == 0):
+            results += rows
         del inputs, ref, yardstick
         _release()
     bar.close()
@@ -315,3 +324,44 @@ def format_peer_table(results) -> str:
     if notes:
         lines += ["", "notes:", *notes]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ recorded peer runs
+
+#: Recorded ``--peer`` runs on the H200, under the results root (chapter 10 reads them).
+PEER_RUNS = {"tutorial": "peer-tutorial-h200", "cudnn": "peer-cudnn-h200"}
+
+
+def load_peer_run(name: str, root=None):
+    """``(DataFrame, provenance)`` of the recorded peer run ``name`` (a key of ``PEER_RUNS``),
+    or ``(None, {})`` when it is not recorded."""
+    import pandas as pd
+
+    if name not in PEER_RUNS:
+        raise ValueError(f"name must be one of {sorted(PEER_RUNS)}, got {name!r}")
+    base = results_root(root)
+    path = base / PEER_RUNS[name] / "peer.csv" if base is not None else None
+    if path is None or not path.is_file():
+        return None, {}
+    frame = typed_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]))
+    return frame, provenance_for(path)
+
+
+def peer_ratio_table(frame):
+    """One row per shape and pass of a recorded peer run: the peer's and flashbook's TFLOP/s,
+    whether each passed the float64 check, and flashbook over the peer (NaN where either
+    failed its check or did not run)."""
+    import pandas as pd
+
+    keys = ["head_dim", "seq", "causal"]
+    out = []
+    for key, g in frame.groupby(keys, sort=True):
+        by = g.set_index("impl")
+        for pass_ in ("fwd", "bwd"):
+            peer, ours = by.loc["peer"], by.loc["flashbook"]
+            ok = all(r[f"{pass_}_status"] == "ok" and r[f"{pass_}_check"] == "pass" for r in (peer, ours))
+            out.append({**dict(zip(keys, key)), "pass": pass_,
+                        "peer": peer[f"{pass_}_tflops"], "peer_check": peer[f"{pass_}_check"] or peer[f"{pass_}_status"],
+                        "flashbook": ours[f"{pass_}_tflops"],
+                        "flashbook_over_peer": ours[f"{pass_}_vs_peer"] if ok else float("nan")})
+    return pd.DataFrame(out)

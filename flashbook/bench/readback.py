@@ -138,7 +138,7 @@ def ladder_speedups(ladder):
     return out
 
 
-def _typed_frame(df):
+def typed_frame(df):
     """Text columns as text ("" for empty), ``causal`` as bool, numbers as numbers
     (NaN for empty); a column this module does not know stays text unless every
     value in it is a number."""
@@ -170,7 +170,7 @@ def load_results(path):
     if not path.is_file():
         raise FileNotFoundError(f"path must be a recorded CSV or a directory holding "
                                 f"results.csv, got {str(path)!r}")
-    df = _typed_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]))
+    df = typed_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]))
     return df, provenance_for(path)
 
 
@@ -181,7 +181,7 @@ def results_frame(results):
 
     rows = [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in results]
     fields = BLOCK_FIELDS if rows and "block_m" in rows[0] else RESULT_FIELDS
-    return _typed_frame(pd.DataFrame(rows, columns=fields))
+    return typed_frame(pd.DataFrame(rows, columns=fields))
 
 
 def _by_shape(df, impl):
@@ -608,4 +608,31 @@ def hopper_experiment_table(rows):
         row["failed"] = int((g["tma"] & g["tflops"].isna()).sum())
         row["tried"] = int(g["tma"].sum())
         out.append(row)
+    return pd.DataFrame(out)
+
+
+#: ``benchmarks/lazy_rescale_experiment.py``'s recorded run, under the results root.
+LAZY_EXPERIMENT = "lazy_rescale_h200/lazy_rescale.json"
+
+
+def lazy_experiment_table(root=None):
+    """Per dtype, length and mask of the recorded lazy-rescaling run: the library kernel's
+    and cuDNN's TFLOP/s, the best lazy variant and its speed over the library kernel, and
+    its largest error against float64 beside the library's. None when nothing is recorded."""
+    import pandas as pd
+
+    data = load_recorded_json(LAZY_EXPERIMENT, root)
+    if data is None:
+        return None
+    rows = pd.DataFrame(data["rows"])
+    out = []
+    for (dtype, seq, causal), g in rows.groupby(["dtype", "seq", "causal"], sort=True):
+        by = g.set_index("variant")
+        lazy = g[g["variant"].str.startswith("lazy")].sort_values("tflops", ascending=False).iloc[0]
+        out.append({"dtype": dtype, "seq": int(seq), "causal": bool(causal),
+                    "flashbook": float(by.loc["flashbook", "tflops"]), "cudnn": float(by.loc["cudnn", "tflops"]),
+                    "best_lazy": lazy["variant"], "best_lazy_tflops": float(lazy["tflops"]),
+                    "lazy_vs_flashbook": float(lazy["tflops"]) / float(by.loc["flashbook", "tflops"]),
+                    "lazy_err": float(lazy["max_abs_err_head0_vs_float64"]),
+                    "flashbook_err": float(by.loc["flashbook", "max_abs_err_head0_vs_float64"])})
     return pd.DataFrame(out)
