@@ -260,3 +260,26 @@ def test_the_peer_module_keeps_under_700_lines():
     import inspect
 
     assert len(inspect.getsource(peer_mod).splitlines()) < 700
+
+
+def test_recorded_peer_runs_read_back_with_independent_ratios():
+    """Chapter 10's tables: flashbook over the peer is the peer's time over ours, from the
+    CSV's own ms columns, and no ratio where either side failed the float64 check."""
+    import csv
+
+    for name in bench.PEER_RUNS:
+        frame, prov = bench.load_peer_run(name)
+        assert frame is not None and prov["peer"]["sha256"], name
+        table = bench.peer_ratio_table(frame)
+        raw = list(csv.DictReader(open(bench.results_root() / bench.PEER_RUNS[name] / "peer.csv")))
+        for _, row in table.iterrows():
+            pick = {r["impl"]: r for r in raw if (int(r["seq"]), int(r["head_dim"]), r["causal"] == "True")
+                    == (row["seq"], row["head_dim"], row["causal"])}
+            peer, ours, pass_ = pick["peer"], pick["flashbook"], row["pass"]
+            passed = all(r[f"{pass_}_check"] == "pass" for r in (peer, ours))
+            if passed:
+                assert row["flashbook_over_peer"] == pytest.approx(float(peer[f"{pass_}_ms"]) / float(ours[f"{pass_}_ms"]))
+            else:
+                assert row["flashbook_over_peer"] != row["flashbook_over_peer"]   # NaN
+    with pytest.raises(ValueError, match="name must be one of"):
+        bench.load_peer_run("tutorials")

@@ -224,9 +224,9 @@ def compare(peer, shapes, dtype, dtype_name, *, timer, device="cuda", generator=
     the same inputs; returns ``PeerResult`` rows, the peer's first in each shape.
 
     ``warmup``: the first shape is measured twice and the first measurement thrown away.
-    On the H200 the first shape of a run measured our backward at 206 TFLOP/s, where a
-    run that had warmed up gave 316 and every later shape agreed between runs
-    (benchmarks/results/peer-cudnn-h200): the GPU's clocks and caches, not the kernels.
+    On the H200 a cold run measured our backward at its first shape at 206 TFLOP/s, where
+    a run that had warmed up gave 316 and every later shape agreed between the runs: the
+    GPU's state, not the kernels (the recorded runs since then have this warm-up).
     """
     functions = {"peer": peer}
     unavailable = {}
@@ -329,7 +329,8 @@ def format_peer_table(results) -> str:
 # ------------------------------------------------------------------ recorded peer runs
 
 #: Recorded ``--peer`` runs on the H200, under the results root (chapter 10 reads them).
-PEER_RUNS = {"tutorial": "peer-tutorial-h200", "cudnn": "peer-cudnn-h200"}
+PEER_RUNS = {"tutorial": "peer-tutorial-h200", "tutorial-d128": "peer-tutorial-h200-d128",
+             "cudnn": "peer-cudnn-h200"}
 
 
 def load_peer_run(name: str, root=None):
