@@ -38,6 +38,7 @@ from flashbook import bench  # noqa: E402
 from flashbook.kernels import flash_forward  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
 from flashbook.kernels.forward import LN2, LOG2E, MAIN, MASKED, causal_bounds, shifted_scores  # noqa: E402
+from flashbook.bench.harness import reference_slice  # noqa: E402
 from gpu_check import environment  # noqa: E402  (beside this script)
 
 
@@ -146,6 +147,45 @@ def record(result: dict, row: dict, path: str) -> None:
     """Add ``row`` to ``result``, print it, and rewrite ``path`` (a crash keeps what ran)."""
     result["rows"].append(row)
     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
+def run_tutorial_shapes(doc: str, script: str, filename: str, variants_for, dtypes: str = "fp16") -> None:
+    """The experiments' common main: at the tutorial comparison's shapes (batch 1,
+    heads = 262144 / N, causal or not; ``--seqs``, ``--head-dim``, ``--dtypes``) time cuDNN,
+    the library's kernel and ``variants_for(q, k, v, causal)`` (a list of (name, forward)),
+    each checked against the library's output and float64 on one head, into
+    ``--out``/``filename`` with the run's provenance."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seqs", default="1024,4096,16384")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtypes", default=dtypes)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    prov = bench.collect_provenance([script] + sys.argv[1:])
+    prov["command"] = f"python3 benchmarks/{script} " + " ".join(sys.argv[1:])
+    result = {"what": doc.split("\n\n")[0], "environment": prov, "rows": []}
+    path = os.path.join(args.out, filename)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    d = args.head_dim
+    for dtype_name in args.dtypes.split(","):
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+        for n in (int(s) for s in args.seqs.split(",")):
+            heads = 16 * 16384 // n
+            q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+            for causal in (False, True):
+                flops = bench.attention_flops(1, heads, n, n, d, causal)
+                ref, ref_lse = flash_forward(q, k, v, causal=causal)
+                o64 = reference_slice(q, k, v, None, causal)[0][0, 0]   # batch 0, head 0, float64
+                variants = [("cudnn", lambda: cudnn_forward(q, k, v, causal=causal)),
+                            ("flashbook", lambda: flash_forward(q, k, v, causal=causal))]
+                for name, fn in variants + variants_for(q, k, v, causal):
+                    row = {"dtype": dtype_name, "seq": n, "heads": heads, "head_dim": d, "causal": causal,
+                           "variant": name}
+                    record(result, measure_variant(row, fn, flops, ref, ref_lse, o64), path)
+    result["elapsed_s"] = round(time.time() - START, 1)
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)
 

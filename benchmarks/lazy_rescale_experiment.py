@@ -23,13 +23,9 @@ every timing and error).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import time
 
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -37,14 +33,12 @@ import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton i
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from flashbook import bench  # noqa: E402
-from flashbook.bench.harness import reference_slice  # noqa: E402
 from flashbook.kernels import flash_forward  # noqa: E402
 from flashbook.kernels.autograd import forward_with  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
 from flashbook.kernels.forward import MASKED, load_tile, visible_keys  # noqa: E402
 from flashbook.kernels.ladder import kernel_with  # noqa: E402
-from hopper_fwd_experiment import cudnn_forward, measure_variant, record  # noqa: E402  (beside this script)
+from hopper_fwd_experiment import run_tutorial_shapes  # noqa: E402  (beside this script)
 
 TAU: tl.constexpr = tl.constexpr(8.0)   # rescale when a row maximum grows by more than 2^8
 
@@ -96,50 +90,18 @@ def attend_lazy(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
 
 
 LAZY = kernel_with({"attend": attend_lazy})
-#: (name, kernel or None for the library's, config or None for the library's choice)
-VARIANTS = [("flashbook", None, None), ("flashbook BN128 s3", None, Config(128, 128, 8, 3)),
+#: (name, kernel or None for the library's, config): the library's kernel with the lazy
+#: variant's larger tiles, and the lazy variant with the library's tiles and two larger ones
+VARIANTS = [("flashbook BN128 s3", None, Config(128, 128, 8, 3)),
             ("lazy", LAZY, None), ("lazy BN128 s2", LAZY, Config(128, 128, 8, 2)),
             ("lazy BN128 s3", LAZY, Config(128, 128, 8, 3))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--seqs", default="1024,4096,16384")
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--dtypes", default="fp16,bf16")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    prov = bench.collect_provenance([os.path.basename(__file__)] + sys.argv[1:])
-    prov["command"] = "python3 benchmarks/lazy_rescale_experiment.py " + " ".join(sys.argv[1:])
-    result = {"what": __doc__.split("\n\n")[0], "environment": prov, "rows": []}
-    path = os.path.join(args.out, "lazy_rescale.json")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    d = args.head_dim
-    for dtype_name in args.dtypes.split(","):
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
-        for n in (int(s) for s in args.seqs.split(",")):
-            heads = 16 * 16384 // n
-            q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-            for causal in (False, True):
-                flops = bench.attention_flops(1, heads, n, n, d, causal)
-                ref, ref_lse = flash_forward(q, k, v, causal=causal)
-                o64 = reference_slice(q, k, v, None, causal)[0][0, 0]   # batch 0, head 0, float64
-                variants = [("cudnn", lambda: cudnn_forward(q, k, v, causal=causal))]
-                for name, kernel, cfg in VARIANTS:
-                    variants.append((name, (lambda kernel=kernel, cfg=cfg: flash_forward(q, k, v, causal=causal, config=cfg))
-                                     if kernel is None else
-                                     (lambda kernel=kernel, cfg=cfg: forward_with(kernel, q, k, v, causal=causal, config=cfg))))
-                for name, fn in variants:
-                    row = {"dtype": dtype_name, "seq": n, "heads": heads, "head_dim": d, "causal": causal,
-                           "variant": name}
-                    record(result, measure_variant(row, fn, flops, ref, ref_lse, o64), path)
-    result["elapsed_s"] = round(time.time() - START, 1)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+def variants_for(q, k, v, causal):
+    return [(name, (lambda cfg=cfg: flash_forward(q, k, v, causal=causal, config=cfg)) if kernel is None else
+             (lambda kernel=kernel, cfg=cfg: forward_with(kernel, q, k, v, causal=causal, config=cfg)))
+            for name, kernel, cfg in VARIANTS]
 
-
-START = time.time()
 
 if __name__ == "__main__":
-    main()
+    run_tutorial_shapes(__doc__, "lazy_rescale_experiment.py", "lazy_rescale.json", variants_for, "fp16,bf16")

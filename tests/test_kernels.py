@@ -337,6 +337,32 @@ def test_a_rung_swaps_only_helpers_the_library_kernel_calls():
         ladder.rung_kernel((True, True, True, True))
     with pytest.raises(ValueError, match="calls no helper named"):
         ladder.kernel_with({"attend_fast": forward.attend})
+    fixed = ladder.kernel_with({}, constexprs=("seq_q", "seq_k"))   # an experiment's knob
+    assert [p.name for p in JITFunction(fixed.fn).params if p.is_constexpr][:2] == ["seq_q", "seq_k"]
+    with pytest.raises(ValueError, match="constexprs must name arguments"):
+        ladder.kernel_with({}, constexprs=("seq_len",))
+
+
+def test_static_shape_experiment_is_exact():
+    """benchmarks/static_shape_experiment.py's kernels (lengths as compile-time constants, and
+    the query tile loaded without a row mask) compute attention at lengths they allow."""
+    import importlib
+    import os
+    import sys
+
+    import numpy as np
+
+    from flashbook import reference
+    from flashbook.kernels.autograd import forward_with
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    static = importlib.import_module("static_shape_experiment")
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for name, kernel in static.VARIANTS:
+        for causal, nk in ((False, 96), (True, 64), (True, 96)):   # 64 query rows: whole tiles
+            q, k, v = torch.randn(1, 2, 64, 32), torch.randn(1, 2, nk, 32), torch.randn(1, 2, nk, 32)
+            o, _ = forward_with(kernel, q, k, v, causal=causal)
+            want = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=causal)
+            assert np.abs(o.double().numpy() - want).max() < 1e-5, (name, causal, nk)   # fp32, <= 96 terms
 
 
 def test_lazy_rescaling_experiment_is_exact():

@@ -140,9 +140,11 @@ def swaps(features: Features) -> dict:
 _kernels: dict = {}
 
 
-def kernel_with(replaced: dict):
+def kernel_with(replaced: dict, constexprs: tuple = ()):
     """``forward._attn_fwd`` compiled with the helpers named in ``replaced`` (name -> a
-    ``@triton.jit`` function with the same arguments) in place of the library's.
+    ``@triton.jit`` function with the same arguments) in place of the library's, and
+    with the run-time arguments named in ``constexprs`` (e.g. ``("seq_q", "seq_k")``)
+    made compile-time constants, one compiled kernel per value (an experiment's knob).
 
     The same Python function, compiled against other globals: the kernel is the
     library's line for line, except for the helpers it calls. Built once per set.
@@ -152,8 +154,11 @@ def kernel_with(replaced: dict):
     if unknown:
         raise ValueError(f"_attn_fwd calls no helper named {sorted(unknown)}; it calls "
                          f"{sorted(n for n in fn.__code__.co_names if n in fn.__globals__)}")
-    key = tuple(sorted((name, id(f)) for name, f in replaced.items()))
-    if not replaced:
+    args = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    if set(constexprs) - set(args):
+        raise ValueError(f"constexprs must name arguments of _attn_fwd, got {sorted(set(constexprs) - set(args))}")
+    key = tuple(sorted((name, id(f)) for name, f in replaced.items())) + tuple(sorted(constexprs))
+    if not replaced and not constexprs:
         return _attn_fwd
     if key not in _kernels:
         plain = types.FunctionType(fn.__code__, dict(fn.__globals__, **replaced), fn.__name__,
@@ -162,6 +167,7 @@ def kernel_with(replaced: dict):
         # would try to pass HEAD_DIM, CAUSAL, ... as run-time values
         for attr in ("__module__", "__qualname__", "__doc__", "__annotations__", "__kwdefaults__"):
             setattr(plain, attr, getattr(fn, attr))
+        plain.__annotations__ = dict(fn.__annotations__, **{name: tl.constexpr for name in constexprs})
         _kernels[key] = (triton.jit(plain), replaced)   # keep the helpers alive with their id
     return _kernels[key][0]
 
