@@ -1188,17 +1188,21 @@ def test_recorded_hopper_experiment_agrees_with_its_raw_rows():
         assert r.failed == sum("error" in x for x in same) and r.tried == 12
 
 
-def test_lazy_experiment_table_is_the_recorded_rows():
-    """Chapter 10's lazy-rescaling table, recomputed from the recorded JSON by hand."""
+def test_variant_tables_are_the_recorded_rows():
+    """Chapter 10's lazy-rescaling and static-shape tables, recomputed from the recorded JSON by hand."""
     import json
 
-    table = bench.lazy_experiment_table()
+    table = bench.variant_table(bench.LAZY_EXPERIMENT, "lazy")
     data = json.load(open(bench.results_root() / bench.LAZY_EXPERIMENT))
     assert len(table) == len({(r["dtype"], r["seq"], r["causal"]) for r in data["rows"]}) == 12
     for row in table.itertuples():
         mine = [r for r in data["rows"] if (r["dtype"], r["seq"], r["causal"]) == (row.dtype, row.seq, row.causal)]
         best = max((r for r in mine if r["variant"].startswith("lazy")), key=lambda r: r["tflops"])
         lib = next(r for r in mine if r["variant"] == "flashbook")
-        assert row.best_lazy == best["variant"]
-        assert row.lazy_vs_flashbook == pytest.approx(lib["ms"] / best["ms"])   # same FLOPs: a ratio of times
-    assert (table["lazy_vs_flashbook"] < 1).all()   # what chapter 10 says: slower at every shape
+        assert row.best == best["variant"]
+        assert row.best_vs_flashbook == pytest.approx(lib["ms"] / best["ms"])   # same FLOPs: a ratio of times
+    assert (table["best_vs_flashbook"] < 1).all()   # what chapter 10 says: slower at every shape
+    static = bench.variant_table(bench.STATIC_SHAPE_EXPERIMENT, "constexpr")
+    assert (static["best_vs_flashbook"] > 1).all() and len(static) == 6   # chapter 10: faster at every shape
+    with pytest.raises(ValueError, match="prefix must start"):
+        bench.variant_table(bench.LAZY_EXPERIMENT, "eager")

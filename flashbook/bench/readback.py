@@ -611,28 +611,34 @@ def hopper_experiment_table(rows):
     return pd.DataFrame(out)
 
 
-#: ``benchmarks/lazy_rescale_experiment.py``'s recorded run, under the results root.
+#: ``benchmarks/lazy_rescale_experiment.py``'s and ``static_shape_experiment.py``'s recorded
+#: runs, under the results root (chapter 10 reads them with ``variant_table``).
 LAZY_EXPERIMENT = "lazy_rescale_h200/lazy_rescale.json"
+STATIC_SHAPE_EXPERIMENT = "static_shape_h200.json"
 
 
-def lazy_experiment_table(root=None):
-    """Per dtype, length and mask of the recorded lazy-rescaling run: the library kernel's
-    and cuDNN's TFLOP/s, the best lazy variant and its speed over the library kernel, and
-    its largest error against float64 beside the library's. None when nothing is recorded."""
+def variant_table(name: str, prefix: str, root=None):
+    """Per dtype, length and mask of a recorded forward experiment (``name``, e.g.
+    ``LAZY_EXPERIMENT``): the library kernel's and cuDNN's TFLOP/s, the fastest variant
+    whose name starts with ``prefix`` and its speed over the library kernel, and its
+    largest error against float64 beside the library's. None when nothing is recorded."""
     import pandas as pd
 
-    data = load_recorded_json(LAZY_EXPERIMENT, root)
+    data = load_recorded_json(name, root)
     if data is None:
         return None
     rows = pd.DataFrame(data["rows"])
     out = []
     for (dtype, seq, causal), g in rows.groupby(["dtype", "seq", "causal"], sort=True):
         by = g.set_index("variant")
-        lazy = g[g["variant"].str.startswith("lazy")].sort_values("tflops", ascending=False).iloc[0]
+        mine = g[g["variant"].str.startswith(prefix)]
+        if mine.empty:
+            raise ValueError(f"prefix must start a variant's name in {name}, got {prefix!r}")
+        best = mine.sort_values("tflops", ascending=False).iloc[0]
         out.append({"dtype": dtype, "seq": int(seq), "causal": bool(causal),
                     "flashbook": float(by.loc["flashbook", "tflops"]), "cudnn": float(by.loc["cudnn", "tflops"]),
-                    "best_lazy": lazy["variant"], "best_lazy_tflops": float(lazy["tflops"]),
-                    "lazy_vs_flashbook": float(lazy["tflops"]) / float(by.loc["flashbook", "tflops"]),
-                    "lazy_err": float(lazy["max_abs_err_head0_vs_float64"]),
+                    "best": best["variant"], "best_tflops": float(best["tflops"]),
+                    "best_vs_flashbook": float(best["tflops"]) / float(by.loc["flashbook", "tflops"]),
+                    "best_err": float(best["max_abs_err_head0_vs_float64"]),
                     "flashbook_err": float(by.loc["flashbook", "max_abs_err_head0_vs_float64"])})
     return pd.DataFrame(out)
