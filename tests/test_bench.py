@@ -1206,3 +1206,29 @@ def test_variant_tables_are_the_recorded_rows():
     assert (static["best_vs_flashbook"] > 1).all() and len(static) == 6   # chapter 10: faster at every shape
     with pytest.raises(ValueError, match="prefix must start"):
         bench.variant_table(bench.LAZY_EXPERIMENT, "eager")
+
+
+def test_recorded_commands_name_no_machine_paths():
+    """Every recorded run's command says OUT_DIR where the run wrote, not the folders of the
+    machine that ran it (they mean nothing to a reader and must not reach a page)."""
+    import json
+    import re
+
+    def commands(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "command" and isinstance(value, str):
+                    yield value
+                else:
+                    yield from commands(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from commands(value)
+
+    root = bench.results_root()
+    seen = 0
+    for path in sorted(root.rglob("*.json")):
+        for command in commands(json.load(open(path))):
+            seen += 1
+            assert not re.search(r"(^|\s|=)/(root|tmp|home|work)/", command), f"{path.relative_to(root)}: {command}"
+    assert seen > 20   # the records do carry their commands
