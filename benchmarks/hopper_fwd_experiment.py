@@ -39,6 +39,7 @@ from flashbook.kernels import flash_forward  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
 from flashbook.kernels.forward import LN2, LOG2E, MAIN, MASKED, causal_bounds, shifted_scores  # noqa: E402
 from flashbook.bench.harness import reference_slice  # noqa: E402
+from flashbook.bench.impls import sdpa_attention  # noqa: E402
 from gpu_check import environment  # noqa: E402  (beside this script)
 
 
@@ -117,11 +118,8 @@ def tma_forward(q, k, v, *, causal, cfg: Config, ws: bool):
     return o, lse
 
 
-def cudnn_forward(q, k, v, *, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+#: PyTorch's SDPA held to its cuDNN backend (the benchmark's own ``sdpa-cudnn``).
+cudnn_forward = sdpa_attention("sdpa-cudnn")
 
 
 def measure_variant(row: dict, fn, flops: float, ref, ref_lse, o64=None) -> dict:

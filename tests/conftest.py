@@ -16,6 +16,18 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` imported as a module, as running it sees itself: its folder
+    on sys.path (the scripts import each other) and the module in sys.modules."""
+    import importlib
+    import sys
+
+    folder = os.path.join(ROOT, "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
 def require(condition: bool, why: str):
     """Skip locally when a prerequisite is missing, but fail in CI."""
     if not condition:

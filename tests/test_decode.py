@@ -214,16 +214,9 @@ def test_gpu_realistic_sizes(case, dtype):
 # ------------------------------------------------------------ the GPU benchmark's CPU-checkable part
 
 def _decode_bench():
-    import importlib.util
-    import os
-    import sys
+    from conftest import benchmark_script
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "decode_bench.py")
-    spec = importlib.util.spec_from_file_location("decode_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decode_bench"] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("decode_bench")
 
 
 def test_decode_bench_plan_and_judge():

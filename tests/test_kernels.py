@@ -346,16 +346,14 @@ def test_a_rung_swaps_only_helpers_the_library_kernel_calls():
 def test_static_shape_experiment_is_exact():
     """benchmarks/static_shape_experiment.py's kernels (lengths as compile-time constants, and
     the query tile loaded without a row mask) compute attention at lengths they allow."""
-    import importlib
     import os
-    import sys
 
     import numpy as np
 
+    from conftest import benchmark_script
     from flashbook import reference
     from flashbook.kernels.autograd import forward_with
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    static = importlib.import_module("static_shape_experiment")
+    static = benchmark_script("static_shape_experiment")
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     for name, kernel in static.VARIANTS:
         for causal, nk in ((False, 96), (True, 64), (True, 96)):   # 64 query rows: whole tiles
@@ -369,16 +367,14 @@ def test_lazy_rescaling_experiment_is_exact():
     """The variant benchmarks/lazy_rescale_experiment.py timed (and rejected: slower on an
     H200) must still compute attention, also when the row maxima jump by more than its
     threshold between tiles (scores scaled up 4x) and for rows that see no key."""
-    import importlib
     import os
-    import sys
 
     import numpy as np
 
+    from conftest import benchmark_script
     from flashbook import reference
     from flashbook.kernels.autograd import forward_with
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    lazy = importlib.import_module("lazy_rescale_experiment")
+    lazy = benchmark_script("lazy_rescale_experiment")
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     for causal, (nq, nk) in ((False, (45, 70)), (True, (70, 45)), (True, (64, 64))):
         q, k = torch.randn(1, 2, nq, 32) * 4, torch.randn(1, 2, nk, 32) * 4

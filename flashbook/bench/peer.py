@@ -29,7 +29,7 @@ from pathlib import Path
 from .harness import (ShapeRow, Shape, check_slice, classify_error, make_inputs,
                       progress_bar, reference_slice, rel_err, run_tools)
 from .impls import resolve_impl
-from .readback import provenance_for, typed_frame
+from .readback import load_results
 from .records import format_cell, results_root
 from .costs import tflops
 
@@ -336,16 +336,13 @@ PEER_RUNS = {"tutorial": "peer-tutorial-h200", "tutorial-d128": "peer-tutorial-h
 def load_peer_run(name: str, root=None):
     """``(DataFrame, provenance)`` of the recorded peer run ``name`` (a key of ``PEER_RUNS``),
     or ``(None, {})`` when it is not recorded."""
-    import pandas as pd
-
     if name not in PEER_RUNS:
         raise ValueError(f"name must be one of {sorted(PEER_RUNS)}, got {name!r}")
     base = results_root(root)
     path = base / PEER_RUNS[name] / "peer.csv" if base is not None else None
     if path is None or not path.is_file():
         return None, {}
-    frame = typed_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]))
-    return frame, provenance_for(path)
+    return load_results(path)
 
 
 def peer_ratio_table(frame):
