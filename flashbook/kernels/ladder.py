@@ -163,10 +163,10 @@ def kernel_with(replaced: dict, constexprs: tuple = ()):
     if key not in _kernels:
         plain = types.FunctionType(fn.__code__, dict(fn.__globals__, **replaced), fn.__name__,
                                    fn.__defaults__, fn.__closure__)
+        for attr in ("__module__", "__qualname__", "__doc__", "__kwdefaults__"):
+            setattr(plain, attr, getattr(fn, attr))
         # the annotations say which arguments are tl.constexpr: without them a GPU launch
         # would try to pass HEAD_DIM, CAUSAL, ... as run-time values
-        for attr in ("__module__", "__qualname__", "__doc__", "__annotations__", "__kwdefaults__"):
-            setattr(plain, attr, getattr(fn, attr))
         plain.__annotations__ = dict(fn.__annotations__, **{name: tl.constexpr for name in constexprs})
         _kernels[key] = (triton.jit(plain), replaced)   # keep the helpers alive with their id
     return _kernels[key][0]
