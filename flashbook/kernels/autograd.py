@@ -360,11 +360,15 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
 
 
 class FlashAttention(torch.autograd.Function):
-    """Forward saves (q, k, v, o, lse); backward recomputes P from them tile by tile."""
+    """Forward saves (q, k, v, o, lse); backward recomputes P from them tile by tile.
+
+    ``forward`` is the function that computes (o, lse): ``flash_forward`` unless
+    another kernel is given (chapter 10's Gluon kernel, ``hopper.gluon_forward``);
+    the backward is the same whichever kernel ran forward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, dq_mode):
-        o, lse = flash_forward(q, k, v, causal=causal, scale=scale)
+    def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None):
+        o, lse = (forward or flash_forward)(q, k, v, causal=causal, scale=scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.dq_mode = causal, scale, dq_mode
         return o
@@ -374,7 +378,7 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale,
                                     dq_mode=ctx.dq_mode)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str = "separate"):

@@ -1,0 +1,37 @@
+"""The Gluon forward kernel (chapter 10) beside the library's Triton kernel and cuDNN.
+
+    PYTHONPATH=. python3 benchmarks/gluon_experiment.py --out DIR [--head-dim 128] [--dtypes fp16,bf16]
+
+``flashbook.kernels.hopper`` issues the next tile's Q K^T and the previous tile's
+P V as asynchronous warpgroup MMAs and runs the softmax while they compute, with K/V
+arriving by TMA into a ring of ``stages`` slots. This times it with key tiles of 64
+and 128 and rings of 2 and 3 slots at the tutorial comparison's shapes (batch 1,
+heads = 262144 / N, causal or not), each checked against the library's output and
+float64 on one head. Needs a Hopper GPU.
+
+Writes DIR/gluon.json (provenance, command, every timing and error).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton is imported)
+from flashbook.kernels.hopper import gluon_forward  # noqa: E402
+from hopper_fwd_experiment import run_tutorial_shapes  # noqa: E402  (beside this script)
+
+#: (block_n, stages) of the Gluon kernel; BLOCK_M is 128 (two warpgroups of 64 rows)
+GLUON_CONFIGS = ((128, 2), (64, 2), (128, 3), (64, 3))
+
+
+def variants_for(q, k, v, causal):
+    return [(f"gluon n{block_n} s{stages}",
+             lambda block_n=block_n, stages=stages: gluon_forward(q, k, v, causal=causal, block_n=block_n,
+                                                                   stages=stages))
+            for block_n, stages in GLUON_CONFIGS]
+
+
+if __name__ == "__main__":
+    run_tutorial_shapes(__doc__, "gluon_experiment.py", "gluon.json", variants_for, dtypes="fp16,bf16")

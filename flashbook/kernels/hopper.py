@@ -1,0 +1,306 @@
+"""A Hopper-only forward kernel in Gluon: what the compiler could not do for us (chapter 10).
+
+Chapter 7's kernel is plain Triton: it says *what* to compute per tile, and the
+compiler decides *when* each load, matrix product and exponential runs. On an
+H100/H200 the compiler pipelines the K/V loads, but it runs the two matrix
+products of each step and the softmax between them one after the other: the
+tensor cores wait while the softmax runs, and the softmax waits for them.
+
+This kernel is written in Gluon (``triton.experimental.gluon``), Triton's
+lower-level dialect, where the program says when things happen:
+
+* K and V tiles arrive by TMA (the Hopper copy engine) into a ring of ``STAGES``
+  shared-memory slots, each with an mbarrier that says "this slot is full".
+* Both matrix products are asynchronous warpgroup MMAs (``wgmma``). Step j issues
+  ``S_j = Q K_j^T`` and then ``O += P_{j-1} V_{j-1}`` (the *previous* tile's
+  weights) before it waits for anything, and computes the softmax of ``S_j``
+  while the tensor cores are still busy with ``P_{j-1} V_{j-1}``. That is the
+  "intra-warpgroup overlap" of FlashAttention-3 (Shah et al., 2024, section 3.2).
+* The output tile leaves by TMA too, through the shared memory Q no longer needs.
+
+It is a second kernel, not a replacement: it runs only on sm_90, for float16 and
+bfloat16, head_dim 64 or 128, sequence lengths that are whole tiles, and no
+causal row that sees no key. Everything else stays with ``flash_attention``.
+Its results are checked against float64 like every kernel in the book (the GPU
+tests), and chapter 10 measures it beside the Triton kernel.
+
+Gluon is experimental and changes between Triton releases; this file was written
+for and measured with the Triton recorded beside its numbers. ``available()``
+says whether this machine can run it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # Gluon ships with Triton >= 3.4
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    HAS_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAS_GLUON = False
+
+from ..reference import resolve_scale
+from .forward import LN2, LOG2E
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+BLOCK_M = 128          # query rows per program: two warpgroups of 64 rows
+NUM_WARPS = 8
+
+
+def available(device: torch.device | str | None = None) -> bool:
+    """True when Gluon is installed and ``device`` (default: the current CUDA device) is a Hopper GPU."""
+    if not HAS_GLUON or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+if HAS_GLUON:
+    # Gluon renames things between Triton releases: the same operations under either name
+    cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+
+    @gluon.jit
+    def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile, pred,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Start the TMA copies of key/value tile ``tile`` into its ring slot; each
+        slot's barrier completes when its bytes have landed."""
+        slot = tile % STAGES
+        row = kv_row + tile * BLOCK_N
+        mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes, pred)
+        tma_load(k_desc, [row, 0], k_bars.index(slot), k_smem.index(slot), pred)
+        mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes, pred)
+        tma_load(v_desc, [row, 0], v_bars.index(slot), v_smem.index(slot), pred)
+
+    @gluon.jit
+    def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Whether the key tile at ``start_n`` needs the causal mask (a compile-time False when not causal)."""
+        if CAUSAL:
+            masked = start_n + BLOCK_N > full_end
+        else:
+            masked = False
+        return masked
+
+    @gluon.jit
+    def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked):
+        """One online-softmax step on the raw scores ``s`` (chapter 3, in base 2).
+
+        Returns the weights p, the new running max and sum, and ``alpha``, the
+        factor that rescales what was accumulated under the old max. ``masked``
+        (a tile on the causal diagonal) hides key j from row i when j > i + diagonal.
+        """
+        if masked:
+            visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+            new_max = gl.maximum(row_max, gl.max(s, 1))
+            s = s - gl.expand_dims(new_max, 1)
+        else:
+            new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)
+            s = s * qk_scale - gl.expand_dims(new_max, 1)
+        p = gl.exp2(s)
+        alpha = gl.exp2(row_max - new_max)
+        row_sum = row_sum * alpha + gl.sum(p, 1)
+        return p, new_max, row_sum, alpha
+
+    @gluon.jit
+    def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
+                        n_heads, group, seq_q, seq_k, qk_scale,
+                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """One program: one 128-row query tile of one (batch, head), as in chapter 7's
+        grid. q/o descriptors view Q and O as (batch*heads*seq_q, HEAD_DIM), k/v as
+        (batch*kv_heads*seq_k, HEAD_DIM)."""
+        dtype: gl.constexpr = q_desc.dtype
+        warps: gl.constexpr = gl.num_warps()
+        # Each warp owns 16 rows of every tile; the MMA's n is the tile's width.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_of_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_of_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        pid_m = gl.program_id(0)
+        if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        bh = gl.program_id(1)
+        b = bh // n_heads
+        h = bh % n_heads
+        kv_heads = n_heads // group
+        start_m = pid_m * BLOCK_M
+        q_row = bh * seq_q + start_m
+        kv_row = (b * kv_heads + h // group) * seq_k
+
+        # which key tiles this query tile visits, and from which one on they need the causal mask
+        diagonal = seq_k - seq_q
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M + diagonal, seq_k)
+            full_end = gl.minimum(start_m + diagonal + 1, seq_k)
+        else:
+            hi = seq_k
+            full_end = seq_k
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        # Q, then the first STAGES key/value tiles, all in flight at once
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma_load(q_desc, [q_row, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, i, i < n_tiles, BLOCK_N, STAGES)
+
+        rows = start_m + gl.arange(0, BLOCK_M, layout=row_of_s)
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_of_s)
+        row_sum = gl.zeros([BLOCK_M], gl.float32, row_of_s)
+        o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+        # tile 0: S_0 = Q K_0^T, its softmax; nothing to overlap with yet
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_bars.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        p, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, offs_n, diagonal, qk_scale,
+                                                  on_diagonal(0, full_end, BLOCK_N, CAUSAL))
+        p = gl.convert_layout(p.to(dtype), p_layout)
+
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; wait only for S_j
+            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            o = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s,))
+            # the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1}
+            start_n = j * BLOCK_N
+            p_next, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, start_n + offs_n, diagonal,
+                                                           qk_scale, on_diagonal(start_n, full_end, BLOCK_N, CAUSAL))
+            o = warpgroup_mma_wait(0, deps=(o,))
+            o = o * gl.expand_dims(gl.convert_layout(alpha, row_of_o), 1)
+            p = gl.convert_layout(p_next.to(dtype), p_layout)
+            # both warpgroups are done with tile j-1's slot: refill it with tile j-1+STAGES
+            cta_barrier()
+            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, j - 1 + STAGES,
+                    j - 1 + STAGES < n_tiles, BLOCK_N, STAGES)
+
+        # the last tile's P V
+        last = n_tiles - 1
+        mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+        o = warpgroup_mma(p, v_smem.index(last % STAGES), o, is_async=True)
+        o = warpgroup_mma_wait(0, deps=(o,))
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+
+        # every row saw at least one key (the wrapper refuses inputs where one would not)
+        row_sum_o = gl.convert_layout(row_sum, row_of_o)
+        o = o / gl.expand_dims(row_sum_o, 1)
+        lse = (row_max + gl.log2(row_sum)) * LN2
+        gl.store(LSE + bh.to(gl.int64) * seq_q + rows, lse)
+        q_smem.store(o.to(dtype))   # Q is no longer needed: its buffer carries O out
+        fence_async_shared()
+        cta_barrier()
+        tma_store(o_desc, [q_row, 0], q_smem)
+        tma.store_wait(0)
+
+
+def _shared_layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+def check_inputs(q, k, v, causal: bool, block_n: int = 128, stages: int = 2) -> None:
+    """Everything this kernel assumes, each with an error that names the argument
+    (the device last, so that every other error shows on any machine)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (batch, heads, seq, head_dim), got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if x.dtype not in DTYPES:
+            raise TypeError(f"{name} must be float16 or bfloat16 for the Gluon kernel, got {x.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    batch, heads, seq_q, d = q.shape
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != d:
+        raise ValueError(f"k and v must both be (batch={batch}, kv_heads, seq_k, head_dim={d}), "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if heads % k.shape[1]:
+        raise ValueError(f"q's heads ({heads}) must be a multiple of k's heads ({k.shape[1]})")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS} for the Gluon kernel, got {d}")
+    if block_n not in (64, 128):
+        raise ValueError(f"block_n must be 64 or 128, got {block_n}")
+    if stages not in (2, 3):
+        raise ValueError(f"stages must be 2 or 3, got {stages}")
+    seq_k = k.shape[2]
+    if seq_q % BLOCK_M or seq_k % block_n:
+        raise ValueError(f"the Gluon kernel needs seq_q a multiple of {BLOCK_M} and seq_k a multiple of "
+                         f"block_n={block_n}, got seq_q={seq_q}, seq_k={seq_k}; flash_attention takes any length")
+    if causal and seq_q > seq_k:
+        raise ValueError(f"the causal Gluon kernel needs seq_q <= seq_k (every row must see a key), got "
+                         f"seq_q={seq_q}, seq_k={seq_k}; flash_attention handles rows that see no key")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
+    if not HAS_GLUON:
+        raise RuntimeError("the Gluon kernel needs Triton's Gluon (triton >= 3.4); use flash_attention")
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        raise ValueError(f"q, k and v must be on a Hopper GPU (sm_90) for the Gluon kernel, got {q.device}; "
+                         "flash_attention runs everywhere")
+
+
+def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_n: int = 128,
+                  stages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward on a Hopper GPU with the Gluon kernel: returns ``(o, lse)`` as ``flash_forward`` does.
+
+    q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
+    of kv_heads (GQA). ``block_n`` is the key tile (64 or 128), ``stages`` the
+    number of K/V tiles in flight (2 or 3).
+    """
+    check_inputs(q, k, v, causal, block_n, stages)
+    scale = resolve_scale(scale, q.shape[-1])
+    batch, heads, seq_q, d = q.shape
+    seq_k = k.shape[2]
+    q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
+    q_desc = TensorDescriptor.from_tensor(q2, [BLOCK_M, d], _shared_layout([BLOCK_M, d], q.dtype))
+    o_desc = TensorDescriptor.from_tensor(o.view(-1, d), [BLOCK_M, d], _shared_layout([BLOCK_M, d], q.dtype))
+    k_desc = TensorDescriptor.from_tensor(k2, [block_n, d], _shared_layout([block_n, d], q.dtype))
+    v_desc = TensorDescriptor.from_tensor(v2, [block_n, d], _shared_layout([block_n, d], q.dtype))
+    grid = (seq_q // BLOCK_M, batch * heads)
+    _gluon_attn_fwd[grid](q_desc, k_desc, v_desc, o_desc, lse,
+                          heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value,
+                          HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
+                          num_warps=NUM_WARPS)
+    return o, lse
+
+
+def gluon_attention(q, k, v, *, causal: bool = False, scale=None):
+    """Differentiable attention whose forward is the Gluon kernel and whose backward is
+    chapter 8's (``flash_backward``, from the o and lse the Gluon kernel saved)."""
+    from .autograd import FlashAttention
+
+    check_inputs(q, k, v, causal)
+    return FlashAttention.apply(q, k, v, causal, scale, "separate", gluon_forward)
