@@ -22,15 +22,17 @@ import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton i
 from flashbook.kernels.hopper import gluon_forward  # noqa: E402
 from hopper_fwd_experiment import run_tutorial_shapes  # noqa: E402  (beside this script)
 
-#: (block_n, stages) of the Gluon kernel; BLOCK_M is 128 (two warpgroups of 64 rows)
-GLUON_CONFIGS = ((128, 2), (64, 2), (128, 3), (64, 3))
+#: (block_m, block_n, stages) of the Gluon kernel by head_dim: 128 rows are two warpgroups
+#: in one program; 64 rows one warpgroup, with shared memory small enough for two programs per SM
+GLUON_CONFIGS = {128: ((128, 128, 3), (64, 64, 3), (64, 64, 2), (64, 128, 3)),
+                 64: ((128, 128, 3), (64, 64, 3), (64, 64, 4), (64, 128, 3), (64, 128, 2))}
 
 
 def variants_for(q, k, v, causal):
-    return [(f"gluon n{block_n} s{stages}",
-             lambda block_n=block_n, stages=stages: gluon_forward(q, k, v, causal=causal, block_n=block_n,
-                                                                   stages=stages))
-            for block_n, stages in GLUON_CONFIGS]
+    return [(f"gluon m{block_m} n{block_n} s{stages}",
+             lambda block_m=block_m, block_n=block_n, stages=stages: gluon_forward(
+                 q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages))
+            for block_m, block_n, stages in GLUON_CONFIGS[q.shape[-1]]]
 
 
 if __name__ == "__main__":

@@ -49,8 +49,8 @@ from .forward import LN2, LOG2E
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
-BLOCK_M = 128          # query rows per program: two warpgroups of 64 rows
-NUM_WARPS = 8
+BLOCK_MS = (64, 128)   # query rows per program: one warpgroup (4 warps) per 64 rows
+STAGES = (2, 3, 4)     # K/V tiles in flight
 
 
 def available(device: torch.device | str | None = None) -> bool:
@@ -230,7 +230,7 @@ def _shared_layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, gl.float16 if dtype == torch.float16 else gl.bfloat16)
 
 
-def check_inputs(q, k, v, causal: bool, block_n: int = 128, stages: int = 2) -> None:
+def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3) -> None:
     """Everything this kernel assumes, each with an error that names the argument
     (the device last, so that every other error shows on any machine)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -249,13 +249,15 @@ def check_inputs(q, k, v, causal: bool, block_n: int = 128, stages: int = 2) -> 
         raise ValueError(f"q's heads ({heads}) must be a multiple of k's heads ({k.shape[1]})")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} for the Gluon kernel, got {d}")
+    if block_m not in BLOCK_MS:
+        raise ValueError(f"block_m must be one of {BLOCK_MS}, got {block_m}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n}")
-    if stages not in (2, 3):
-        raise ValueError(f"stages must be 2 or 3, got {stages}")
+    if stages not in STAGES:
+        raise ValueError(f"stages must be one of {STAGES}, got {stages}")
     seq_k = k.shape[2]
-    if seq_q % BLOCK_M or seq_k % block_n:
-        raise ValueError(f"the Gluon kernel needs seq_q a multiple of {BLOCK_M} and seq_k a multiple of "
+    if seq_q % block_m or seq_k % block_n:
+        raise ValueError(f"the Gluon kernel needs seq_q a multiple of block_m={block_m} and seq_k a multiple of "
                          f"block_n={block_n}, got seq_q={seq_q}, seq_k={seq_k}; flash_attention takes any length")
     if causal and seq_q > seq_k:
         raise ValueError(f"the causal Gluon kernel needs seq_q <= seq_k (every row must see a key), got "
@@ -270,30 +272,31 @@ def check_inputs(q, k, v, causal: bool, block_n: int = 128, stages: int = 2) -> 
                          "flash_attention runs everywhere")
 
 
-def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_n: int = 128,
-                  stages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int = 64, block_n: int = 128,
+                  stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on a Hopper GPU with the Gluon kernel: returns ``(o, lse)`` as ``flash_forward`` does.
 
     q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
-    of kv_heads (GQA). ``block_n`` is the key tile (64 or 128), ``stages`` the
-    number of K/V tiles in flight (2 or 3).
+    of kv_heads (GQA). ``block_m`` query rows per program (64: one warpgroup, so
+    that two programs share an SM; 128: two warpgroups), ``block_n`` keys per tile
+    (64 or 128), ``stages`` K/V tiles in flight (2 to 4).
     """
-    check_inputs(q, k, v, causal, block_n, stages)
+    check_inputs(q, k, v, causal, block_m, block_n, stages)
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, seq_q, d = q.shape
     seq_k = k.shape[2]
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
-    q_desc = TensorDescriptor.from_tensor(q2, [BLOCK_M, d], _shared_layout([BLOCK_M, d], q.dtype))
-    o_desc = TensorDescriptor.from_tensor(o.view(-1, d), [BLOCK_M, d], _shared_layout([BLOCK_M, d], q.dtype))
-    k_desc = TensorDescriptor.from_tensor(k2, [block_n, d], _shared_layout([block_n, d], q.dtype))
-    v_desc = TensorDescriptor.from_tensor(v2, [block_n, d], _shared_layout([block_n, d], q.dtype))
-    grid = (seq_q // BLOCK_M, batch * heads)
+    q_desc, o_desc = (TensorDescriptor.from_tensor(x, [block_m, d], _shared_layout([block_m, d], q.dtype))
+                      for x in (q2, o.view(-1, d)))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(x, [block_n, d], _shared_layout([block_n, d], q.dtype))
+                      for x in (k2, v2))
+    grid = (seq_q // block_m, batch * heads)
     _gluon_attn_fwd[grid](q_desc, k_desc, v_desc, o_desc, lse,
                           heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value,
-                          HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
-                          num_warps=NUM_WARPS)
+                          HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
+                          num_warps=block_m // 16)
     return o, lse
 
 
