@@ -22,17 +22,21 @@ import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton i
 from flashbook.kernels.hopper import gluon_forward  # noqa: E402
 from hopper_fwd_experiment import run_tutorial_shapes  # noqa: E402  (beside this script)
 
-#: (block_m, block_n, stages) of the Gluon kernel by head_dim: 128 rows are two warpgroups
+#: (block_m, block_n, stages, schedule) of the Gluon kernel by head_dim: 128 rows are two warpgroups
 #: in one program; 64 rows one warpgroup, with shared memory small enough for two programs per SM
-GLUON_CONFIGS = {128: ((128, 128, 3), (64, 64, 3), (64, 64, 2), (64, 128, 3)),
-                 64: ((128, 128, 3), (64, 64, 3), (64, 64, 4), (64, 128, 3), (64, 128, 2))}
+GLUON_CONFIGS = {
+    128: ((64, 64, 3, "overlap"), (128, 128, 3, "overlap"),
+          (128, 128, 2, "producer"), (128, 128, 3, "producer"), (128, 64, 3, "producer"),
+          (128, 128, 2, "pingpong"), (128, 128, 3, "pingpong"), (128, 64, 3, "pingpong"), (128, 64, 4, "pingpong")),
+    64: ((64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (64, 128, 3, "overlap"),
+         (128, 128, 3, "producer"), (128, 128, 3, "pingpong"), (128, 128, 4, "pingpong"), (128, 64, 4, "pingpong"))}
 
 
 def variants_for(q, k, v, causal):
-    return [(f"gluon m{block_m} n{block_n} s{stages}",
-             lambda block_m=block_m, block_n=block_n, stages=stages: gluon_forward(
-                 q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages))
-            for block_m, block_n, stages in GLUON_CONFIGS[q.shape[-1]]]
+    return [(f"gluon {schedule} m{block_m} n{block_n} s{stages}",
+             lambda block_m=block_m, block_n=block_n, stages=stages, schedule=schedule: gluon_forward(
+                 q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages, schedule=schedule))
+            for block_m, block_n, stages, schedule in GLUON_CONFIGS[q.shape[-1]]]
 
 
 if __name__ == "__main__":

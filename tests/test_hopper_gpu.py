@@ -4,7 +4,7 @@ Every case runs forward and backward (the backward is chapter 8's, from the o an
 the Gluon kernel saved) against the float64 truth, with the book's yardstick: at most
 twice the error of plain PyTorch attention computed in the input dtype. Shapes cover
 batch > 1, GQA and MQA, seq_q != seq_k (causal, diagonal bottom-right), both head dims,
-both key tiles and both ring depths, float16 and bfloat16, with fresh random inputs.
+both key tiles, ring depths of 2 to 4, each schedule (``hopper.SCHEDULES``), float16 and bfloat16, with fresh random inputs.
 """
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("block_m,block_n,stages", [(64, 64, 3), (64, 128, 2), (128, 128, 3), (128, 64, 4)])
+@pytest.mark.parametrize("block_m,block_n,stages,schedule", [
+    (64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (128, 128, 3, "overlap"), (128, 64, 4, "overlap"),
+    (128, 128, 2, "producer"), (128, 64, 3, "producer"), (128, 128, 3, "pingpong"), (128, 64, 2, "pingpong")])
 @pytest.mark.parametrize("case", list(CASES))
-def test_gluon_against_float64(case, block_m, block_n, stages, dtype):
+def test_gluon_against_float64(case, block_m, block_n, stages, schedule, dtype):
     b, h, h_kv, n_q, n_k, d, causal = CASES[case]
     seed = random.randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -39,7 +41,8 @@ def test_gluon_against_float64(case, block_m, block_n, stages, dtype):
     k = torch.randn(b, h_kv, n_k, d, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(b, h_kv, n_k, d, device="cuda", dtype=dtype, generator=gen)
     do = torch.randn(b, h, n_q, d, device="cuda", dtype=dtype, generator=gen)
-    o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages)
+    o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
+                                  schedule=schedule)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     o_ag = hopper.gluon_attention(*leaves, causal=causal)
     o_ag.backward(do)

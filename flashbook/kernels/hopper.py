@@ -51,6 +51,12 @@ HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_MS = (64, 128)   # query rows per program: one warpgroup (4 warps) per 64 rows
 STAGES = (2, 3, 4)     # K/V tiles in flight
+#: how the work of one program is laid out in time (chapter 10):
+#: "overlap"  every warp loads and computes; S_{j} and P_{j-1} V_{j-1} overlap the softmax
+#: "producer" a producer warp does every load; two consumer warpgroups compute
+#: "pingpong" as "producer", and the consumers take turns on the tensor cores
+SCHEDULES = ("overlap", "producer", "pingpong")
+CONSUMER_REGS = 240    # registers per consumer thread under warp specialisation (the producer keeps 24)
 
 
 def available(device: torch.device | str | None = None) -> bool:
@@ -109,14 +115,68 @@ if HAS_GLUON:
         return p, new_max, row_sum, alpha
 
     @gluon.jit
-    def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
-                        n_heads, group, seq_q, seq_k, qk_scale,
-                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """One program: one 128-row query tile of one (batch, head), as in chapter 7's
-        grid. q/o descriptors view Q and O as (batch*heads*seq_q, HEAD_DIM), k/v as
-        (batch*kv_heads*seq_k, HEAD_DIM)."""
-        dtype: gl.constexpr = q_desc.dtype
+    def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+        """This program's query tile and the key tiles it visits (the same rule as chapter 7).
+
+        Returns (start_m, q_row, kv_row, n_tiles): the tile's first query row, its row in
+        the (batch*heads*seq_q, d) view of Q and O, the first row of its K/V head in the
+        (batch*kv_heads*seq_k, d) view of K and V, and how many key tiles it visits.
+        """
+        pid_m = gl.program_id(0)
+        if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        bh = gl.program_id(1)
+        b = bh // n_heads
+        h = bh % n_heads
+        start_m = pid_m * BLOCK_M
+        q_row = bh * seq_q + start_m
+        kv_row = (b * (n_heads // group) + h // group) * seq_k
+        if CAUSAL:  # the tile's last row sees keys up to start_m + BLOCK_M - 1 + (seq_k - seq_q)
+            hi = gl.minimum(start_m + BLOCK_M + seq_k - seq_q, seq_k)
+        else:
+            hi = seq_k
+        return start_m, q_row, kv_row, gl.cdiv(hi, BLOCK_N)
+
+    @gluon.jit
+    def take_turn(pp_bars, step, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Ping-pong: wait until it is this warpgroup's turn to issue its matrix products."""
+        if PINGPONG:
+            mbarrier.wait(pp_bars.index(WG), step & 1)
+
+    @gluon.jit
+    def pass_turn(pp_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Ping-pong: this warpgroup's products are issued; the other one may issue its own."""
+        if PINGPONG:
+            mbarrier.arrive(pp_bars.index(1 - WG))
+
+    @gluon.jit
+    def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, tile, n_tiles,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
+        """Key tile ``tile`` is finished with. With a producer warp, say so on the slot's
+        ``kv_empty`` barrier; without one, refill the slot with tile ``tile + STAGES``
+        once every warp of this program is done with it."""
+        if PRODUCER:
+            mbarrier.arrive(kv_empty.index(tile % STAGES))
+        else:
+            cta_barrier()
+            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile + STAGES,
+                    tile + STAGES < n_tiles, BLOCK_N, STAGES)
+
+    @gluon.jit
+    def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bars,
+                     k_desc, v_desc, kv_row, first_row, n_tiles, diagonal, qk_scale,
+                     ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
+                     PRODUCER: gl.constexpr, PINGPONG: gl.constexpr):
+        """The online softmax over all key tiles for ``ROWS`` query rows (in q_smem),
+        held by the warps that call it (one or two warpgroups). Returns (o, row_max,
+        row_sum), o not yet divided by row_sum.
+
+        Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} without waiting, then runs
+        the softmax of S_j while the tensor cores compute P_{j-1} V_{j-1}.
+        """
+        dtype: gl.constexpr = k_smem.dtype
         warps: gl.constexpr = gl.num_warps()
         # Each warp owns 16 rows of every tile; the MMA's n is the tile's width.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -125,58 +185,22 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_of_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_of_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        pid_m = gl.program_id(0)
-        if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        bh = gl.program_id(1)
-        b = bh // n_heads
-        h = bh % n_heads
-        kv_heads = n_heads // group
-        start_m = pid_m * BLOCK_M
-        q_row = bh * seq_q + start_m
-        kv_row = (b * kv_heads + h // group) * seq_k
-
-        # which key tiles this query tile visits, and from which one on they need the causal mask
-        diagonal = seq_k - seq_q
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M + diagonal, seq_k)
-            full_end = gl.minimum(start_m + diagonal + 1, seq_k)
-        else:
-            hi = seq_k
-            full_end = seq_k
-        n_tiles = gl.cdiv(hi, BLOCK_N)
-
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-        fence_async_shared()
-
-        # Q, then the first STAGES key/value tiles, all in flight at once
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma_load(q_desc, [q_row, 0], q_bar, q_smem)
-        for i in gl.static_range(STAGES):
-            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, i, i < n_tiles, BLOCK_N, STAGES)
-
-        rows = start_m + gl.arange(0, BLOCK_M, layout=row_of_s)
+        # keys below full_end are visible to every row here: no mask needed
+        full_end = gl.minimum(first_row + diagonal + 1, n_tiles * BLOCK_N)
+        rows = first_row + gl.arange(0, ROWS, layout=row_of_s)
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_of_s)
-        row_sum = gl.zeros([BLOCK_M], gl.float32, row_of_s)
-        o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+        row_max = gl.full([ROWS], float("-inf"), gl.float32, row_of_s)
+        row_sum = gl.zeros([ROWS], gl.float32, row_of_s)
+        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
-        # tile 0: S_0 = Q K_0^T, its softmax; nothing to overlap with yet
+        # tile 0: S_0 = Q K_0^T and its softmax; nothing to overlap with yet
         mbarrier.wait(q_bar, 0)
         mbarrier.wait(k_bars.index(0), 0)
+        take_turn(pp_bars, 0, WG, PINGPONG)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        pass_turn(pp_bars, WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s,))
         p, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, offs_n, diagonal, qk_scale,
                                                   on_diagonal(0, full_end, BLOCK_N, CAUSAL))
@@ -187,50 +211,163 @@ if HAS_GLUON:
             prev = (j - 1) % STAGES
             # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; wait only for S_j
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            take_turn(pp_bars, j, WG, PINGPONG)
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             o = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+            pass_turn(pp_bars, WG, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s,))
             # the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1}
             start_n = j * BLOCK_N
-            p_next, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, start_n + offs_n, diagonal,
-                                                           qk_scale, on_diagonal(start_n, full_end, BLOCK_N, CAUSAL))
+            p_next, row_max, row_sum, alpha = softmax_step(
+                s, row_max, row_sum, rows, start_n + offs_n, diagonal, qk_scale,
+                on_diagonal(start_n, full_end, BLOCK_N, CAUSAL))
             o = warpgroup_mma_wait(0, deps=(o,))
-            o = o * gl.expand_dims(gl.convert_layout(alpha, row_of_o), 1)
+            release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, j - 1, n_tiles,
+                         BLOCK_N, STAGES, PRODUCER)
+            o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             p = gl.convert_layout(p_next.to(dtype), p_layout)
-            # both warpgroups are done with tile j-1's slot: refill it with tile j-1+STAGES
-            cta_barrier()
-            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, j - 1 + STAGES,
-                    j - 1 + STAGES < n_tiles, BLOCK_N, STAGES)
 
         # the last tile's P V
         last = n_tiles - 1
         mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+        take_turn(pp_bars, n_tiles, WG, PINGPONG)
         o = warpgroup_mma(p, v_smem.index(last % STAGES), o, is_async=True)
+        pass_turn(pp_bars, WG, PINGPONG)
         o = warpgroup_mma_wait(0, deps=(o,))
+        if PRODUCER:
+            mbarrier.arrive(kv_empty.index(last % STAGES))
+        return o, row_max, row_sum
 
-        mbarrier.invalidate(q_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(k_bars.index(i))
-            mbarrier.invalidate(v_bars.index(i))
-
-        # every row saw at least one key (the wrapper refuses inputs where one would not)
-        row_sum_o = gl.convert_layout(row_sum, row_of_o)
+    @gluon.jit
+    def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, lse_ptrs):
+        """Divide by the row sums, store lse = ln(sum of exp) per row, and send O out by
+        TMA through ``o_smem`` (Q's buffer, which no product reads any more). Every row
+        saw at least one key: the wrapper refuses inputs where one would not."""
+        row_sum_o = gl.convert_layout(row_sum, gl.SliceLayout(1, o.type.layout))
         o = o / gl.expand_dims(row_sum_o, 1)
-        lse = (row_max + gl.log2(row_sum)) * LN2
-        gl.store(LSE + bh.to(gl.int64) * seq_q + rows, lse)
-        q_smem.store(o.to(dtype))   # Q is no longer needed: its buffer carries O out
+        gl.store(lse_ptrs, (row_max + gl.log2(row_sum)) * LN2)
+        o_smem.store(o.to(o_smem.dtype))
         fence_async_shared()
         cta_barrier()
-        tma_store(o_desc, [q_row, 0], q_smem)
+        tma_store(o_desc, [o_row, 0], o_smem)
         tma.store_wait(0)
+
+    @gluon.jit
+    def init_barriers(bars, NUM: gl.constexpr, COUNT: gl.constexpr):
+        """Initialise NUM mbarriers, each completing after COUNT arrivals."""
+        for i in gl.static_range(NUM):
+            mbarrier.init(bars.index(i), count=COUNT)
+
+    @gluon.jit
+    def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
+                        n_heads, group, seq_q, seq_k, qk_scale,
+                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """One program: one BLOCK_M-row query tile of one (batch, head), chapter 7's grid;
+        its warps load the K/V tiles themselves. q/o descriptors view Q and O as
+        (batch*heads*seq_q, HEAD_DIM), k/v as (batch*kv_heads*seq_k, HEAD_DIM)."""
+        dtype: gl.constexpr = q_desc.dtype
+        start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        init_barriers(k_bars, STAGES, 1)
+        init_barriers(v_bars, STAGES, 1)
+        fence_async_shared()
+
+        # Q, then the first STAGES key/value tiles, all in flight at once
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma_load(q_desc, [q_row, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, i, i < n_tiles, BLOCK_N, STAGES)
+
+        o, row_max, row_sum = attend_tiles(
+            q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
+            start_m, n_tiles, seq_k - seq_q, qk_scale,
+            BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False)
+        rows = start_m + gl.arange(0, BLOCK_M, layout=row_max.type.layout)
+        write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+
+    @gluon.jit
+    def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
+                 k_desc, v_desc, o_desc, LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
+                 HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr):
+        """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*HALF, (WG+1)*HALF) of the tile."""
+        first_row = start_m + WG * HALF
+        o, row_max, row_sum = attend_tiles(
+            q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
+            k_desc, v_desc, kv_row, first_row, n_tiles, seq_k - seq_q, qk_scale,
+            HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG)
+        rows = first_row + gl.arange(0, HALF, layout=row_max.type.layout)
+        write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * HALF,
+                   LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+
+    @gluon.jit
+    def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
+                 q_row, kv_row, n_tiles, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The producer warp: both halves of Q, then every K/V tile into the ring as soon
+        as both warpgroups have released the slot's previous tile."""
+        for wg in gl.static_range(2):
+            mbarrier.expect(q_bars.index(wg), q_desc.block_type.nbytes)
+            tma_load(q_desc, [q_row + wg * HALF, 0], q_bars.index(wg), q_smem.index(wg))
+        for t in range(n_tiles):
+            mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) - 1) & 1, pred=t >= STAGES)
+            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, t, True, BLOCK_N, STAGES)
+
+    @gluon.jit
+    def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
+                           n_heads, group, seq_q, seq_k, qk_scale,
+                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                           CONSUMER_REGS: gl.constexpr):
+        """Warp-specialised: two consumer warpgroups of BLOCK_M/2 rows each (the default
+        partition and a 4-warp worker) and a 1-warp producer that does every load.
+        With PINGPONG the consumers take turns to issue their matrix products, so that
+        one's softmax runs while the other's products occupy the tensor cores."""
+        HALF: gl.constexpr = BLOCK_M // 2
+        dtype: gl.constexpr = q_desc.dtype
+        start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        pp_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        init_barriers(q_bars, 2, 1)
+        init_barriers(k_bars, STAGES, 1)
+        init_barriers(v_bars, STAGES, 1)
+        init_barriers(kv_empty, STAGES, 2)   # both consumer warpgroups release each tile
+        init_barriers(pp_bars, 2, 1)
+        fence_async_shared()
+        if PINGPONG:
+            mbarrier.arrive(pp_bars.index(0))   # warpgroup 0 takes the first turn
+
+        gl.warp_specialize([
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
+                        LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
+                        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 0)),
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
+                        LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
+                        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 1)),
+            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
+                        q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def _shared_layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, gl.float16 if dtype == torch.float16 else gl.bfloat16)
 
 
-def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3) -> None:
+def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
+                 schedule: str = "overlap") -> None:
     """Everything this kernel assumes, each with an error that names the argument
     (the device last, so that every other error shows on any machine)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -249,8 +386,13 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
         raise ValueError(f"q's heads ({heads}) must be a multiple of k's heads ({k.shape[1]})")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} for the Gluon kernel, got {d}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if block_m not in BLOCK_MS:
         raise ValueError(f"block_m must be one of {BLOCK_MS}, got {block_m}")
+    if schedule != "overlap" and block_m != 128:
+        raise ValueError(f"schedule={schedule!r} splits a 128-row tile between two warpgroups: block_m must be "
+                         f"128, got {block_m}")
     if block_n not in (64, 128):
         raise ValueError(f"block_n must be 64 or 128, got {block_n}")
     if stages not in STAGES:
@@ -273,30 +415,35 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
 
 
 def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int = 64, block_n: int = 128,
-                  stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+                  stages: int = 3, schedule: str = "overlap") -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on a Hopper GPU with the Gluon kernel: returns ``(o, lse)`` as ``flash_forward`` does.
 
     q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
     of kv_heads (GQA). ``block_m`` query rows per program (64: one warpgroup, so
     that two programs share an SM; 128: two warpgroups), ``block_n`` keys per tile
-    (64 or 128), ``stages`` K/V tiles in flight (2 to 4).
+    (64 or 128), ``stages`` K/V tiles in flight (2 to 4), ``schedule`` one of
+    ``SCHEDULES`` ("producer" and "pingpong" take block_m=128).
     """
-    check_inputs(q, k, v, causal, block_m, block_n, stages)
+    check_inputs(q, k, v, causal, block_m, block_n, stages, schedule)
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, seq_q, d = q.shape
     seq_k = k.shape[2]
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
-    q_desc, o_desc = (TensorDescriptor.from_tensor(x, [block_m, d], _shared_layout([block_m, d], q.dtype))
+    q_rows = block_m if schedule == "overlap" else block_m // 2   # the rows one warpgroup set loads and stores
+    q_desc, o_desc = (TensorDescriptor.from_tensor(x, [q_rows, d], _shared_layout([q_rows, d], q.dtype))
                       for x in (q2, o.view(-1, d)))
     k_desc, v_desc = (TensorDescriptor.from_tensor(x, [block_n, d], _shared_layout([block_n, d], q.dtype))
                       for x in (k2, v2))
     grid = (seq_q // block_m, batch * heads)
-    _gluon_attn_fwd[grid](q_desc, k_desc, v_desc, o_desc, lse,
-                          heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value,
-                          HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
-                          num_warps=block_m // 16)
+    args = (q_desc, k_desc, v_desc, o_desc, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
+    shape = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal))
+    if schedule == "overlap":
+        _gluon_attn_fwd[grid](*args, **shape, num_warps=block_m // 16)
+    else:
+        _gluon_attn_fwd_ws[grid](*args, **shape, PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS,
+                                 num_warps=4)
     return o, lse
 
 

@@ -1,0 +1,60 @@
+"""The Gluon kernel's input checks (``flashbook.kernels.hopper``), on any machine.
+
+Each wrong input gets an error that names the argument and what was expected,
+before anything is launched; the kernel itself runs in ``test_hopper_gpu.py``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashbook.kernels import hopper
+
+
+def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(b, h, n_q, d, generator=gen).to(dtype),
+            torch.randn(b, h_kv, n_k, d, generator=gen).to(dtype),
+            torch.randn(b, h_kv, n_k, d, generator=gen).to(dtype))
+
+
+@pytest.mark.parametrize("change,kwargs,error,words", [
+    (dict(dtype=torch.float32), {}, TypeError, "float16 or bfloat16"),
+    (dict(d=80), {}, ValueError, "head_dim must be one of (64, 128)"),
+    (dict(n_q=200), {}, ValueError, "seq_q=200"),
+    (dict(n_k=200), {}, ValueError, "seq_k=200"),
+    (dict(n_q=512, n_k=256), dict(causal=True), ValueError, "seq_q <= seq_k"),
+    (dict(h=3, h_kv=2), {}, ValueError, "multiple of k's heads"),
+    ({}, dict(block_n=32), ValueError, "block_n must be 64 or 128, got 32"),
+    ({}, dict(stages=5), ValueError, "stages must be one of (2, 3, 4), got 5"),
+    ({}, dict(block_m=32), ValueError, "block_m must be one of (64, 128), got 32"),
+    ({}, dict(schedule="fast"), ValueError, "schedule must be one of"),
+    ({}, dict(schedule="pingpong", block_m=64), ValueError, "block_m must be 128"),
+])
+def test_bad_input_is_named(change, kwargs, error, words):
+    q, k, v = qkv(**change)
+    with pytest.raises(error) as info:
+        hopper.gluon_forward(q, k, v, **kwargs)
+    assert words in str(info.value)
+
+
+def test_mismatched_k_and_v():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="k and v must both be"):
+        hopper.gluon_forward(q, k, v[:, :, :128])
+    with pytest.raises(ValueError, match="4-D tensor"):
+        hopper.gluon_forward(q[0], k, v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        hopper.gluon_forward(q, k, v.to(torch.bfloat16))
+
+
+def test_good_input_off_hopper_says_where_it_runs():
+    """Valid shapes on a machine without a Hopper GPU: the error says so, and what runs instead."""
+    q, k, v = qkv()
+    if hopper.available():
+        pytest.skip("this machine has a Hopper GPU: the kernel runs here (test_hopper_gpu.py)")
+    with pytest.raises((ValueError, RuntimeError), match="flash_attention"):
+        hopper.gluon_forward(q, k, v)
+    with pytest.raises((ValueError, RuntimeError), match="flash_attention"):
+        hopper.gluon_attention(q, k, v, causal=True)
+    assert hopper.available() is False
