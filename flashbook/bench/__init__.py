@@ -48,7 +48,7 @@ from .readback import (  # noqa: F401
     roofline_points, roofline_ceilings, seed_shape_rows, block_shared_bytes, block_fits,
     best_blocks, BlockState, block_state, HOPPER_EXPERIMENT, AUTOTUNE_RUN,
     load_recorded_json, load_hopper_experiment, hopper_experiment_table, LAZY_EXPERIMENT,
-    STATIC_SHAPE_EXPERIMENT, variant_table,
+    STATIC_SHAPE_EXPERIMENT, variant_table, GLUON_EXPERIMENTS, GLUON_SCHEDULES, gluon_schedule_table,
 )
 from .peer import (  # noqa: F401
     DEFAULT_FUNC, PEER_ROWS, PEER_SEQS, PEER_HEAD_DIMS, PEER_DTYPE, COMPARED, PeerSpec, split_peer,

@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import runtime
 from .harness import MODEL_WIDTH, RESULT_FIELDS, TOKENS, make_shapes, run_sweep
 from .impls import IMPLEMENTATIONS, flashbook_impls
-from .peer import (PEER_DTYPE, PEER_FIELDS, PEER_HEAD_DIMS, PEER_SEQS, SHAPES_HELP,
+from .peer import (COMPARED, PEER_DTYPE, PEER_FIELDS, PEER_HEAD_DIMS, PEER_SEQS, SHAPES_HELP,
                    format_peer_table, load_peer, peer_provenance, peer_shapes, run_peer)
 from .records import (collect_provenance, default_out_dir, format_block_table, format_ladder_table,
                       format_table, gpu_info, write_csv, write_provenance)
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
                     f"{len(block_configs())} configs x {len(args.shapes)} shapes")
         run, table, csv_name, fields, row = run_block_sweep, format_block_table, "blocks.csv", BLOCK_FIELDS, "config"
     elif args.peer is not None:
-        headline = (f"{args.peer.path}:{args.peer.func} beside flashbook and sdpa-flash on "
+        headline = (f"{args.peer.path}:{args.peer.func} beside {', '.join(COMPARED)} on "
                     f"{gpu['name']}, {args.dtype}: {len(args.shapes)} shapes")
         run, table, csv_name, fields, row = run_peer, format_peer_table, "peer.csv", PEER_FIELDS, "implementation"
     else:

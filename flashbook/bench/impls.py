@@ -48,15 +48,18 @@ def sdpa_attention(backend: str):
 
 
 def flashbook_impls() -> dict:
-    """This book's kernels: ``flashbook`` (separate dQ kernel) and ``flashbook-<mode>``
-    for every other ``dq_mode`` of ``flash_attention`` (the atomic-dQ backward).
-    Raises ImportError if the kernels cannot load."""
-    from ..kernels import DQ_MODES, flash_attention
+    """This book's kernels: ``flashbook`` (separate dQ kernel), ``flashbook-<mode>``
+    for every other ``dq_mode`` of ``flash_attention`` (the atomic-dQ backward), and
+    ``flashbook-gluon`` (chapter 10's Gluon forward with chapter 8's backward) on a
+    Hopper GPU. Raises ImportError if the kernels cannot load."""
+    from ..kernels import DQ_MODES, flash_attention, hopper
 
     found = {"flashbook": flash_attention}
     for mode in DQ_MODES:
         if mode != "separate":
             found[f"flashbook-{mode}"] = functools.partial(flash_attention, dq_mode=mode)
+    if hopper.available():
+        found["flashbook-gluon"] = hopper.gluon_attention
     return found
 
 
@@ -68,6 +71,8 @@ def resolve_impl(name: str):
         return sdpa_attention(name)
     if name == "flashbook" or name.startswith("flashbook-"):
         variants = flashbook_impls()
+        if name == "flashbook-gluon" and name not in variants:
+            raise ImportError("flashbook-gluon needs a Hopper GPU (sm_90) and Triton's Gluon")
         if name not in variants:
             raise ValueError(f"unknown implementation {name!r}; flashbook's are {sorted(variants)}")
         return variants[name]

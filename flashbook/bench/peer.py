@@ -44,7 +44,7 @@ PEER_HEAD_DIMS = (64, 128)
 PEER_DTYPE = "fp16"
 
 #: What runs beside the peer, in the order the CSV lists them.
-COMPARED = ("flashbook", "sdpa-flash")
+COMPARED = ("flashbook", "flashbook-gluon", "sdpa-flash")
 
 SHAPES_HELP = (f"batch 1, heads = {PEER_ROWS} // N (same total work at every N), because "
                "the Triton tutorial's TMA path is only right at batch 1")
@@ -285,7 +285,7 @@ def peer_provenance(prov: dict, args) -> dict:
         "fwd_vs_peer, bwd_vs_peer: the peer's median ms over this row's (> 1: faster than "
         "the peer), only where both rows passed the check; the forward and the backward "
         "are checked and timed separately, each with its own status")
-    prov["files"] = {"peer.csv": "one row per implementation (peer, flashbook, sdpa-flash) "
+    prov["files"] = {"peer.csv": f"one row per implementation ({', '.join(['peer', *COMPARED])}) "
                                  "and shape"}
     return prov
 
@@ -330,7 +330,8 @@ def format_peer_table(results) -> str:
 
 #: Recorded ``--peer`` runs on the H200, under the results root (chapter 10 reads them).
 PEER_RUNS = {"tutorial": "peer-tutorial-h200", "tutorial-d128": "peer-tutorial-h200-d128",
-             "cudnn": "peer-cudnn-h200"}
+             "cudnn": "peer-cudnn-h200", "tutorial-gluon": "peer-tutorial-gluon-h200",
+             "cudnn-bf16-gluon": "peer-cudnn-bf16-gluon-h200"}
 
 
 def load_peer_run(name: str, root=None):
@@ -348,7 +349,8 @@ def load_peer_run(name: str, root=None):
 def peer_ratio_table(frame):
     """One row per shape and pass of a recorded peer run: the peer's and flashbook's TFLOP/s,
     whether each passed the float64 check, and flashbook over the peer (NaN where either
-    failed its check or did not run)."""
+    failed its check or did not run). Runs that have a ``flashbook-gluon`` row (chapter 10's
+    Gluon forward) get ``gluon`` and ``gluon_over_peer`` columns the same way."""
     import pandas as pd
 
     keys = ["head_dim", "seq", "causal"]
@@ -356,10 +358,15 @@ def peer_ratio_table(frame):
     for key, g in frame.groupby(keys, sort=True):
         by = g.set_index("impl")
         for pass_ in ("fwd", "bwd"):
-            peer, ours = by.loc["peer"], by.loc["flashbook"]
-            ok = all(r[f"{pass_}_status"] == "ok" and r[f"{pass_}_check"] == "pass" for r in (peer, ours))
-            out.append({**dict(zip(keys, key)), "pass": pass_,
-                        "peer": peer[f"{pass_}_tflops"], "peer_check": peer[f"{pass_}_check"] or peer[f"{pass_}_status"],
-                        "flashbook": ours[f"{pass_}_tflops"],
-                        "flashbook_over_peer": ours[f"{pass_}_vs_peer"] if ok else float("nan")})
+            peer = by.loc["peer"]
+            row = {**dict(zip(keys, key)), "pass": pass_,
+                   "peer": peer[f"{pass_}_tflops"], "peer_check": peer[f"{pass_}_check"] or peer[f"{pass_}_status"]}
+            for impl, name in (("flashbook", "flashbook"), ("flashbook-gluon", "gluon")):
+                if impl not in by.index:
+                    continue
+                ours = by.loc[impl]
+                ok = all(r[f"{pass_}_status"] == "ok" and r[f"{pass_}_check"] == "pass" for r in (peer, ours))
+                row[name] = ours[f"{pass_}_tflops"]
+                row[f"{name}_over_peer"] = ours[f"{pass_}_vs_peer"] if ok else float("nan")
+            out.append(row)
     return pd.DataFrame(out)

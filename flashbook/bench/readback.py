@@ -615,6 +615,9 @@ def hopper_experiment_table(rows):
 #: runs, under the results root (chapter 10 reads them with ``variant_table``).
 LAZY_EXPERIMENT = "lazy_rescale_h200/lazy_rescale.json"
 STATIC_SHAPE_EXPERIMENT = "static_shape_h200.json"
+#: benchmarks/gluon_experiment.py's runs on the H200, by head_dim (chapter 10's Gluon kernel)
+GLUON_EXPERIMENTS = {128: "gluon_h200/gluon_d128.json", 64: "gluon_h200/gluon_d64.json"}
+GLUON_SCHEDULES = ("overlap", "producer", "pingpong")
 
 
 def variant_table(name: str, prefix: str, root=None):
@@ -642,3 +645,21 @@ def variant_table(name: str, prefix: str, root=None):
                     "best_err": float(best["max_abs_err_head0_vs_float64"]),
                     "flashbook_err": float(by.loc["flashbook", "max_abs_err_head0_vs_float64"])})
     return pd.DataFrame(out)
+
+
+def gluon_schedule_table(head_dim: int, root=None):
+    """Chapter 10's Gluon kernel at one head_dim: per dtype, length and mask, the library
+    kernel's and cuDNN's TFLOP/s and, for each schedule, its fastest configuration's
+    TFLOP/s (columns ``overlap``, ``producer``, ``pingpong``), that configuration's name
+    (``*_config``) and its largest error against float64 (``*_err``). None when the run
+    is not recorded."""
+    tables = [variant_table(GLUON_EXPERIMENTS[head_dim], f"gluon {schedule} ", root)
+              for schedule in GLUON_SCHEDULES]
+    if tables[0] is None:
+        return None
+    keys = ["dtype", "seq", "causal"]
+    out = tables[0][keys + ["flashbook", "cudnn", "flashbook_err"]].copy()
+    for schedule, t in zip(GLUON_SCHEDULES, tables):
+        out = out.merge(t[keys + ["best", "best_tflops", "best_err"]].rename(columns={
+            "best": f"{schedule}_config", "best_tflops": schedule, "best_err": f"{schedule}_err"}), on=keys)
+    return out

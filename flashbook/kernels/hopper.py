@@ -57,6 +57,9 @@ STAGES = (2, 3, 4)     # K/V tiles in flight
 #: "pingpong" as "producer", and the consumers take turns on the tensor cores
 SCHEDULES = ("overlap", "producer", "pingpong")
 CONSUMER_REGS = 240    # registers per consumer thread under warp specialisation (the producer keeps 24)
+#: (block_m, block_n, stages, schedule) used when none is given: the fastest of
+#: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes
+DEFAULTS = {128: (128, 128, 3, "producer"), 64: (64, 128, 2, "overlap")}
 
 
 def available(device: torch.device | str | None = None) -> bool:
@@ -414,16 +417,21 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
                          "flash_attention runs everywhere")
 
 
-def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int = 64, block_n: int = 128,
-                  stages: int = 3, schedule: str = "overlap") -> tuple[torch.Tensor, torch.Tensor]:
+def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
+                  block_n: int | None = None, stages: int | None = None,
+                  schedule: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on a Hopper GPU with the Gluon kernel: returns ``(o, lse)`` as ``flash_forward`` does.
 
     q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
     of kv_heads (GQA). ``block_m`` query rows per program (64: one warpgroup, so
     that two programs share an SM; 128: two warpgroups), ``block_n`` keys per tile
     (64 or 128), ``stages`` K/V tiles in flight (2 to 4), ``schedule`` one of
-    ``SCHEDULES`` ("producer" and "pingpong" take block_m=128).
+    ``SCHEDULES`` ("producer" and "pingpong" take block_m=128). What is not given comes
+    from ``DEFAULTS`` for the head_dim.
     """
+    default = DEFAULTS.get(q.shape[-1], DEFAULTS[128]) if isinstance(q, torch.Tensor) and q.dim() == 4 else DEFAULTS[128]
+    block_m, block_n, stages, schedule = (d if x is None else x for x, d in
+                                          zip((block_m, block_n, stages, schedule), default))
     check_inputs(q, k, v, causal, block_m, block_n, stages, schedule)
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, seq_q, d = q.shape
