@@ -30,7 +30,7 @@ says whether this machine can run it.
 """
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 
@@ -365,8 +365,14 @@ if HAS_GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def _shared_layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(block, gl.float16 if dtype == torch.float16 else gl.bfloat16)
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple, dtype: torch.dtype):
+    """The shared-memory layout (swizzle) a TMA tile of this shape lands in; computed once."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+def _descriptor(x2d: torch.Tensor, block: tuple):
+    return TensorDescriptor.from_tensor(x2d, list(block), _shared_layout(block, x2d.dtype))
 
 
 def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
@@ -440,10 +446,8 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
     q_rows = block_m if schedule == "overlap" else block_m // 2   # the rows one warpgroup set loads and stores
-    q_desc, o_desc = (TensorDescriptor.from_tensor(x, [q_rows, d], _shared_layout([q_rows, d], q.dtype))
-                      for x in (q2, o.view(-1, d)))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(x, [block_n, d], _shared_layout([block_n, d], q.dtype))
-                      for x in (k2, v2))
+    q_desc, o_desc = (_descriptor(x, (q_rows, d)) for x in (q2, o.view(-1, d)))
+    k_desc, v_desc = (_descriptor(x, (block_n, d)) for x in (k2, v2))
     grid = (seq_q // block_m, batch * heads)
     args = (q_desc, k_desc, v_desc, o_desc, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
     shape = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal))
@@ -460,5 +464,4 @@ def gluon_attention(q, k, v, *, causal: bool = False, scale=None):
     chapter 8's (``flash_backward``, from the o and lse the Gluon kernel saved)."""
     from .autograd import FlashAttention
 
-    check_inputs(q, k, v, causal)
-    return FlashAttention.apply(q, k, v, causal, scale, "separate", gluon_forward)
+    return FlashAttention.apply(q, k, v, causal, scale, "separate", gluon_forward)   # gluon_forward checks
