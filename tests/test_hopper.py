@@ -58,3 +58,26 @@ def test_good_input_off_hopper_says_where_it_runs():
     with pytest.raises((ValueError, RuntimeError), match="flash_attention"):
         hopper.gluon_attention(q, k, v, causal=True)
     assert hopper.available() is False
+
+
+def test_without_gluon_the_module_imports_and_says_so(monkeypatch):
+    """An older Triton (no ``triton.experimental.gluon``): the chapter can still show the
+    kernel's source, and a call says what is missing and what to use instead."""
+    import importlib
+    import sys
+
+    before = hopper.HAS_GLUON
+    for name in [m for m in sys.modules if m.startswith("triton.experimental.gluon")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)   # import fails
+    try:
+        plain = importlib.reload(hopper)
+        assert plain.HAS_GLUON is False and plain.available() is False
+        assert callable(plain.attend_tiles) and "warpgroup_mma" in __import__("inspect").getsource(plain.attend_tiles)
+        q, k, v = qkv()
+        with pytest.raises(RuntimeError, match="needs Triton's Gluon.*flash_attention"):
+            plain.gluon_forward(q, k, v)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(hopper)
+    assert hopper.HAS_GLUON is before

@@ -331,7 +331,10 @@ def format_peer_table(results) -> str:
 #: Recorded ``--peer`` runs on the H200, under the results root (chapter 10 reads them).
 PEER_RUNS = {"tutorial": "peer-tutorial-h200", "tutorial-d128": "peer-tutorial-h200-d128",
              "cudnn": "peer-cudnn-h200", "tutorial-gluon": "peer-tutorial-gluon-h200",
-             "cudnn-bf16-gluon": "peer-cudnn-bf16-gluon-h200"}
+             "tutorial-gluon-2": "peer-tutorial-gluon-h200-2", "tutorial-gluon-3": "peer-tutorial-gluon-h200-3",
+             "tutorial-gluon-4": "peer-tutorial-gluon-h200-4", "cudnn-bf16-gluon": "peer-cudnn-bf16-gluon-h200"}
+#: the four runs of the tutorial beside flashbook-gluon (chapter 10 reads them together)
+GLUON_PEER_RUNS = ("tutorial-gluon", "tutorial-gluon-2", "tutorial-gluon-3", "tutorial-gluon-4")
 
 
 def load_peer_run(name: str, root=None):
@@ -370,3 +373,24 @@ def peer_ratio_table(frame):
                 row[f"{name}_over_peer"] = ours[f"{pass_}_vs_peer"] if ok else float("nan")
             out.append(row)
     return pd.DataFrame(out)
+
+
+def peer_runs_table(names, column: str = "gluon_over_peer", pass_: str = "fwd", root=None):
+    """Several recorded peer runs of the same shapes side by side: per shape, ``column`` of
+    ``peer_ratio_table`` in each run (columns named after the runs), with their ``min``,
+    ``median`` and ``max``, and the peer's TFLOP/s range (``peer_lo``, ``peer_hi``). None
+    when any of the runs is not recorded."""
+    import pandas as pd
+
+    keys = ["head_dim", "seq", "causal"]
+    merged = None
+    for name in names:
+        frame, _ = load_peer_run(name, root)
+        if frame is None:
+            return None
+        t = peer_ratio_table(frame)
+        t = t[t["pass"] == pass_][keys + [column, "peer"]].rename(columns={column: name, "peer": f"peer {name}"})
+        merged = t if merged is None else merged.merge(t, on=keys)
+    runs, peers = merged[list(names)], merged[[f"peer {n}" for n in names]]
+    return merged[keys].assign(**{n: merged[n] for n in names}, min=runs.min(axis=1), median=runs.median(axis=1),
+                               max=runs.max(axis=1), peer_lo=peers.min(axis=1), peer_hi=peers.max(axis=1))

@@ -74,296 +74,299 @@ if HAS_GLUON:
     cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+    _jit = gluon.jit
+else:  # the functions below stay plain Python (readable, not runnable) without Gluon
+    def _jit(fn):
+        return fn
 
-    @gluon.jit
-    def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile, pred,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """Start the TMA copies of key/value tile ``tile`` into its ring slot; each
-        slot's barrier completes when its bytes have landed."""
-        slot = tile % STAGES
-        row = kv_row + tile * BLOCK_N
-        mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes, pred)
-        tma_load(k_desc, [row, 0], k_bars.index(slot), k_smem.index(slot), pred)
-        mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes, pred)
-        tma_load(v_desc, [row, 0], v_bars.index(slot), v_smem.index(slot), pred)
+@_jit
+def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile, pred,
+            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA copies of key/value tile ``tile`` into its ring slot; each
+    slot's barrier completes when its bytes have landed."""
+    slot = tile % STAGES
+    row = kv_row + tile * BLOCK_N
+    mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes, pred)
+    tma_load(k_desc, [row, 0], k_bars.index(slot), k_smem.index(slot), pred)
+    mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes, pred)
+    tma_load(v_desc, [row, 0], v_bars.index(slot), v_smem.index(slot), pred)
 
-    @gluon.jit
-    def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """Whether the key tile at ``start_n`` needs the causal mask (a compile-time False when not causal)."""
-        if CAUSAL:
-            masked = start_n + BLOCK_N > full_end
-        else:
-            masked = False
-        return masked
+@_jit
+def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Whether the key tile at ``start_n`` needs the causal mask (a compile-time False when not causal)."""
+    if CAUSAL:
+        masked = start_n + BLOCK_N > full_end
+    else:
+        masked = False
+    return masked
 
-    @gluon.jit
-    def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked):
-        """One online-softmax step on the raw scores ``s`` (chapter 3, in base 2).
+@_jit
+def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked):
+    """One online-softmax step on the raw scores ``s`` (chapter 3, in base 2).
 
-        Returns the weights p, the new running max and sum, and ``alpha``, the
-        factor that rescales what was accumulated under the old max. ``masked``
-        (a tile on the causal diagonal) hides key j from row i when j > i + diagonal.
-        """
-        if masked:
-            visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal
-            s = gl.where(visible, s * qk_scale, float("-inf"))
-            new_max = gl.maximum(row_max, gl.max(s, 1))
-            s = s - gl.expand_dims(new_max, 1)
-        else:
-            new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)
-            s = s * qk_scale - gl.expand_dims(new_max, 1)
-        p = gl.exp2(s)
-        alpha = gl.exp2(row_max - new_max)
-        row_sum = row_sum * alpha + gl.sum(p, 1)
-        return p, new_max, row_sum, alpha
+    Returns the weights p, the new running max and sum, and ``alpha``, the
+    factor that rescales what was accumulated under the old max. ``masked``
+    (a tile on the causal diagonal) hides key j from row i when j > i + diagonal.
+    """
+    if masked:
+        visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        new_max = gl.maximum(row_max, gl.max(s, 1))
+        s = s - gl.expand_dims(new_max, 1)
+    else:
+        new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)
+        s = s * qk_scale - gl.expand_dims(new_max, 1)
+    p = gl.exp2(s)
+    alpha = gl.exp2(row_max - new_max)
+    row_sum = row_sum * alpha + gl.sum(p, 1)
+    return p, new_max, row_sum, alpha
 
-    @gluon.jit
-    def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr):
-        """This program's query tile and the key tiles it visits (the same rule as chapter 7).
+@_jit
+def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """This program's query tile and the key tiles it visits (the same rule as chapter 7).
 
-        Returns (start_m, q_row, kv_row, n_tiles): the tile's first query row, its row in
-        the (batch*heads*seq_q, d) view of Q and O, the first row of its K/V head in the
-        (batch*kv_heads*seq_k, d) view of K and V, and how many key tiles it visits.
-        """
-        pid_m = gl.program_id(0)
-        if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        bh = gl.program_id(1)
-        b = bh // n_heads
-        h = bh % n_heads
-        start_m = pid_m * BLOCK_M
-        q_row = bh * seq_q + start_m
-        kv_row = (b * (n_heads // group) + h // group) * seq_k
-        if CAUSAL:  # the tile's last row sees keys up to start_m + BLOCK_M - 1 + (seq_k - seq_q)
-            hi = gl.minimum(start_m + BLOCK_M + seq_k - seq_q, seq_k)
-        else:
-            hi = seq_k
-        return start_m, q_row, kv_row, gl.cdiv(hi, BLOCK_N)
+    Returns (start_m, q_row, kv_row, n_tiles): the tile's first query row, its row in
+    the (batch*heads*seq_q, d) view of Q and O, the first row of its K/V head in the
+    (batch*kv_heads*seq_k, d) view of K and V, and how many key tiles it visits.
+    """
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    start_m = pid_m * BLOCK_M
+    q_row = bh * seq_q + start_m
+    kv_row = (b * (n_heads // group) + h // group) * seq_k
+    if CAUSAL:  # the tile's last row sees keys up to start_m + BLOCK_M - 1 + (seq_k - seq_q)
+        hi = gl.minimum(start_m + BLOCK_M + seq_k - seq_q, seq_k)
+    else:
+        hi = seq_k
+    return start_m, q_row, kv_row, gl.cdiv(hi, BLOCK_N)
 
-    @gluon.jit
-    def take_turn(pp_bars, step, WG: gl.constexpr, PINGPONG: gl.constexpr):
-        """Ping-pong: wait until it is this warpgroup's turn to issue its matrix products."""
-        if PINGPONG:
-            mbarrier.wait(pp_bars.index(WG), step & 1)
+@_jit
+def take_turn(pp_bars, step, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until it is this warpgroup's turn to issue its matrix products."""
+    if PINGPONG:
+        mbarrier.wait(pp_bars.index(WG), step & 1)
 
-    @gluon.jit
-    def pass_turn(pp_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
-        """Ping-pong: this warpgroup's products are issued; the other one may issue its own."""
-        if PINGPONG:
-            mbarrier.arrive(pp_bars.index(1 - WG))
+@_jit
+def pass_turn(pp_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: this warpgroup's products are issued; the other one may issue its own."""
+    if PINGPONG:
+        mbarrier.arrive(pp_bars.index(1 - WG))
 
-    @gluon.jit
-    def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, tile, n_tiles,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
-        """Key tile ``tile`` is finished with. With a producer warp, say so on the slot's
-        ``kv_empty`` barrier; without one, refill the slot with tile ``tile + STAGES``
-        once every warp of this program is done with it."""
-        if PRODUCER:
-            mbarrier.arrive(kv_empty.index(tile % STAGES))
-        else:
-            cta_barrier()
-            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile + STAGES,
-                    tile + STAGES < n_tiles, BLOCK_N, STAGES)
-
-    @gluon.jit
-    def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bars,
-                     k_desc, v_desc, kv_row, first_row, n_tiles, diagonal, qk_scale,
-                     ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
-                     PRODUCER: gl.constexpr, PINGPONG: gl.constexpr):
-        """The online softmax over all key tiles for ``ROWS`` query rows (in q_smem),
-        held by the warps that call it (one or two warpgroups). Returns (o, row_max,
-        row_sum), o not yet divided by row_sum.
-
-        Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} without waiting, then runs
-        the softmax of S_j while the tensor cores compute P_{j-1} V_{j-1}.
-        """
-        dtype: gl.constexpr = k_smem.dtype
-        warps: gl.constexpr = gl.num_warps()
-        # Each warp owns 16 rows of every tile; the MMA's n is the tile's width.
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_of_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-
-        # keys below full_end are visible to every row here: no mask needed
-        full_end = gl.minimum(first_row + diagonal + 1, n_tiles * BLOCK_N)
-        rows = first_row + gl.arange(0, ROWS, layout=row_of_s)
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-        row_max = gl.full([ROWS], float("-inf"), gl.float32, row_of_s)
-        row_sum = gl.zeros([ROWS], gl.float32, row_of_s)
-        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-
-        # tile 0: S_0 = Q K_0^T and its softmax; nothing to overlap with yet
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(k_bars.index(0), 0)
-        take_turn(pp_bars, 0, WG, PINGPONG)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        pass_turn(pp_bars, WG, PINGPONG)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        p, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, offs_n, diagonal, qk_scale,
-                                                  on_diagonal(0, full_end, BLOCK_N, CAUSAL))
-        p = gl.convert_layout(p.to(dtype), p_layout)
-
-        for j in range(1, n_tiles):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; wait only for S_j
-            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            take_turn(pp_bars, j, WG, PINGPONG)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            o = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
-            pass_turn(pp_bars, WG, PINGPONG)
-            s = warpgroup_mma_wait(1, deps=(s,))
-            # the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1}
-            start_n = j * BLOCK_N
-            p_next, row_max, row_sum, alpha = softmax_step(
-                s, row_max, row_sum, rows, start_n + offs_n, diagonal, qk_scale,
-                on_diagonal(start_n, full_end, BLOCK_N, CAUSAL))
-            o = warpgroup_mma_wait(0, deps=(o,))
-            release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, j - 1, n_tiles,
-                         BLOCK_N, STAGES, PRODUCER)
-            o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            p = gl.convert_layout(p_next.to(dtype), p_layout)
-
-        # the last tile's P V
-        last = n_tiles - 1
-        mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-        take_turn(pp_bars, n_tiles, WG, PINGPONG)
-        o = warpgroup_mma(p, v_smem.index(last % STAGES), o, is_async=True)
-        pass_turn(pp_bars, WG, PINGPONG)
-        o = warpgroup_mma_wait(0, deps=(o,))
-        if PRODUCER:
-            mbarrier.arrive(kv_empty.index(last % STAGES))
-        return o, row_max, row_sum
-
-    @gluon.jit
-    def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, lse_ptrs):
-        """Divide by the row sums, store lse = ln(sum of exp) per row, and send O out by
-        TMA through ``o_smem`` (Q's buffer, which no product reads any more). Every row
-        saw at least one key: the wrapper refuses inputs where one would not."""
-        row_sum_o = gl.convert_layout(row_sum, gl.SliceLayout(1, o.type.layout))
-        o = o / gl.expand_dims(row_sum_o, 1)
-        gl.store(lse_ptrs, (row_max + gl.log2(row_sum)) * LN2)
-        o_smem.store(o.to(o_smem.dtype))
-        fence_async_shared()
+@_jit
+def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, tile, n_tiles,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
+    """Key tile ``tile`` is finished with. With a producer warp, say so on the slot's
+    ``kv_empty`` barrier; without one, refill the slot with tile ``tile + STAGES``
+    once every warp of this program is done with it."""
+    if PRODUCER:
+        mbarrier.arrive(kv_empty.index(tile % STAGES))
+    else:
         cta_barrier()
-        tma_store(o_desc, [o_row, 0], o_smem)
-        tma.store_wait(0)
+        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile + STAGES,
+                tile + STAGES < n_tiles, BLOCK_N, STAGES)
 
-    @gluon.jit
-    def init_barriers(bars, NUM: gl.constexpr, COUNT: gl.constexpr):
-        """Initialise NUM mbarriers, each completing after COUNT arrivals."""
-        for i in gl.static_range(NUM):
-            mbarrier.init(bars.index(i), count=COUNT)
+@_jit
+def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bars,
+                 k_desc, v_desc, kv_row, first_row, n_tiles, diagonal, qk_scale,
+                 ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
+                 PRODUCER: gl.constexpr, PINGPONG: gl.constexpr):
+    """The online softmax over all key tiles for ``ROWS`` query rows (in q_smem),
+    held by the warps that call it (one or two warpgroups). Returns (o, row_max,
+    row_sum), o not yet divided by row_sum.
 
-    @gluon.jit
-    def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
-                        n_heads, group, seq_q, seq_k, qk_scale,
-                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """One program: one BLOCK_M-row query tile of one (batch, head), chapter 7's grid;
-        its warps load the K/V tiles themselves. q/o descriptors view Q and O as
-        (batch*heads*seq_q, HEAD_DIM), k/v as (batch*kv_heads*seq_k, HEAD_DIM)."""
-        dtype: gl.constexpr = q_desc.dtype
-        start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        init_barriers(k_bars, STAGES, 1)
-        init_barriers(v_bars, STAGES, 1)
-        fence_async_shared()
+    Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} without waiting, then runs
+    the softmax of S_j while the tensor cores compute P_{j-1} V_{j-1}.
+    """
+    dtype: gl.constexpr = k_smem.dtype
+    warps: gl.constexpr = gl.num_warps()
+    # Each warp owns 16 rows of every tile; the MMA's n is the tile's width.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_of_s: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        # Q, then the first STAGES key/value tiles, all in flight at once
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma_load(q_desc, [q_row, 0], q_bar, q_smem)
-        for i in gl.static_range(STAGES):
-            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, i, i < n_tiles, BLOCK_N, STAGES)
+    # keys below full_end are visible to every row here: no mask needed
+    full_end = gl.minimum(first_row + diagonal + 1, n_tiles * BLOCK_N)
+    rows = first_row + gl.arange(0, ROWS, layout=row_of_s)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    row_max = gl.full([ROWS], float("-inf"), gl.float32, row_of_s)
+    row_sum = gl.zeros([ROWS], gl.float32, row_of_s)
+    o = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
-        o, row_max, row_sum = attend_tiles(
-            q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
-            start_m, n_tiles, seq_k - seq_q, qk_scale,
-            BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False)
-        rows = start_m + gl.arange(0, BLOCK_M, layout=row_max.type.layout)
-        write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+    # tile 0: S_0 = Q K_0^T and its softmax; nothing to overlap with yet
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    take_turn(pp_bars, 0, WG, PINGPONG)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    pass_turn(pp_bars, WG, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    p, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, offs_n, diagonal, qk_scale,
+                                              on_diagonal(0, full_end, BLOCK_N, CAUSAL))
+    p = gl.convert_layout(p.to(dtype), p_layout)
 
-    @gluon.jit
-    def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
-                 k_desc, v_desc, o_desc, LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-                 HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr):
-        """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*HALF, (WG+1)*HALF) of the tile."""
-        first_row = start_m + WG * HALF
-        o, row_max, row_sum = attend_tiles(
-            q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
-            k_desc, v_desc, kv_row, first_row, n_tiles, seq_k - seq_q, qk_scale,
-            HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG)
-        rows = first_row + gl.arange(0, HALF, layout=row_max.type.layout)
-        write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * HALF,
-                   LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+    for j in range(1, n_tiles):
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; wait only for S_j
+        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        take_turn(pp_bars, j, WG, PINGPONG)
+        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        o = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+        pass_turn(pp_bars, WG, PINGPONG)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        # the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1}
+        start_n = j * BLOCK_N
+        p_next, row_max, row_sum, alpha = softmax_step(
+            s, row_max, row_sum, rows, start_n + offs_n, diagonal, qk_scale,
+            on_diagonal(start_n, full_end, BLOCK_N, CAUSAL))
+        o = warpgroup_mma_wait(0, deps=(o,))
+        release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, j - 1, n_tiles,
+                     BLOCK_N, STAGES, PRODUCER)
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p = gl.convert_layout(p_next.to(dtype), p_layout)
 
-    @gluon.jit
-    def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                 q_row, kv_row, n_tiles, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The producer warp: both halves of Q, then every K/V tile into the ring as soon
-        as both warpgroups have released the slot's previous tile."""
-        for wg in gl.static_range(2):
-            mbarrier.expect(q_bars.index(wg), q_desc.block_type.nbytes)
-            tma_load(q_desc, [q_row + wg * HALF, 0], q_bars.index(wg), q_smem.index(wg))
-        for t in range(n_tiles):
-            mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) - 1) & 1, pred=t >= STAGES)
-            load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, t, True, BLOCK_N, STAGES)
+    # the last tile's P V
+    last = n_tiles - 1
+    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    take_turn(pp_bars, n_tiles, WG, PINGPONG)
+    o = warpgroup_mma(p, v_smem.index(last % STAGES), o, is_async=True)
+    pass_turn(pp_bars, WG, PINGPONG)
+    o = warpgroup_mma_wait(0, deps=(o,))
+    if PRODUCER:
+        mbarrier.arrive(kv_empty.index(last % STAGES))
+    return o, row_max, row_sum
 
-    @gluon.jit
-    def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
-                           n_heads, group, seq_q, seq_k, qk_scale,
-                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr):
-        """Warp-specialised: two consumer warpgroups of BLOCK_M/2 rows each (the default
-        partition and a 4-warp worker) and a 1-warp producer that does every load.
-        With PINGPONG the consumers take turns to issue their matrix products, so that
-        one's softmax runs while the other's products occupy the tensor cores."""
-        HALF: gl.constexpr = BLOCK_M // 2
-        dtype: gl.constexpr = q_desc.dtype
-        start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
-        q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        pp_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        init_barriers(q_bars, 2, 1)
-        init_barriers(k_bars, STAGES, 1)
-        init_barriers(v_bars, STAGES, 1)
-        init_barriers(kv_empty, STAGES, 2)   # both consumer warpgroups release each tile
-        init_barriers(pp_bars, 2, 1)
-        fence_async_shared()
-        if PINGPONG:
-            mbarrier.arrive(pp_bars.index(0))   # warpgroup 0 takes the first turn
+@_jit
+def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, lse_ptrs):
+    """Divide by the row sums, store lse = ln(sum of exp) per row, and send O out by
+    TMA through ``o_smem`` (Q's buffer, which no product reads any more). Every row
+    saw at least one key: the wrapper refuses inputs where one would not."""
+    row_sum_o = gl.convert_layout(row_sum, gl.SliceLayout(1, o.type.layout))
+    o = o / gl.expand_dims(row_sum_o, 1)
+    gl.store(lse_ptrs, (row_max + gl.log2(row_sum)) * LN2)
+    o_smem.store(o.to(o_smem.dtype))
+    fence_async_shared()
+    cta_barrier()
+    tma_store(o_desc, [o_row, 0], o_smem)
+    tma.store_wait(0)
 
-        gl.warp_specialize([
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
-                        LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-                        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 0)),
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
-                        LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-                        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 1)),
-            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                        q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+@_jit
+def init_barriers(bars, NUM: gl.constexpr, COUNT: gl.constexpr):
+    """Initialise NUM mbarriers, each completing after COUNT arrivals."""
+    for i in gl.static_range(NUM):
+        mbarrier.init(bars.index(i), count=COUNT)
 
+@_jit
+def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
+                    n_heads, group, seq_q, seq_k, qk_scale,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One program: one BLOCK_M-row query tile of one (batch, head), chapter 7's grid;
+    its warps load the K/V tiles themselves. q/o descriptors view Q and O as
+    (batch*heads*seq_q, HEAD_DIM), k/v as (batch*kv_heads*seq_k, HEAD_DIM)."""
+    dtype: gl.constexpr = q_desc.dtype
+    start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    init_barriers(k_bars, STAGES, 1)
+    init_barriers(v_bars, STAGES, 1)
+    fence_async_shared()
+
+    # Q, then the first STAGES key/value tiles, all in flight at once
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma_load(q_desc, [q_row, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, i, i < n_tiles, BLOCK_N, STAGES)
+
+    o, row_max, row_sum = attend_tiles(
+        q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
+        start_m, n_tiles, seq_k - seq_q, qk_scale,
+        BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False)
+    rows = start_m + gl.arange(0, BLOCK_M, layout=row_max.type.layout)
+    write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+
+@_jit
+def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
+             k_desc, v_desc, o_desc, LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
+             HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr):
+    """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*HALF, (WG+1)*HALF) of the tile."""
+    first_row = start_m + WG * HALF
+    o, row_max, row_sum = attend_tiles(
+        q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
+        k_desc, v_desc, kv_row, first_row, n_tiles, seq_k - seq_q, qk_scale,
+        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG)
+    rows = first_row + gl.arange(0, HALF, layout=row_max.type.layout)
+    write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * HALF,
+               LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+
+@_jit
+def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
+             q_row, kv_row, n_tiles, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: both halves of Q, then every K/V tile into the ring as soon
+    as both warpgroups have released the slot's previous tile."""
+    for wg in gl.static_range(2):
+        mbarrier.expect(q_bars.index(wg), q_desc.block_type.nbytes)
+        tma_load(q_desc, [q_row + wg * HALF, 0], q_bars.index(wg), q_smem.index(wg))
+    for t in range(n_tiles):
+        mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) - 1) & 1, pred=t >= STAGES)
+        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, t, True, BLOCK_N, STAGES)
+
+@_jit
+def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
+                       n_heads, group, seq_q, seq_k, qk_scale,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr):
+    """Warp-specialised: two consumer warpgroups of BLOCK_M/2 rows each (the default
+    partition and a 4-warp worker) and a 1-warp producer that does every load.
+    With PINGPONG the consumers take turns to issue their matrix products, so that
+    one's softmax runs while the other's products occupy the tensor cores."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = q_desc.dtype
+    start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    pp_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    init_barriers(q_bars, 2, 1)
+    init_barriers(k_bars, STAGES, 1)
+    init_barriers(v_bars, STAGES, 1)
+    init_barriers(kv_empty, STAGES, 2)   # both consumer warpgroups release each tile
+    init_barriers(pp_bars, 2, 1)
+    fence_async_shared()
+    if PINGPONG:
+        mbarrier.arrive(pp_bars.index(0))   # warpgroup 0 takes the first turn
+
+    gl.warp_specialize([
+        (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
+                    LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
+                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 0)),
+        (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
+                    LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
+                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 1)),
+        (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
+                    q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
 
 @functools.lru_cache(maxsize=None)
 def _shared_layout(block: tuple, dtype: torch.dtype):
