@@ -7,6 +7,9 @@
                  and the differentiable ``flash_attention``
 - ``decode``:    flash-decoding: a few new tokens against a KV cache, split over the keys,
                  the splits merged with chapter 3's merge (``flash_decode``, chapter 11)
+- ``hopper``:    a second forward kernel for Hopper GPUs in Triton's Gluon dialect (TMA,
+                 asynchronous warpgroup products, warp specialisation; chapter 10):
+                 ``gluon_forward``, ``gluon_attention``
 - ``targets``:   compiling for sm_75 / sm_80 / sm_90 without that GPU (shared memory per config)
 - ``checks``:    references and error yardsticks for tests and self-checks
 - ``probes``:    ``stage_map``: which (query tile, key tile) pairs each kernel visits, as its
