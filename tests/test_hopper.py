@@ -81,3 +81,32 @@ def test_without_gluon_the_module_imports_and_says_so(monkeypatch):
         monkeypatch.undo()
         importlib.reload(hopper)
     assert hopper.HAS_GLUON is before
+
+
+def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
+    """Every configuration the library launches by default, and each schedule, compiled for
+    sm_90 here (no GPU needed): it fits an H100/H200's shared memory and uses what the
+    chapter says it uses: warpgroup products, TMA copies, and for the warp-specialised
+    schedules the register reallocation (setmaxnreg)."""
+    from flashbook import runtime
+    from flashbook.kernels import targets
+
+    jobs = []
+    for head_dim, (block_m, block_n, stages, schedule) in hopper.DEFAULTS.items():
+        for dtype in ("fp16", "bf16"):
+            for causal in (False, True):
+                jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=head_dim, dtype=dtype, causal=causal,
+                                 schedule=schedule, config=[block_m, block_n, 4, stages]))
+    for block_m, block_n, stages, schedule in ((128, 128, 3, "pingpong"), (128, 128, 3, "overlap"),
+                                               (64, 64, 3, "overlap"), (128, 64, 4, "producer")):
+        jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True,
+                         schedule=schedule, config=[block_m, block_n, 4, stages]))
+    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+    results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
+    limit = runtime.chip("H200").smem_per_block_bytes
+    for r in results:
+        what = f"{r['schedule']} d={r['head_dim']} {r['dtype']} causal={r['causal']} config={r['config']}"
+        assert r["error"] is None, f"{what}: {r['error'][:600]}"
+        assert 0 < r["shared"] <= limit, f"{what}: shared {r['shared']} B, limit {limit} B"
+        assert r["tensor_core_ops"] > 0 and r["tma_copies"] > 0, what
+        assert (r["register_moves"] > 0) == (r["schedule"] != "overlap"), what

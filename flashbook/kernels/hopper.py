@@ -462,6 +462,35 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     return o, lse
 
 
+def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_n: int = 128, stages: int = 3,
+                schedule: str = "producer", causal: bool = True, dtype: str = "fp16"):
+    """Compile the kernel for compute capability ``cc`` without that GPU (Triton ships its
+    own ``ptxas``); returns Triton's compiled kernel (``metadata.shared`` in bytes,
+    ``asm["ptx"]``). Needs TRITON_INTERPRET=0 when triton was imported:
+    ``targets.compile_elsewhere`` runs it in a process of its own."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    q_rows = block_m if schedule == "overlap" else block_m // 2
+
+    def desc(rows):
+        return f"tensordesc<{dtype}[{rows}, {head_dim}],{_shared_layout((rows, head_dim), torch_dtype)!r}>"
+
+    signature = {"q_desc": desc(q_rows), "k_desc": desc(block_n), "v_desc": desc(block_n), "o_desc": desc(q_rows),
+                 "LSE": "*fp32", "n_heads": "i32", "group": "i32", "seq_q": "i32", "seq_k": "i32", "qk_scale": "fp32"}
+    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
+    if schedule == "overlap":
+        fn, warps = _gluon_attn_fwd, block_m // 16
+    else:
+        fn, warps = _gluon_attn_fwd_ws, 4
+        constexprs.update(PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS)
+    signature.update({name: "constexpr" for name in constexprs})
+    src = GluonASTSource(fn, signature, constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": warps})
+
+
 def gluon_attention(q, k, v, *, causal: bool = False, scale=None):
     """Differentiable attention whose forward is the Gluon kernel and whose backward is
     chapter 8's (``flash_backward``, from the o and lse the Gluon kernel saved)."""

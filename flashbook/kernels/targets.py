@@ -121,20 +121,30 @@ def run_job(job: dict) -> dict:
     config = Config(*job["config"])
     out = dict(job)
     try:
-        compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
-                                  dtype=job["dtype"], causal=job.get("causal", True),
-                                  atomic_dq=job.get("atomic_dq", False), n_new=job.get("n_new", 1),
-                                  splits=job.get("splits", True),
-                                  dot_precision=job.get("dot_precision", "tf32"))
+        if job["kernel"] == "gluon_forward":   # chapter 10's Gluon kernel (hopper.py): config = [m, n, warps, stages]
+            from . import hopper
+
+            compiled = hopper.compile_for(job["cc"], head_dim=job["head_dim"], block_m=config.block_m,
+                                          block_n=config.block_n, stages=config.num_stages,
+                                          schedule=job["schedule"], causal=job.get("causal", True),
+                                          dtype=job["dtype"])
+        else:
+            compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
+                                      dtype=job["dtype"], causal=job.get("causal", True),
+                                      atomic_dq=job.get("atomic_dq", False), n_new=job.get("n_new", 1),
+                                      splits=job.get("splits", True),
+                                      dot_precision=job.get("dot_precision", "tf32"))
         out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.
         ptx = compiled.asm.get("ptx", "")
         out["tensor_core_ops"] = ptx.count("mma.sync") + ptx.count("wgmma.mma_async")
+        out["tma_copies"] = ptx.count("cp.async.bulk.tensor")
+        out["register_moves"] = ptx.count("setmaxnreg")   # warp specialisation's register reallocation
         out["error"] = None
     except Exception as e:  # reported, not raised: the caller decides what a failure means
         out["shared"] = None
-        out["tensor_core_ops"] = None
+        out["tensor_core_ops"] = out["tma_copies"] = out["register_moves"] = None
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     return out
 
