@@ -17,6 +17,11 @@ lower-level dialect, where the program says when things happen:
   while the tensor cores are still busy with ``P_{j-1} V_{j-1}``. That is the
   "intra-warpgroup overlap" of FlashAttention-3 (Shah et al., 2024, section 3.2).
 * The output tile leaves by TMA too, through the shared memory Q no longer needs.
+* Who loads and who waits for whom is the *schedule* (``SCHEDULES``): every warp
+  loads its own tiles ("overlap"), or ``gl.warp_specialize`` gives the loads to one
+  producer warp and the computing to two consumer warpgroups, with registers moved
+  from the one to the others ("producer"), optionally taking turns on the tensor
+  cores ("pingpong"). All three run the one loop of ``attend_tiles``.
 
 It is a second kernel, not a replacement: it runs only on sm_90, for float16 and
 bfloat16, head_dim 64 or 128, sequence lengths that are whole tiles, and no
