@@ -20,12 +20,13 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
 
 @pytest.mark.parametrize("change,kwargs,error,words", [
     (dict(dtype=torch.float32), {}, TypeError, "float16 or bfloat16"),
+    ({}, dict(causal=1), TypeError, "causal must be True or False"),
     (dict(d=80), {}, ValueError, "head_dim must be one of (64, 128)"),
     (dict(n_q=200), {}, ValueError, "seq_q=200"),
     (dict(n_k=200), {}, ValueError, "seq_k=200"),
     (dict(n_q=512, n_k=256), dict(causal=True), ValueError, "seq_q <= seq_k"),
-    (dict(h=3, h_kv=2), {}, ValueError, "multiple of k's heads"),
-    ({}, dict(block_n=32), ValueError, "block_n must be 64 or 128, got 32"),
+    (dict(h=3, h_kv=2), {}, ValueError, "k's number of heads (2) must divide q's (3)"),
+    ({}, dict(block_n=32), ValueError, "block_n must be one of (64, 128), got 32"),
     ({}, dict(stages=5), ValueError, "stages must be one of (2, 3, 4), got 5"),
     ({}, dict(block_m=32), ValueError, "block_m must be one of (64, 128), got 32"),
     ({}, dict(schedule="fast"), ValueError, "schedule must be one of"),
@@ -40,11 +41,11 @@ def test_bad_input_is_named(change, kwargs, error, words):
 
 def test_mismatched_k_and_v():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="k and v must both be"):
+    with pytest.raises(ValueError, match="k and v must have the same sequence length"):
         hopper.gluon_forward(q, k, v[:, :, :128])
-    with pytest.raises(ValueError, match="4-D tensor"):
+    with pytest.raises(ValueError, match="q must have 4 dimensions"):
         hopper.gluon_forward(q[0], k, v)
-    with pytest.raises(TypeError, match="share a dtype"):
+    with pytest.raises(TypeError, match="q, k and v must have the same dtype"):
         hopper.gluon_forward(q, k, v.to(torch.bfloat16))
 
 

@@ -98,14 +98,11 @@ def set_autotune(enabled: bool) -> None:
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k", "v")):
-    """Validate the arguments of ``flash_attention``; return the resolved scale.
-
-    ``names`` are the arguments' names in the errors (``flash_decode`` calls k and v
-    ``k_cache`` and ``v_cache``).
-
-    Raises TypeError / ValueError naming the argument and what was expected.
-    """
+def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
+    """The checks every attention kernel here shares (``check_inputs``, and the Gluon
+    kernel's ``hopper.check_inputs``): three non-empty 4-D tensors of one supported dtype
+    on one device, k and v shaped (batch, kv_heads, seq_k, head_dim) with kv_heads
+    dividing q's heads. Raises TypeError / ValueError naming the argument."""
     qn, kn, vn = names
     for name, x in ((qn, q), (kn, k), (vn, v)):
         if not isinstance(x, torch.Tensor):
@@ -121,10 +118,6 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
         raise TypeError(f"{qn}, {kn} and {vn} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"{qn}, {kn} and {vn} must be on the same device, got {q.device}, {k.device}, {v.device}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    if dq_mode not in DQ_MODES:
-        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
 
     batch, heads, _, head_dim = q.shape
     if k.shape[0] != batch or v.shape[0] != batch:
@@ -140,6 +133,23 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
         raise ValueError(f"{kn} must have {qn}'s head_dim {head_dim}, got {kn} {tuple(k.shape)}")
     if v.shape[3] != head_dim:
         raise ValueError(f"{vn} must have {qn}'s head_dim {head_dim}, got {vn} {tuple(v.shape)}")
+
+
+def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k", "v")):
+    """Validate the arguments of ``flash_attention``; return the resolved scale.
+
+    ``names`` are the arguments' names in the errors (``flash_decode`` calls k and v
+    ``k_cache`` and ``v_cache``).
+
+    Raises TypeError / ValueError naming the argument and what was expected.
+    """
+    qn, kn, vn = names
+    check_shapes(q, k, v, names=names)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    head_dim = q.shape[3]
     if head_dim > configs.MAX_HEAD_DIM:
         raise ValueError(f"{qn}'s head_dim must be at most {configs.MAX_HEAD_DIM}, got {head_dim}")
 

@@ -50,11 +50,14 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     HAS_GLUON = False
 
 from ..reference import resolve_scale
+from ..validation import check_choice, check_flag
+from .autograd import FlashAttention, check_shapes
 from .forward import LN2, LOG2E
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_MS = (64, 128)   # query rows per program: one warpgroup (4 warps) per 64 rows
+BLOCK_NS = (64, 128)   # keys per tile
 STAGES = (2, 3, 4)     # K/V tiles in flight
 #: how the work of one program is laid out in time (chapter 10):
 #: "overlap"  every warp loads and computes; S_{j} and P_{j-1} V_{j-1} overlap the softmax
@@ -84,6 +87,7 @@ else:  # the functions below stay plain Python (readable, not runnable) without 
     def _jit(fn):
         return fn
 
+
 @_jit
 def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile, pred,
             BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
@@ -96,6 +100,7 @@ def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile, pred,
     mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes, pred)
     tma_load(v_desc, [row, 0], v_bars.index(slot), v_smem.index(slot), pred)
 
+
 @_jit
 def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """Whether the key tile at ``start_n`` needs the causal mask (a compile-time False when not causal)."""
@@ -104,6 +109,7 @@ def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     else:
         masked = False
     return masked
+
 
 @_jit
 def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked):
@@ -125,6 +131,7 @@ def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked):
     alpha = gl.exp2(row_max - new_max)
     row_sum = row_sum * alpha + gl.sum(p, 1)
     return p, new_max, row_sum, alpha
+
 
 @_jit
 def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -150,17 +157,20 @@ def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.c
         hi = seq_k
     return start_m, q_row, kv_row, gl.cdiv(hi, BLOCK_N)
 
+
 @_jit
 def take_turn(pp_bars, step, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong: wait until it is this warpgroup's turn to issue its matrix products."""
     if PINGPONG:
         mbarrier.wait(pp_bars.index(WG), step & 1)
 
+
 @_jit
 def pass_turn(pp_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong: this warpgroup's products are issued; the other one may issue its own."""
     if PINGPONG:
         mbarrier.arrive(pp_bars.index(1 - WG))
+
 
 @_jit
 def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, tile, n_tiles,
@@ -174,6 +184,7 @@ def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_ro
         cta_barrier()
         load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile + STAGES,
                 tile + STAGES < n_tiles, BLOCK_N, STAGES)
+
 
 @_jit
 def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bars,
@@ -251,11 +262,15 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
         mbarrier.arrive(kv_empty.index(last % STAGES))
     return o, row_max, row_sum
 
+
 @_jit
-def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, lse_ptrs):
-    """Divide by the row sums, store lse = ln(sum of exp) per row, and send O out by
-    TMA through ``o_smem`` (Q's buffer, which no product reads any more). Every row
-    saw at least one key: the wrapper refuses inputs where one would not."""
+def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, LSE, seq_q, first_row, ROWS: gl.constexpr):
+    """Divide by the row sums, store lse = ln(sum of exp) for the ``ROWS`` query rows from
+    ``first_row`` on, and send O out by TMA through ``o_smem`` (Q's buffer, which no
+    product reads any more). Every row saw at least one key: the wrapper refuses inputs
+    where one would not."""
+    rows = first_row + gl.arange(0, ROWS, layout=row_max.type.layout)
+    lse_ptrs = LSE + gl.program_id(1).to(gl.int64) * seq_q + rows
     row_sum_o = gl.convert_layout(row_sum, gl.SliceLayout(1, o.type.layout))
     o = o / gl.expand_dims(row_sum_o, 1)
     gl.store(lse_ptrs, (row_max + gl.log2(row_sum)) * LN2)
@@ -265,11 +280,13 @@ def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, lse_ptrs):
     tma_store(o_desc, [o_row, 0], o_smem)
     tma.store_wait(0)
 
+
 @_jit
 def init_barriers(bars, NUM: gl.constexpr, COUNT: gl.constexpr):
     """Initialise NUM mbarriers, each completing after COUNT arrivals."""
     for i in gl.static_range(NUM):
         mbarrier.init(bars.index(i), count=COUNT)
+
 
 @_jit
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
@@ -302,8 +319,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
         q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
         start_m, n_tiles, seq_k - seq_q, qk_scale,
         BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False)
-    rows = start_m + gl.arange(0, BLOCK_M, layout=row_max.type.layout)
-    write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+    write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE, seq_q, start_m, BLOCK_M)
+
 
 @_jit
 def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
@@ -316,9 +333,8 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
         q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
         k_desc, v_desc, kv_row, first_row, n_tiles, seq_k - seq_q, qk_scale,
         HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG)
-    rows = first_row + gl.arange(0, HALF, layout=row_max.type.layout)
-    write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * HALF,
-               LSE + gl.program_id(1).to(gl.int64) * seq_q + rows)
+    write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * HALF, LSE, seq_q, first_row, HALF)
+
 
 @_jit
 def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
@@ -331,6 +347,7 @@ def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_b
     for t in range(n_tiles):
         mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) - 1) & 1, pred=t >= STAGES)
         load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, t, True, BLOCK_N, STAGES)
+
 
 @_jit
 def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
@@ -385,51 +402,33 @@ def _descriptor(x2d: torch.Tensor, block: tuple):
 
 def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
                  schedule: str = "overlap") -> None:
-    """Everything this kernel assumes, each with an error that names the argument
-    (the device last, so that every other error shows on any machine)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (batch, heads, seq, head_dim), got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        if x.dtype not in DTYPES:
-            raise TypeError(f"{name} must be float16 or bfloat16 for the Gluon kernel, got {x.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    batch, heads, seq_q, d = q.shape
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != d:
-        raise ValueError(f"k and v must both be (batch={batch}, kv_heads, seq_k, head_dim={d}), "
-                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if heads % k.shape[1]:
-        raise ValueError(f"q's heads ({heads}) must be a multiple of k's heads ({k.shape[1]})")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS} for the Gluon kernel, got {d}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if block_m not in BLOCK_MS:
-        raise ValueError(f"block_m must be one of {BLOCK_MS}, got {block_m}")
+    """Everything this kernel assumes, each with an error that names the argument: the
+    checks every kernel here shares (``autograd.check_shapes``), then this kernel's own
+    limits, the device last, so that every other error shows on any machine."""
+    check_shapes(q, k, v)
+    check_flag(causal, "causal")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q, k and v must be float16 or bfloat16 for the Gluon kernel, got {q.dtype}")
+    check_choice(q.shape[3], "head_dim", HEAD_DIMS)
+    check_choice(schedule, "schedule", SCHEDULES)
+    check_choice(block_m, "block_m", BLOCK_MS)
     if schedule != "overlap" and block_m != 128:
         raise ValueError(f"schedule={schedule!r} splits a 128-row tile between two warpgroups: block_m must be "
                          f"128, got {block_m}")
-    if block_n not in (64, 128):
-        raise ValueError(f"block_n must be 64 or 128, got {block_n}")
-    if stages not in STAGES:
-        raise ValueError(f"stages must be one of {STAGES}, got {stages}")
-    seq_k = k.shape[2]
+    check_choice(block_n, "block_n", BLOCK_NS)
+    check_choice(stages, "stages", STAGES)
+    seq_q, seq_k = q.shape[2], k.shape[2]
     if seq_q % block_m or seq_k % block_n:
         raise ValueError(f"the Gluon kernel needs seq_q a multiple of block_m={block_m} and seq_k a multiple of "
                          f"block_n={block_n}, got seq_q={seq_q}, seq_k={seq_k}; flash_attention takes any length")
     if causal and seq_q > seq_k:
         raise ValueError(f"the causal Gluon kernel needs seq_q <= seq_k (every row must see a key), got "
                          f"seq_q={seq_q}, seq_k={seq_k}; flash_attention handles rows that see no key")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
     if not HAS_GLUON:
         raise RuntimeError("the Gluon kernel needs Triton's Gluon (triton >= 3.4); use flash_attention")
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         raise ValueError(f"q, k and v must be on a Hopper GPU (sm_90) for the Gluon kernel, got {q.device}; "
                          "flash_attention runs everywhere")
-
 
 def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
                   block_n: int | None = None, stages: int | None = None,
@@ -499,6 +498,4 @@ def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_
 def gluon_attention(q, k, v, *, causal: bool = False, scale=None):
     """Differentiable attention whose forward is the Gluon kernel and whose backward is
     chapter 8's (``flash_backward``, from the o and lse the Gluon kernel saved)."""
-    from .autograd import FlashAttention
-
     return FlashAttention.apply(q, k, v, causal, scale, "separate", gluon_forward)   # gluon_forward checks
