@@ -625,12 +625,15 @@ def variant_table(name: str, prefix: str, root=None):
     ``LAZY_EXPERIMENT``): the library kernel's and cuDNN's TFLOP/s, the fastest variant
     whose name starts with ``prefix`` and its speed over the library kernel, and its
     largest error against float64 beside the library's. None when nothing is recorded."""
+    data = load_recorded_json(name, root)
+    return None if data is None else best_variants(data["rows"], prefix, name)
+
+
+def best_variants(rows, prefix: str, name: str = "the run"):
+    """``variant_table`` for rows already read (a recorded experiment's ``"rows"``)."""
     import pandas as pd
 
-    data = load_recorded_json(name, root)
-    if data is None:
-        return None
-    rows = pd.DataFrame(data["rows"])
+    rows = pd.DataFrame(rows)
     out = []
     for (dtype, seq, causal), g in rows.groupby(["dtype", "seq", "causal"], sort=True):
         by = g.set_index("variant")
@@ -653,10 +656,11 @@ def gluon_schedule_table(head_dim: int, root=None):
     TFLOP/s (columns ``overlap``, ``producer``, ``pingpong``), that configuration's name
     (``*_config``) and its largest error against float64 (``*_err``). None when the run
     is not recorded."""
-    tables = [variant_table(GLUON_EXPERIMENTS[head_dim], f"gluon {schedule} ", root)
-              for schedule in GLUON_SCHEDULES]
-    if tables[0] is None:
+    data = load_recorded_json(GLUON_EXPERIMENTS[head_dim], root)
+    if data is None:
         return None
+    tables = [best_variants(data["rows"], f"gluon {schedule} ", GLUON_EXPERIMENTS[head_dim])
+              for schedule in GLUON_SCHEDULES]
     keys = ["dtype", "seq", "causal"]
     out = tables[0][keys + ["flashbook", "cudnn", "flashbook_err"]].copy()
     for schedule, t in zip(GLUON_SCHEDULES, tables):
