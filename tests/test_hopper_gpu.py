@@ -30,12 +30,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("block_m,block_n,stages,schedule", [
-    (64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (128, 128, 3, "overlap"), (128, 64, 4, "overlap"),
-    (128, 128, 2, "producer"), (128, 64, 3, "producer"), (128, 128, 3, "pingpong"), (128, 64, 2, "pingpong")])
-@pytest.mark.parametrize("case", list(CASES))
-def test_gluon_against_float64(case, block_m, block_n, stages, schedule, dtype):
+def random_inputs(case, dtype):
+    """Fresh random q, k, v, dO for ``case`` on the GPU, and the seed that made them."""
     b, h, h_kv, n_q, n_k, d, causal = CASES[case]
     seed = random.randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -43,6 +39,27 @@ def test_gluon_against_float64(case, block_m, block_n, stages, schedule, dtype):
     k = torch.randn(b, h_kv, n_k, d, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(b, h_kv, n_k, d, device="cuda", dtype=dtype, generator=gen)
     do = torch.randn(b, h, n_q, d, device="cuda", dtype=dtype, generator=gen)
+    return seed, (q, k, v, do)
+
+
+def check_lse(lse, q, k, causal, atol):
+    """lse against the natural-log logsumexp of each row's float64 scores."""
+    h, n_q, d = q.shape[1], q.shape[2], q.shape[3]
+    s = reference.scores(q.double().cpu().numpy(), np.repeat(k.double().cpu().numpy(), h // k.shape[1], axis=1),
+                         scale=d ** -0.5)
+    if causal:
+        s = np.where(reference.causal_mask(n_q, k.shape[2]), s, -np.inf)
+    torch.testing.assert_close(lse.double().cpu(), torch.logsumexp(torch.from_numpy(s), -1), rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("block_m,block_n,stages,schedule", [
+    (64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (128, 128, 3, "overlap"), (128, 64, 4, "overlap"),
+    (128, 128, 2, "producer"), (128, 64, 3, "producer"), (128, 128, 3, "pingpong"), (128, 64, 2, "pingpong")])
+@pytest.mark.parametrize("case", list(CASES))
+def test_gluon_against_float64(case, block_m, block_n, stages, schedule, dtype):
+    seed, (q, k, v, do) = random_inputs(case, dtype)
+    causal, d = CASES[case][6], CASES[case][5]
     o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
                                   schedule=schedule)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -57,10 +74,24 @@ def test_gluon_against_float64(case, block_m, block_n, stages, schedule, dtype):
     assert not problems, f"seed {seed}: " + "; ".join(problems)
     # the autograd path ran the default configuration's forward
     assert torch.equal(o_ag.detach(), hopper.gluon_forward(q, k, v, causal=causal)[0])
-    # lse is the natural-log logsumexp of each row
-    s = reference.scores(q.double().cpu().numpy(), np.repeat(k.double().cpu().numpy(), h // h_kv, axis=1),
-                         scale=d ** -0.5)
-    if causal:
-        s = np.where(reference.causal_mask(n_q, n_k), s, -np.inf)
     # float32 scores from exact products, ex2/lg2 approximations of about 2 ulp: ~1e-6 relative
-    torch.testing.assert_close(lse.double().cpu(), torch.logsumexp(torch.from_numpy(s), -1), rtol=1e-5, atol=1e-4)
+    check_lse(lse, q, k, causal, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fma_share,degree", [(2, 3), (2, 4), (4, 3), (4, 4)])
+@pytest.mark.parametrize("block_m,block_n,stages,schedule", [(64, 128, 2, "overlap"), (128, 128, 3, "producer")])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fma_exponentials_against_float64(case, block_m, block_n, stages, schedule, fma_share, degree, dtype):
+    """Part of the exponentials on the FMA units (``hopper.exp2_fma``): the output stays
+    within the yardstick, and lse within the polynomial's relative error of the truth."""
+    seed, (q, k, v, do) = random_inputs(case, dtype)
+    causal, d = CASES[case][6], CASES[case][5]
+    o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
+                                  schedule=schedule, fma_share=fma_share, degree=degree)
+    want = checks.reference_grads(q, k, v, do, causal=causal)[0]
+    yardstick = checks.torch_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal=causal, dtype=dtype)[0]
+    problem = checks.within_twice_yardstick("o", o.cpu(), want, yardstick, head_dim=d)
+    assert not problem, f"seed {seed}: {problem}"
+    # each weight is off by at most the polynomial's relative error, so each row sum and lse too
+    check_lse(lse, q, k, causal, atol=1e-4 + hopper.exp2_fma_error(degree))

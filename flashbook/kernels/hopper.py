@@ -64,10 +64,35 @@ STAGES = (2, 3, 4)     # K/V tiles in flight
 #: "producer" a producer warp does every load; two consumer warpgroups compute
 #: "pingpong" as "producer", and the consumers take turns on the tensor cores
 SCHEDULES = ("overlap", "producer", "pingpong")
+#: 1/share of each score tile's exponentials computed on the FMA units (0: none; exp2_fma)
+FMA_SHARES = (0, 2, 4)
 CONSUMER_REGS = 240    # registers per consumer thread under warp specialisation (the producer keeps 24)
 #: (block_m, block_n, stages, schedule) used when none is given: the fastest of
 #: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes
 DEFAULTS = {128: (128, 128, 3, "producer"), 64: (64, 128, 2, "overlap")}
+
+
+def exp2_polynomial(degree: int = 4):
+    """Coefficients c1..c_degree of 1 + c1 f + ... + c_degree f**degree, close to 2**f on
+    [-1/2, 1/2] in relative error: least squares on Chebyshev points, weighted by
+    1/2**f (near the minimax fit), with 2**0 = 1 exactly."""
+    import numpy as np
+
+    f = 0.5 * np.cos(np.linspace(0.0, np.pi, 1025))
+    target = np.exp2(f)
+    powers = np.vander(f, degree + 1, increasing=True)[:, 1:]
+    coeffs, *_ = np.linalg.lstsq(powers / target[:, None], 1.0 - 1.0 / target, rcond=None)
+    return tuple(float(c) for c in coeffs)
+
+
+def exp2_fma_error(degree: int = 4) -> float:
+    """The largest relative error of ``exp2_polynomial(degree)`` against 2**f on [-1/2, 1/2]
+    (a fine grid, in float64): what ``exp2_fma`` adds to each weight, float32 rounding aside."""
+    import numpy as np
+
+    f = np.linspace(-0.5, 0.5, 100001)
+    value = 1.0 + np.polynomial.polynomial.polyval(f, (0.0, *exp2_polynomial(degree)))
+    return float(np.abs(value / np.exp2(f) - 1.0).max())
 
 
 def available(device: torch.device | str | None = None) -> bool:
@@ -83,6 +108,10 @@ if HAS_GLUON:
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
     _jit = gluon.jit
+    P3_1, P3_2, P3_3 = (gl.constexpr(c) for c in exp2_polynomial(3))
+    P4_1, P4_2, P4_3, P4_4 = (gl.constexpr(c) for c in exp2_polynomial(4))
+    EXP2_FLOOR = gl.constexpr(-125.0)
+    ROUNDER = gl.constexpr(1.5 * 2.0**23)
 else:  # the functions below stay plain Python (readable, not runnable) without Gluon
     def _jit(fn):
         return fn
@@ -112,7 +141,50 @@ def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
 
 
 @_jit
-def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked):
+def exp2_fma(x, DEGREE: gl.constexpr):
+    """2**x for x <= 0 without the special-function unit: x = j + f with j a whole
+    number and f in [-1/2, 1/2]; 2**f is a polynomial (FMA units), and j goes
+    straight into the exponent bits. (FlashAttention-4's trick, section 10.x.)"""
+    x = gl.maximum(x, EXP2_FLOOR)     # 2**-125 stands in for 0; the exponent bits must not underflow
+    shifted = x + ROUNDER             # j lands in the low mantissa bits, rounded to nearest
+    j = shifted - ROUNDER
+    f = x - j
+    if DEGREE == 3:
+        p = ((P3_3 * f + P3_2) * f + P3_1) * f + 1.0
+    else:
+        p = (((P4_4 * f + P4_3) * f + P4_2) * f + P4_1) * f + 1.0
+    bits = p.to(gl.int32, bitcast=True) + (shifted.to(gl.int32, bitcast=True) << 23)
+    return bits.to(gl.float32, bitcast=True)
+
+
+@_jit
+def exp2_shared(x, FMA_SHARE: gl.constexpr, DEGREE: gl.constexpr):
+    """2**x of a score tile, 1/FMA_SHARE of it on the FMA units (0: none), the
+    rest on the special-function unit; the split columns are registers of the same thread."""
+    if FMA_SHARE == 0:
+        y = gl.exp2(x)
+    else:
+        ROWS: gl.constexpr = x.shape[0]
+        COLS: gl.constexpr = x.shape[1]
+        if FMA_SHARE == 2:
+            even, odd = gl.split(gl.reshape(x, [ROWS, COLS // 2, 2]))
+            y = gl.reshape(gl.join(gl.exp2(even), exp2_fma(odd, DEGREE)), [ROWS, COLS])
+        else:
+            # columns whose bit 3 is set, then of those the odd ones: a quarter
+            x4 = gl.reshape(gl.permute(gl.reshape(x, [ROWS, COLS // 16, 2, 8]), (0, 1, 3, 2)), [ROWS, COLS // 2, 2])
+            lo, hi = gl.split(x4)
+            hi_even, hi_odd = gl.split(gl.reshape(hi, [ROWS, COLS // 4, 2]))
+            hi = gl.reshape(gl.join(gl.exp2(hi_even), exp2_fma(hi_odd, DEGREE)), [ROWS, COLS // 2])
+            hi = gl.convert_layout(hi, lo.type.layout)
+            y4 = gl.reshape(gl.join(gl.exp2(lo), hi), [ROWS, COLS // 16, 8, 2])
+            y = gl.reshape(gl.permute(y4, (0, 1, 3, 2)), [ROWS, COLS])
+        y = gl.convert_layout(y, x.type.layout)   # the same registers: no data moves
+    return y
+
+
+@_jit
+def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked, FMA_SHARE: gl.constexpr,
+                 DEGREE: gl.constexpr):
     """One online-softmax step on the raw scores ``s`` (chapter 3, in base 2).
 
     Returns the weights p, the new running max and sum, and ``alpha``, the
@@ -127,7 +199,7 @@ def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked):
     else:
         new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)
         s = s * qk_scale - gl.expand_dims(new_max, 1)
-    p = gl.exp2(s)
+    p = exp2_shared(s, FMA_SHARE, DEGREE)
     alpha = gl.exp2(row_max - new_max)
     row_sum = row_sum * alpha + gl.sum(p, 1)
     return p, new_max, row_sum, alpha
@@ -191,7 +263,8 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
                  k_desc, v_desc, kv_row, first_row, n_tiles, diagonal, qk_scale,
                  ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
-                 PRODUCER: gl.constexpr, PINGPONG: gl.constexpr):
+                 PRODUCER: gl.constexpr, PINGPONG: gl.constexpr, FMA_SHARE: gl.constexpr,
+                 DEGREE: gl.constexpr):
     """The online softmax over all key tiles for ``ROWS`` query rows (in q_smem),
     held by the warps that call it (one or two warpgroups). Returns (o, row_max,
     row_sum), o not yet divided by row_sum.
@@ -226,7 +299,7 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
     pass_turn(pp_bars, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     p, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, offs_n, diagonal, qk_scale,
-                                              on_diagonal(0, full_end, BLOCK_N, CAUSAL))
+                                              on_diagonal(0, full_end, BLOCK_N, CAUSAL), FMA_SHARE, DEGREE)
     p = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_tiles):
@@ -244,7 +317,7 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
         start_n = j * BLOCK_N
         p_next, row_max, row_sum, alpha = softmax_step(
             s, row_max, row_sum, rows, start_n + offs_n, diagonal, qk_scale,
-            on_diagonal(start_n, full_end, BLOCK_N, CAUSAL))
+            on_diagonal(start_n, full_end, BLOCK_N, CAUSAL), FMA_SHARE, DEGREE)
         o = warpgroup_mma_wait(0, deps=(o,))
         release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, j - 1, n_tiles,
                      BLOCK_N, STAGES, PRODUCER)
@@ -292,7 +365,8 @@ def init_barriers(bars, NUM: gl.constexpr, COUNT: gl.constexpr):
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
                     n_heads, group, seq_q, seq_k, qk_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, FMA_SHARE: gl.constexpr,
+                    DEGREE: gl.constexpr):
     """One program: one BLOCK_M-row query tile of one (batch, head), chapter 7's grid;
     its warps load the K/V tiles themselves. q/o descriptors view Q and O as
     (batch*heads*seq_q, HEAD_DIM), k/v as (batch*kv_heads*seq_k, HEAD_DIM)."""
@@ -318,7 +392,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
     o, row_max, row_sum = attend_tiles(
         q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
         start_m, n_tiles, seq_k - seq_q, qk_scale,
-        BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False)
+        BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False, FMA_SHARE, DEGREE)
     write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE, seq_q, start_m, BLOCK_M)
 
 
@@ -326,13 +400,14 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
 def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
              k_desc, v_desc, o_desc, LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
              HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr):
+             CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr, FMA_SHARE: gl.constexpr,
+             DEGREE: gl.constexpr):
     """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*HALF, (WG+1)*HALF) of the tile."""
     first_row = start_m + WG * HALF
     o, row_max, row_sum = attend_tiles(
         q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
         k_desc, v_desc, kv_row, first_row, n_tiles, seq_k - seq_q, qk_scale,
-        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG)
+        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG, FMA_SHARE, DEGREE)
     write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * HALF, LSE, seq_q, first_row, HALF)
 
 
@@ -354,7 +429,7 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
                        n_heads, group, seq_q, seq_k, qk_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr):
+                       CONSUMER_REGS: gl.constexpr, FMA_SHARE: gl.constexpr, DEGREE: gl.constexpr):
     """Warp-specialised: two consumer warpgroups of BLOCK_M/2 rows each (the default
     partition and a 4-warp worker) and a 1-warp producer that does every load.
     With PINGPONG the consumers take turns to issue their matrix products, so that
@@ -382,10 +457,10 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
     gl.warp_specialize([
         (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
                     LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 0)),
+                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
         (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
                     LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 1)),
+                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 1, FMA_SHARE, DEGREE)),
         (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
                     q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 24])
@@ -401,7 +476,7 @@ def _descriptor(x2d: torch.Tensor, block: tuple):
 
 
 def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
-                 schedule: str = "overlap") -> None:
+                 schedule: str = "overlap", fma_share: int = 0) -> None:
     """Everything this kernel assumes, each with an error that names the argument: the
     checks every kernel here shares (``autograd.check_shapes``), then this kernel's own
     limits, the device last, so that every other error shows on any machine."""
@@ -417,6 +492,7 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
                          f"128, got {block_m}")
     check_choice(block_n, "block_n", BLOCK_NS)
     check_choice(stages, "stages", STAGES)
+    check_choice(fma_share, "fma_share", FMA_SHARES)
     seq_q, seq_k = q.shape[2], k.shape[2]
     if seq_q % block_m or seq_k % block_n:
         raise ValueError(f"the Gluon kernel needs seq_q a multiple of block_m={block_m} and seq_k a multiple of "
@@ -432,7 +508,8 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
 
 def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
                   block_n: int | None = None, stages: int | None = None,
-                  schedule: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  schedule: str | None = None, fma_share: int = 0,
+                  degree: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on a Hopper GPU with the Gluon kernel: returns ``(o, lse)`` as ``flash_forward`` does.
 
     q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
@@ -445,7 +522,7 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     default = DEFAULTS.get(q.shape[-1], DEFAULTS[128]) if isinstance(q, torch.Tensor) and q.dim() == 4 else DEFAULTS[128]
     block_m, block_n, stages, schedule = (d if x is None else x for x, d in
                                           zip((block_m, block_n, stages, schedule), default))
-    check_inputs(q, k, v, causal, block_m, block_n, stages, schedule)
+    check_inputs(q, k, v, causal, block_m, block_n, stages, schedule, fma_share)
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, seq_q, d = q.shape
     seq_k = k.shape[2]
@@ -457,7 +534,8 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     k_desc, v_desc = (_descriptor(x, (block_n, d)) for x in (k2, v2))
     grid = (seq_q // block_m, batch * heads)
     args = (q_desc, k_desc, v_desc, o_desc, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
-    shape = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal))
+    shape = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
+                 FMA_SHARE=fma_share, DEGREE=degree)
     if schedule == "overlap":
         _gluon_attn_fwd[grid](*args, **shape, num_warps=block_m // 16)
     else:
@@ -467,7 +545,8 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
 
 
 def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_n: int = 128, stages: int = 3,
-                schedule: str = "producer", causal: bool = True, dtype: str = "fp16"):
+                schedule: str = "producer", causal: bool = True, dtype: str = "fp16", fma_share: int = 0,
+                degree: int = 4):
     """Compile the kernel for compute capability ``cc`` without that GPU (Triton ships its
     own ``ptxas``); returns Triton's compiled kernel (``metadata.shared`` in bytes,
     ``asm["ptx"]``). Needs TRITON_INTERPRET=0 when triton was imported:
@@ -484,7 +563,8 @@ def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_
 
     signature = {"q_desc": desc(q_rows), "k_desc": desc(block_n), "v_desc": desc(block_n), "o_desc": desc(q_rows),
                  "LSE": "*fp32", "n_heads": "i32", "group": "i32", "seq_q": "i32", "seq_k": "i32", "qk_scale": "fp32"}
-    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
+    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
+                  "FMA_SHARE": fma_share, "DEGREE": degree}
     if schedule == "overlap":
         fn, warps = _gluon_attn_fwd, block_m // 16
     else:
