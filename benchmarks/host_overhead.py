@@ -47,20 +47,6 @@ def host_us(fn, calls: int = 500, rounds: int = 5) -> float:
     return statistics.median(times)
 
 
-def graph_ms(fn) -> float:
-    """The benchmark's timer on a CUDA graph of ``fn``: the GPU's work without the CPU's."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return bench.time_ms(graph.replay)
-
-
 def implementations(peer):
     found = {"flashbook forward": lambda q, k, v, c: flash_forward(q, k, v, causal=c),
              "flashbook (autograd)": lambda q, k, v, c: flash_attention(q, k, v, causal=c)}
@@ -120,7 +106,7 @@ def main() -> None:
             try:
                 call = (lambda fn=fn: fn(q, k, v, bool(causal)))
                 row["timer_ms"] = bench.time_ms(call)
-                row["graph_ms"] = graph_ms(call)
+                row["graph_ms"] = bench.time_ms(call, graph=True)
                 row["timer_tflops"] = bench.tflops(flops, row["timer_ms"])
                 row["graph_tflops"] = bench.tflops(flops, row["graph_ms"])
             except Exception as err:  # noqa: BLE001

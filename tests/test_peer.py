@@ -248,6 +248,18 @@ def test_csv_and_provenance_name_the_peer_file(peer_file, tmp_path, rng):
     assert prov["settings"]["dtype"] == "fp16" and "peer.csv" in prov["files"]
 
 
+def test_graph_timing_is_an_option_the_provenance_names(peer_file):
+    """--graph replays each call from a CUDA graph (the GPU's work alone); the record says
+    which way a run was timed, and the default is the call as Python makes it."""
+    for extra, graph, replay in (([], False, "each call as Python makes it"),
+                                 (["--graph"], True, "a CUDA graph of each call")):
+        argv = ["--peer", str(peer_file), "--seq", "1K", *extra]
+        args = bench.parse_args(argv)
+        assert args.graph is graph
+        assert bench.collect_provenance(argv, args)["timing"]["replay"].startswith(replay)
+    assert bench.parse_args(["--quick", "--graph"]).graph is True
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 def test_cli_with_a_peer_and_no_gpu_says_so_and_writes_nothing(peer_file, tmp_path):
     out = tmp_path / "out"

@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "FUNC(q, k, v, causal, scale). Shapes: d 64,128, N 1K,4K,16K, both "
                         f"causal, fp16, {SHAPES_HELP}; --seq, --head-dim, --causal, --dtype "
                         "and --heads override them. Writes peer.csv")
+    p.add_argument("--graph", action="store_true",
+                   help="time each call replayed from a CUDA graph: the GPU's work alone, "
+                        "without the host's (Python, input checks, the launch); by default a "
+                        "call is timed as Python makes it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
     return p

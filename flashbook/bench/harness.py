@@ -160,12 +160,18 @@ class CudaTimer:
     Warm-up first (``warmup_ms`` worth of calls), then at least ``min_reps``
     timed calls (``rep_ms`` worth, at most ``max_reps``), each after writing a
     256 MB buffer so that no input sits in the L2 cache from the call before.
+
+    The events time the GPU, but a call whose host side (Python, checks, the launch)
+    takes longer than the GPU's flush before it makes the GPU wait, and the wait is
+    timed. With ``graph=True`` each call is captured once in a CUDA graph and the
+    graph is replayed instead: the GPU's work alone.
     """
 
-    def __init__(self, warmup_ms=25.0, rep_ms=100.0, min_reps=5, max_reps=200):
+    def __init__(self, warmup_ms=25.0, rep_ms=100.0, min_reps=5, max_reps=200, graph=False):
         import torch
 
         self.torch = torch
+        self.graph = bool(graph)
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
         self.min_reps, self.max_reps = min_reps, max_reps
         self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
@@ -179,6 +185,8 @@ class CudaTimer:
             for t in grad_to_none or ():
                 t.grad = None
 
+        if self.graph:
+            fn = self.captured(fn)
         fn()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -207,15 +215,32 @@ class CudaTimer:
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+    def captured(self, fn):
+        """``fn`` captured in a CUDA graph (after three calls on a side stream, which
+        compile and autotune): returns the graph's ``replay``."""
+        torch = self.torch
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
+
 @functools.lru_cache(maxsize=None)
-def _timer(warmup_ms: float, rep_ms: float) -> CudaTimer:
-    return CudaTimer(warmup_ms, rep_ms)
+def _timer(warmup_ms: float, rep_ms: float, graph: bool = False) -> CudaTimer:
+    return CudaTimer(warmup_ms, rep_ms, graph=graph)
 
 
-def time_ms(fn, *, grad_to_none=(), warmup_ms: float = 25.0, rep_ms: float = 100.0) -> float:
+def time_ms(fn, *, grad_to_none=(), warmup_ms: float = 25.0, rep_ms: float = 100.0, graph: bool = False) -> float:
     """Median time of ``fn()`` in ms, by ``CudaTimer``: the one timer behind every time the
-    benchmarks record (``python -m flashbook.bench`` and ``benchmarks/*.py``)."""
-    return _timer(float(warmup_ms), float(rep_ms))(fn, grad_to_none)
+    benchmarks record (``python -m flashbook.bench`` and ``benchmarks/*.py``); ``graph``:
+    replayed from a CUDA graph (the GPU's work alone)."""
+    return _timer(float(warmup_ms), float(rep_ms), bool(graph))(fn, grad_to_none)
 
 
 class CudaMemory:
@@ -389,7 +414,7 @@ def run_tools(args):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    return dtype, CudaTimer(args.warmup_ms, args.rep_ms), CudaMemory(), gen
+    return dtype, CudaTimer(args.warmup_ms, args.rep_ms, graph=getattr(args, "graph", False)), CudaMemory(), gen
 
 
 def run_sweep(args, impls, *, progress=True):
