@@ -55,6 +55,7 @@ import torch  # noqa: E402
 
 import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
 from flashbook import bench  # noqa: E402
+from flashbook.bench import graph_replay  # noqa: E402
 from flashbook.kernels import checks, decode, flash_attention, flash_decode  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, N_NEW = 32, 8, 128, 1
@@ -107,21 +108,6 @@ def plan(batches=BATCHES, seqs=SEQS, memory_bytes: float = 141e9) -> list[tuple[
 
 
 # ------------------------------------------------------------------ timing
-
-def graph_replay(fn):
-    """``fn`` captured in a CUDA graph (after two warm-up calls on a side stream); returns
-    the replay function and the output the graph writes to."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph.replay, out
-
 
 def copy_bandwidth(timer) -> dict:
     """Device-to-device copy of COPY_BYTES: (read + written bytes) / median time."""

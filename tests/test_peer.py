@@ -66,7 +66,7 @@ def peer_file(tmp_path):
     return path
 
 
-def _timer(fn):
+def _timer(fn, backward=False):
     """One call's wall time in ms: stands in for CUDA events on the CPU."""
     start = time.perf_counter()
     fn()
@@ -162,7 +162,7 @@ def test_a_correct_peer_passes_and_is_divided_by(peer_file, rng):
 def test_the_first_shape_is_measured_twice_and_recorded_once(peer_file, rng):
     calls = []
 
-    def counting_timer(fn):
+    def counting_timer(fn, backward=False):
         calls.append(fn)
         return _timer(fn)
 
@@ -252,12 +252,24 @@ def test_graph_timing_is_an_option_the_provenance_names(peer_file):
     """--graph replays each call from a CUDA graph (the GPU's work alone); the record says
     which way a run was timed, and the default is the call as Python makes it."""
     for extra, graph, replay in (([], False, "each call as Python makes it"),
-                                 (["--graph"], True, "a CUDA graph of each call")):
+                                 (["--graph"], True, "a CUDA graph of each forward call")):
         argv = ["--peer", str(peer_file), "--seq", "1K", *extra]
         args = bench.parse_args(argv)
         assert args.graph is graph
         assert bench.collect_provenance(argv, args)["timing"]["replay"].startswith(replay)
     assert bench.parse_args(["--quick", "--graph"]).graph is True
+    # the timer is told which calls are backward passes (those are never captured)
+    flags = []
+
+    def timer(fn, backward=False):
+        flags.append(backward)
+        return _timer(fn)
+
+    peer = bench.load_peer(f"{peer_file}:attention")
+    results = bench.compare(peer, SHAPES[:1], torch.float32, "fp32", timer=timer, device="cpu",
+                            impls={"flashbook": bench.naive_attention}, warmup=False)
+    assert all(r.bwd_status == "ok" for r in results)
+    assert flags == [False, True] * len(results)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")

@@ -28,7 +28,7 @@ from .impls import (  # noqa: F401
 )
 from .harness import (  # noqa: F401
     Shape, shape_label, TOKENS, MODEL_WIDTH, heads_for, make_shapes, STATUSES, TOLERANCE,
-    ShapeRow, Result, RESULT_FIELDS, classify_error, rel_err, CudaTimer, time_ms,
+    ShapeRow, Result, RESULT_FIELDS, classify_error, rel_err, CudaTimer, graph_replay, time_ms,
     CudaMemory, make_inputs, reference_slice, check_slice, skip_reason, bench_case, run_tools, run_sweep,
     progress_bar,
 )

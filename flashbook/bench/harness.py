@@ -163,8 +163,10 @@ class CudaTimer:
 
     The events time the GPU, but a call whose host side (Python, checks, the launch)
     takes longer than the GPU's flush before it makes the GPU wait, and the wait is
-    timed. With ``graph=True`` each call is captured once in a CUDA graph and the
-    graph is replayed instead: the GPU's work alone.
+    timed. With ``graph=True`` each forward call is captured once in a CUDA graph and
+    the graph is replayed instead: the GPU's work alone. A backward (``backward=True``)
+    is always called as Python makes it: autograd runs it on its forward's stream, so
+    it cannot be captured without its forward.
     """
 
     def __init__(self, warmup_ms=25.0, rep_ms=100.0, min_reps=5, max_reps=200, graph=False):
@@ -176,17 +178,18 @@ class CudaTimer:
         self.min_reps, self.max_reps = min_reps, max_reps
         self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
 
-    def __call__(self, fn, grad_to_none=()) -> float:
+    def __call__(self, fn, grad_to_none=(), backward: bool = False) -> float:
         """Median ms of ``fn()``; the ``.grad`` of each tensor in ``grad_to_none`` is reset
-        before every call (outside the timed region), so backward passes do not accumulate."""
+        before every call (outside the timed region), so backward passes do not accumulate.
+        ``backward``: ``fn`` runs a backward pass (never captured in a graph)."""
         torch = self.torch
 
         def reset():
             for t in grad_to_none or ():
                 t.grad = None
 
-        if self.graph:
-            fn = self.captured(fn)
+        if self.graph and not backward:
+            fn = graph_replay(fn)[0]
         fn()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -215,20 +218,22 @@ class CudaTimer:
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-    def captured(self, fn):
-        """``fn`` captured in a CUDA graph (after three calls on a side stream, which
-        compile and autotune): returns the graph's ``replay``."""
-        torch = self.torch
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+
+def graph_replay(fn):
+    """``fn`` captured in a CUDA graph (after two calls on a side stream, which compile
+    and autotune); returns the graph's replay function and the output the graph writes to."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
             fn()
-        return graph.replay
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
 
 
 @functools.lru_cache(maxsize=None)
@@ -389,8 +394,8 @@ def bench_case(name, fn, shape: Shape, inputs, *, dtype_name, timer, memory,
 
             stage = "backward timing"
             out = forward()
-            res.bwd_ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do,
-                                                           retain_graph=True))
+            res.bwd_ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
+                               backward=True)
             res.bwd_tflops = tflops(shape.flops_bwd, res.bwd_ms)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, none stops the sweep
         res.status, res.note = classify_error(exc, name)

@@ -205,7 +205,7 @@ def measure(name, fn, shape: Shape, inputs, ref, yardstick, *, dtype_name, timer
         res.bwd_check = "FAIL" if problems else "pass"
         res.note = "; ".join(filter(None, [res.note, *problems]))[:400]
         grads = None
-        res.bwd_ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
+        res.bwd_ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), backward=True)
         res.bwd_tflops = tflops(shape.flops_bwd, res.bwd_ms)
     except Exception as exc:  # noqa: BLE001
         _failed(res, "bwd", exc, name)

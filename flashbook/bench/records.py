@@ -178,7 +178,8 @@ def collect_provenance(argv, args=None) -> dict:
         "timing": {
             "method": "CUDA events around each call, a 256 MB buffer written before each "
                       "timed call (L2 flushed)",
-            "replay": ("a CUDA graph of each call, captured once (the GPU's work alone)"
+            "replay": ("a CUDA graph of each forward call, captured once (the GPU's work alone); "
+                       "each backward as Python makes it (autograd runs it on its forward's stream)"
                        if getattr(args, "graph", False) else "each call as Python makes it"),
             "statistic": "median",
             "warmup_ms": getattr(args, "warmup_ms", None),

@@ -151,7 +151,7 @@ def run_ladder(args, *, progress=True) -> list:
         else:
             out = flash_attention(q, k, v, causal=shape.causal, dq_mode=res.name.split()[-1])
             res.err_out = rel_err(out[:1, :1].detach(), o_ref)
-            res.ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
+            res.ms = timer(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), backward=True)
             res.tflops = tflops(shape.flops_bwd, res.ms)
 
     rungs = [("fwd", r.name) for r in RUNGS] + [("bwd", f"dQ {mode}") for mode in ("atomic", "separate")]
