@@ -111,3 +111,28 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
         assert 0 < r["shared"] <= limit, f"{what}: shared {r['shared']} B, limit {limit} B"
         assert r["tensor_core_ops"] > 0 and r["tma_copies"] > 0, what
         assert (r["register_moves"] > 0) == (r["schedule"] != "overlap"), what
+
+
+def test_fma_shares_move_exponentials_and_no_data(request):
+    """``fma_share`` compiled for sm_90: the special-function unit's exp2 instructions fall
+    by the share (a half, a quarter), and the split of each score tile moves no data
+    through shared memory (the columns it hands over are the same thread's registers)."""
+    from flashbook.kernels import targets
+
+    jobs = [dict(kernel="gluon_forward", cc=90, head_dim=64, dtype="fp16", causal=False, schedule="overlap",
+                 config=[64, 128, 4, 2], fma_share=share, degree=degree)
+            for share, degree in ((0, 4), (2, 4), (4, 4), (4, 3))]
+    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+    results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
+    for r in results:
+        assert r["error"] is None, r["error"][:600]
+    plain = results[0]
+    assert plain["exponentials"] > 0
+    for r in results[1:]:
+        assert r["shared_accesses"] == plain["shared_accesses"], r
+        # the tile's exponentials (all but the per-row rescale factors) shrink by the share
+        moved = plain["exponentials"] - r["exponentials"]
+        assert 0 < moved < plain["exponentials"], r
+    half, quarter = results[1]["exponentials"], results[2]["exponentials"]
+    assert plain["exponentials"] - half == 2 * (plain["exponentials"] - quarter)
+    assert results[3]["exponentials"] == quarter   # the degree changes the polynomial, not the split

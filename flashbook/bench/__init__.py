@@ -49,6 +49,7 @@ from .readback import (  # noqa: F401
     best_blocks, BlockState, block_state, HOPPER_EXPERIMENT, AUTOTUNE_RUN,
     load_recorded_json, load_hopper_experiment, hopper_experiment_table, LAZY_EXPERIMENT,
     STATIC_SHAPE_EXPERIMENT, variant_table, GLUON_EXPERIMENTS, GLUON_SCHEDULES, gluon_schedule_table,
+    GLUON_EXP2_EXPERIMENTS, fma_share_table, HOST_OVERHEAD_RUN, host_overhead_tables,
 )
 from .peer import (  # noqa: F401
     DEFAULT_FUNC, PEER_ROWS, PEER_SEQS, PEER_HEAD_DIMS, PEER_DTYPE, COMPARED, PeerSpec, split_peer,

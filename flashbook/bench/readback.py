@@ -618,6 +618,10 @@ STATIC_SHAPE_EXPERIMENT = "static_shape_h200.json"
 #: benchmarks/gluon_experiment.py's runs on the H200, by head_dim (chapter 10's Gluon kernel)
 GLUON_EXPERIMENTS = {128: "gluon_h200/gluon_d128.json", 64: "gluon_h200/gluon_d64.json"}
 GLUON_SCHEDULES = ("overlap", "producer", "pingpong")
+#: benchmarks/gluon_exp2_experiment.py's runs on the H200, by head_dim: part of the exponentials on the FMA units
+GLUON_EXP2_EXPERIMENTS = {64: "gluon_exp2_h200/gluon_exp2_d64.json", 128: "gluon_exp2_h200/gluon_exp2_d128.json"}
+#: benchmarks/host_overhead.py's run on the H200
+HOST_OVERHEAD_RUN = "host_overhead_h200/host_overhead.json"
 
 
 def variant_table(name: str, prefix: str, root=None):
@@ -648,6 +652,48 @@ def best_variants(rows, prefix: str, name: str = "the run"):
                     "best_err": float(best["max_abs_err_head0_vs_float64"]),
                     "flashbook_err": float(by.loc["flashbook", "max_abs_err_head0_vs_float64"])})
     return pd.DataFrame(out)
+
+
+def fma_share_table(head_dim: int, root=None):
+    """Chapter 10's exponentials on the FMA units at one head_dim: per dtype, length and
+    mask, the kernel's TFLOP/s with none there (``share0``, its first timing), the same
+    kernel timed again at the end of the shape's variants (``again``, over ``share0``: the
+    run's noise), and each ``fma{share} deg{degree}`` variant's TFLOP/s over ``share0``.
+    Errors against float64 are ``*_err`` columns. None when the run is not recorded."""
+    import pandas as pd
+
+    data = load_recorded_json(GLUON_EXP2_EXPERIMENTS[head_dim], root)
+    if data is None:
+        return None
+    rows = pd.DataFrame(data["rows"])
+    rows = rows[rows["variant"].str.startswith("gluon ")]
+    out = []
+    for (dtype, seq, causal), g in rows.groupby(["dtype", "seq", "causal"], sort=True):
+        tail = g["variant"].str.split(" fma").str[1]
+        by = dict(zip(tail, g["tflops"]))
+        err = dict(zip(tail, g["max_abs_err_head0_vs_float64"]))
+        row = {"dtype": dtype, "seq": int(seq), "causal": bool(causal), "share0": float(by["0"]),
+               "again": float(by["0 again"]) / float(by["0"]), "share0_err": float(err["0"])}
+        for name in tail:
+            if not name.startswith("0"):
+                row[f"fma{name}"] = float(by[name]) / float(by["0"])
+                row[f"fma{name}_err"] = float(err[name])
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def host_overhead_tables(root=None):
+    """``benchmarks/host_overhead.py``'s recorded run: (``host``: CPU microseconds per call
+    of each implementation and of the Gluon wrapper's parts, ``shapes``: per implementation
+    and shape, the benchmark's timer on the call and on its CUDA graph, in ms and TFLOP/s,
+    and ``inflation``, timer over graph), or None when it is not recorded."""
+    import pandas as pd
+
+    data = load_recorded_json(HOST_OVERHEAD_RUN, root)
+    if data is None:
+        return None
+    shapes = pd.DataFrame(data["shapes"])
+    return pd.DataFrame(data["host"]), shapes.assign(inflation=shapes["timer_ms"] / shapes["graph_ms"])
 
 
 def gluon_schedule_table(head_dim: int, root=None):

@@ -127,7 +127,8 @@ def run_job(job: dict) -> dict:
             compiled = hopper.compile_for(job["cc"], head_dim=job["head_dim"], block_m=config.block_m,
                                           block_n=config.block_n, stages=config.num_stages,
                                           schedule=job["schedule"], causal=job.get("causal", True),
-                                          dtype=job["dtype"])
+                                          dtype=job["dtype"], fma_share=job.get("fma_share", 0),
+                                          degree=job.get("degree", 4))
         else:
             compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
                                       dtype=job["dtype"], causal=job.get("causal", True),
@@ -141,10 +142,13 @@ def run_job(job: dict) -> dict:
         out["tensor_core_ops"] = ptx.count("mma.sync") + ptx.count("wgmma.mma_async")
         out["tma_copies"] = ptx.count("cp.async.bulk.tensor")
         out["register_moves"] = ptx.count("setmaxnreg")   # warp specialisation's register reallocation
+        out["exponentials"] = ptx.count("ex2.approx")   # on the special-function unit
+        out["shared_accesses"] = ptx.count("ld.shared") + ptx.count("st.shared")   # not TMA, not wgmma operands
         out["error"] = None
     except Exception as e:  # reported, not raised: the caller decides what a failure means
         out["shared"] = None
         out["tensor_core_ops"] = out["tma_copies"] = out["register_moves"] = None
+        out["exponentials"] = out["shared_accesses"] = None
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     return out
 
