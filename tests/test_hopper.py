@@ -31,6 +31,9 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
     ({}, dict(block_m=32), ValueError, "block_m must be one of (64, 128), got 32"),
     ({}, dict(schedule="fast"), ValueError, "schedule must be one of"),
     ({}, dict(schedule="pingpong", block_m=64), ValueError, "block_m must be 128"),
+    ({}, dict(fma_share=3), ValueError, "fma_share must be one of (0, 2, 4), got 3"),
+    ({}, dict(fma_share=False), TypeError, "fma_share must be one of (0, 2, 4), got False"),
+    ({}, dict(fma_share=2, degree=5), ValueError, "degree must be one of (3, 4), got 5"),
 ])
 def test_bad_input_is_named(change, kwargs, error, words):
     q, k, v = qkv(**change)
@@ -136,3 +139,22 @@ def test_fma_shares_move_exponentials_and_no_data(request):
     half, quarter = results[1]["exponentials"], results[2]["exponentials"]
     assert plain["exponentials"] - half == 2 * (plain["exponentials"] - quarter)
     assert results[3]["exponentials"] == quarter   # the degree changes the polynomial, not the split
+
+
+def test_exp2_polynomial_is_exact_at_zero_and_within_its_stated_error():
+    """The polynomial behind ``exp2_fma``: 2**0 = 1 exactly (the row's largest score keeps
+    weight 1), and its relative error on [-1/2, 1/2], measured independently on random points
+    in float64, stays within ``exp2_fma_error`` and below float16's half-ulp."""
+    import numpy as np
+
+    rng = np.random.default_rng()
+    f = rng.uniform(-0.5, 0.5, 200_000)
+    for degree in hopper.EXP2_DEGREES:
+        coeffs = hopper.exp2_polynomial(degree)
+        assert len(coeffs) == degree
+        value = 1.0 + sum(c * f ** (i + 1) for i, c in enumerate(coeffs))
+        err = np.abs(value / 2.0 ** f - 1.0).max()
+        assert err <= hopper.exp2_fma_error(degree) * (1 + 1e-6)   # the grid may miss the peak by 1e-10
+        assert hopper.exp2_fma_error(degree) < float(torch.finfo(torch.float16).eps) / 2
+    # each degree more buys at least an order of magnitude
+    assert hopper.exp2_fma_error(4) < hopper.exp2_fma_error(3) / 10

@@ -22,6 +22,10 @@ lower-level dialect, where the program says when things happen:
   producer warp and the computing to two consumer warpgroups, with registers moved
   from the one to the others ("producer"), optionally taking turns on the tensor
   cores ("pingpong"). All three run the one loop of ``attend_tiles``.
+* Optionally (``fma_share``), part of each score tile's exponentials is computed with
+  a polynomial on the FMA units instead of the special-function unit (``exp2_fma``,
+  FlashAttention-4's trick). Chapter 10 measures it: on the H200 it made the kernel
+  slower, so it is off by default.
 
 It is a second kernel, not a replacement: it runs only on sm_90, for float16 and
 bfloat16, head_dim 64 or 128, sequence lengths that are whole tiles, and no
@@ -66,6 +70,7 @@ STAGES = (2, 3, 4)     # K/V tiles in flight
 SCHEDULES = ("overlap", "producer", "pingpong")
 #: 1/share of each score tile's exponentials computed on the FMA units (0: none; exp2_fma)
 FMA_SHARES = (0, 2, 4)
+EXP2_DEGREES = (3, 4)  # degrees of exp2_fma's polynomial
 CONSUMER_REGS = 240    # registers per consumer thread under warp specialisation (the producer keeps 24)
 #: (block_m, block_n, stages, schedule) used when none is given: the fastest of
 #: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes
@@ -144,7 +149,8 @@ def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
 def exp2_fma(x, DEGREE: gl.constexpr):
     """2**x for x <= 0 without the special-function unit: x = j + f with j a whole
     number and f in [-1/2, 1/2]; 2**f is a polynomial (FMA units), and j goes
-    straight into the exponent bits. (FlashAttention-4's trick, section 10.x.)"""
+    straight into the exponent bits (FlashAttention-4's trick; chapter 10 measures it).
+    DEGREE (3 or 4) is the polynomial's degree (``exp2_polynomial``)."""
     x = gl.maximum(x, EXP2_FLOOR)     # 2**-125 stands in for 0; the exponent bits must not underflow
     shifted = x + ROUNDER             # j lands in the low mantissa bits, rounded to nearest
     j = shifted - ROUNDER
@@ -476,7 +482,7 @@ def _descriptor(x2d: torch.Tensor, block: tuple):
 
 
 def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
-                 schedule: str = "overlap", fma_share: int = 0) -> None:
+                 schedule: str = "overlap", fma_share: int = 0, degree: int = 4) -> None:
     """Everything this kernel assumes, each with an error that names the argument: the
     checks every kernel here shares (``autograd.check_shapes``), then this kernel's own
     limits, the device last, so that every other error shows on any machine."""
@@ -492,7 +498,10 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
                          f"128, got {block_m}")
     check_choice(block_n, "block_n", BLOCK_NS)
     check_choice(stages, "stages", STAGES)
+    if isinstance(fma_share, bool):   # False == 0 and True == 1 would slip through the choice
+        raise TypeError(f"fma_share must be one of {FMA_SHARES}, got {fma_share!r}")
     check_choice(fma_share, "fma_share", FMA_SHARES)
+    check_choice(degree, "degree", EXP2_DEGREES)
     seq_q, seq_k = q.shape[2], k.shape[2]
     if seq_q % block_m or seq_k % block_n:
         raise ValueError(f"the Gluon kernel needs seq_q a multiple of block_m={block_m} and seq_k a multiple of "
@@ -517,12 +526,14 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     that two programs share an SM; 128: two warpgroups), ``block_n`` keys per tile
     (64 or 128), ``stages`` K/V tiles in flight (2 to 4), ``schedule`` one of
     ``SCHEDULES`` ("producer" and "pingpong" take block_m=128). What is not given comes
-    from ``DEFAULTS`` for the head_dim.
+    from ``DEFAULTS`` for the head_dim. ``fma_share`` (one of ``FMA_SHARES``): 1/fma_share
+    of each score tile's exponentials on the FMA units (0: none), by a polynomial of
+    ``degree`` 3 or 4 (relative error ``exp2_fma_error(degree)``).
     """
     default = DEFAULTS.get(q.shape[-1], DEFAULTS[128]) if isinstance(q, torch.Tensor) and q.dim() == 4 else DEFAULTS[128]
     block_m, block_n, stages, schedule = (d if x is None else x for x, d in
                                           zip((block_m, block_n, stages, schedule), default))
-    check_inputs(q, k, v, causal, block_m, block_n, stages, schedule, fma_share)
+    check_inputs(q, k, v, causal, block_m, block_n, stages, schedule, fma_share, degree)
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, seq_q, d = q.shape
     seq_k = k.shape[2]
