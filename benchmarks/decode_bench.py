@@ -340,8 +340,7 @@ def main(argv=None) -> int:
         return 2
     start = time.time()
     os.makedirs(args.out, exist_ok=True)
-    prov = bench.collect_provenance(argv)
-    prov["command"] = "python3 benchmarks/decode_bench.py " + " ".join(argv)
+    prov = bench.collect_provenance(argv, program="python3 benchmarks/decode_bench.py")
     prov["settings"] = {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "n_new": N_NEW,
                         "dtype": "bf16", "batches": list(args.batches), "seqs": list(args.seqs),
                         "impl": list(args.impl), "rep_ms": args.rep_ms, "budget_s": args.budget_s,

@@ -162,8 +162,7 @@ def run_tutorial_shapes(doc: str, script: str, filename: str, variants_for, dtyp
     parser.add_argument("--dtypes", default=dtypes)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    prov = bench.collect_provenance([script] + sys.argv[1:])
-    prov["command"] = f"python3 benchmarks/{script} " + " ".join(sys.argv[1:])
+    prov = bench.collect_provenance(sys.argv[1:], program=f"python3 benchmarks/{script}")
     result = {"what": doc.split("\n\n")[0], "environment": prov, "rows": []}
     path = os.path.join(args.out, filename)
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -68,8 +68,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     from flashbook.bench.peer import load_peer
     peer = load_peer(args.peer) if args.peer else None
-    prov = bench.collect_provenance(["host_overhead.py"] + sys.argv[1:])
-    prov["command"] = "python3 benchmarks/host_overhead.py " + " ".join(sys.argv[1:])
+    prov = bench.collect_provenance(sys.argv[1:], program="python3 benchmarks/host_overhead.py")
     if peer is not None:
         prov["peer"] = peer.provenance()
     result = {"what": __doc__.split("\n\n")[0], "environment": prov, "host": [], "shapes": []}

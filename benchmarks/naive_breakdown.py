@@ -27,8 +27,7 @@ from flashbook import bench, plots  # noqa: E402
 
 def environment(argv, settings: dict) -> dict:
     """``bench.collect_provenance`` for this script: its own command, settings and timing."""
-    prov = bench.collect_provenance(argv)
-    prov["command"] = " ".join(["python3", "benchmarks/naive_breakdown.py", *argv])
+    prov = bench.collect_provenance(argv, program="python3 benchmarks/naive_breakdown.py")
     prov["settings"] = settings
     prov["timing"] = {"method": "wall clock around each step, the device synchronised after it "
                                 "(flashbook.plots.measure_naive_steps)",

@@ -410,7 +410,8 @@ def test_naive_breakdown_records_the_provenance_every_run_writes(tmp_path):
     rec = json.loads((tmp_path / "naive_breakdown.json").read_text())
     env = rec["environment"]
     assert set(bench.PROVENANCE_KEYS) <= set(env), set(bench.PROVENANCE_KEYS) - set(env)
-    assert env["command"] == f"python3 benchmarks/naive_breakdown.py --out {tmp_path} --n 48 --d 16 32"
+    # the folder it wrote to is a path of this machine: recorded as OUT_DIR
+    assert env["command"] == "python3 benchmarks/naive_breakdown.py --out OUT_DIR --n 48 --d 16 32"
     assert env["torch"] == torch.__version__ and env["source_sha256"] == bench.source_digest()
     assert env["settings"]["n"] == [48] and list(env["files"]) == ["naive_breakdown.json"]
     assert [(r["n"], r["d"]) for r in rec["rows"]] == [(48, 16), (48, 32)]
@@ -1206,6 +1207,14 @@ def test_variant_tables_are_the_recorded_rows():
     assert (static["best_vs_flashbook"] > 1).all() and len(static) == 6   # chapter 10: faster at every shape
     with pytest.raises(ValueError, match="prefix must start"):
         bench.variant_table(bench.LAZY_EXPERIMENT, "eager")
+
+
+def test_command_line_writes_the_output_folder_as_out_dir():
+    assert bench.command_line(["--peer", "x.py", "--out", "/root/out/run", "--graph"]) == (
+        "python -m flashbook.bench --peer x.py --out OUT_DIR --graph")
+    assert bench.command_line(["--out=/tmp/a b", "--seq", "1K"], program="python3 benchmarks/y.py") == (
+        "python3 benchmarks/y.py --out=OUT_DIR --seq 1K")
+    assert bench.command_line(["--seq", "1K,2K"]) == "python -m flashbook.bench --seq 1K,2K"
 
 
 def test_recorded_commands_name_no_machine_paths():

@@ -128,13 +128,24 @@ def match_chip(gpu_name: str):
     return None
 
 
-def command_line(argv) -> str:
-    """The command that reproduces this run (no paths of this machine in it)."""
-    return " ".join(shlex.quote(a) for a in ["python", "-m", "flashbook.bench", *argv])
+def command_line(argv, program: str = "python -m flashbook.bench") -> str:
+    """The command that reproduces this run: ``program`` and its arguments, with the folder
+    after ``--out`` written OUT_DIR (no paths of this machine in it)."""
+    shown, hide = [], False
+    for arg in argv:
+        if hide:
+            arg, hide = "OUT_DIR", False
+        elif arg == "--out":
+            hide = True
+        elif arg.startswith("--out="):
+            arg = "--out=OUT_DIR"
+        shown.append(shlex.quote(arg))
+    return " ".join([program, *shown])
 
 
-def collect_provenance(argv, args=None) -> dict:
-    """Everything needed to judge or repeat a run. No hostname, no user name."""
+def collect_provenance(argv, args=None, program: str = "python -m flashbook.bench") -> dict:
+    """Everything needed to judge or repeat a run. No hostname, no user name. ``program``
+    starts the recorded command (a script's own, e.g. ``python3 benchmarks/x.py``)."""
     versions = {}
     for mod in ("torch", "triton"):
         try:
@@ -163,7 +174,7 @@ def collect_provenance(argv, args=None) -> dict:
         }
     return {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(argv),
+        "command": command_line(argv, program),
         "gpu": gpu_info(),
         "driver": _driver_version(),
         "cuda": cuda,
