@@ -30,6 +30,7 @@ GLUON_CONFIGS = {
           (128, 128, 2, "pingpong"), (128, 128, 3, "pingpong"), (128, 64, 3, "pingpong"), (128, 64, 4, "pingpong")),
     64: ((64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (64, 128, 3, "overlap"),
          (128, 128, 2, "overlap"), (128, 128, 3, "overlap"),
+         (192, 128, 2, "producer"), (192, 128, 3, "producer"), (192, 128, 4, "producer"), (192, 64, 4, "producer"),
          (128, 128, 3, "producer"), (128, 128, 3, "pingpong"), (128, 128, 4, "pingpong"), (128, 64, 4, "pingpong"))}
 
 

@@ -60,7 +60,8 @@ from .forward import LN2, LOG2E
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
-BLOCK_MS = (64, 128)   # query rows per program: one warpgroup (4 warps) per 64 rows
+BLOCK_MS = (64, 128, 192)   # query rows per program: one warpgroup (4 warps) per 64 rows
+WG_ROWS = 64           # query rows per consumer warpgroup under warp specialisation
 BLOCK_NS = (64, 128)   # keys per tile
 STAGES = (2, 3, 4)     # K/V tiles in flight
 #: how the work of one program is laid out in time (chapter 10):
@@ -71,7 +72,9 @@ SCHEDULES = ("overlap", "producer", "pingpong")
 #: 1/share of each score tile's exponentials computed on the FMA units (0: none; exp2_fma)
 FMA_SHARES = (0, 2, 4)
 EXP2_DEGREES = (3, 4)  # degrees of exp2_fma's polynomial
-CONSUMER_REGS = 240    # registers per consumer thread under warp specialisation (the producer keeps 24)
+#: registers per consumer thread under warp specialisation, by the number of consumer
+#: warpgroups (the producer warp keeps 24); what is left of the SM's 64K for one program
+CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 #: (block_m, block_n, stages, schedule) used when none is given: the fastest of
 #: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes
 DEFAULTS = {128: (128, 128, 3, "producer"), 64: (64, 128, 2, "overlap")}
@@ -117,6 +120,7 @@ if HAS_GLUON:
     P4_1, P4_2, P4_3, P4_4 = (gl.constexpr(c) for c in exp2_polynomial(4))
     EXP2_FLOOR = gl.constexpr(-125.0)
     ROUNDER = gl.constexpr(1.5 * 2.0**23)
+    WG_ROWS_C = gl.constexpr(WG_ROWS)
 else:  # the functions below stay plain Python (readable, not runnable) without Gluon
     def _jit(fn):
         return fn
@@ -419,10 +423,11 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
 
 @_jit
 def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-             q_row, kv_row, n_tiles, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+             q_row, kv_row, n_tiles, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             NUM_WG: gl.constexpr):
     """The producer warp: both halves of Q, then every K/V tile into the ring as soon
     as both warpgroups have released the slot's previous tile."""
-    for wg in gl.static_range(2):
+    for wg in gl.static_range(NUM_WG):
         mbarrier.expect(q_bars.index(wg), q_desc.block_type.nbytes)
         tma_load(q_desc, [q_row + wg * HALF, 0], q_bars.index(wg), q_smem.index(wg))
     for t in range(n_tiles):
@@ -440,36 +445,60 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
     partition and a 4-warp worker) and a 1-warp producer that does every load.
     With PINGPONG the consumers take turns to issue their matrix products, so that
     one's softmax runs while the other's products occupy the tensor cores."""
-    HALF: gl.constexpr = BLOCK_M // 2
+    HALF: gl.constexpr = WG_ROWS_C
+    NUM_WG: gl.constexpr = BLOCK_M // WG_ROWS_C
     dtype: gl.constexpr = q_desc.dtype
     start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, HALF, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     pp_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    init_barriers(q_bars, 2, 1)
+    init_barriers(q_bars, NUM_WG, 1)
     init_barriers(k_bars, STAGES, 1)
     init_barriers(v_bars, STAGES, 1)
-    init_barriers(kv_empty, STAGES, 2)   # both consumer warpgroups release each tile
+    init_barriers(kv_empty, STAGES, NUM_WG)   # every consumer warpgroup releases each tile
     init_barriers(pp_bars, 2, 1)
     fence_async_shared()
     if PINGPONG:
         mbarrier.arrive(pp_bars.index(0))   # warpgroup 0 takes the first turn
 
-    gl.warp_specialize([
-        (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
-                    LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
-        (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc,
-                    LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-                    HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, 1, FMA_SHARE, DEGREE)),
-        (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                    q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    if NUM_WG == 1:
+        gl.warp_specialize([
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
+                     CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
+            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
+                     q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG)),
+        ], [1], [24])
+    elif NUM_WG == 2:
+        gl.warp_specialize([
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
+                     CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
+                     CAUSAL, PINGPONG, 1, FMA_SHARE, DEGREE)),
+            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
+                     q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
+                     CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
+                     CAUSAL, PINGPONG, 1, FMA_SHARE, DEGREE)),
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
+                     CAUSAL, PINGPONG, 2, FMA_SHARE, DEGREE)),
+            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
+                     q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 @functools.lru_cache(maxsize=None)
 def _shared_layout(block: tuple, dtype: torch.dtype):
@@ -493,9 +522,11 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
     check_choice(q.shape[3], "head_dim", HEAD_DIMS)
     check_choice(schedule, "schedule", SCHEDULES)
     check_choice(block_m, "block_m", BLOCK_MS)
-    if schedule != "overlap" and block_m != 128:
+    if schedule == "pingpong" and block_m != 128:
         raise ValueError(f"schedule={schedule!r} splits a 128-row tile between two warpgroups: block_m must be "
                          f"128, got {block_m}")
+    if schedule == "overlap" and block_m == 192:
+        raise ValueError("schedule='overlap' takes block_m 64 or 128 (one program, its own warps), got 192")
     check_choice(block_n, "block_n", BLOCK_NS)
     check_choice(stages, "stages", STAGES)
     if isinstance(fma_share, bool):   # False == 0 and True == 1 would slip through the choice
@@ -540,7 +571,7 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
-    q_rows = block_m if schedule == "overlap" else block_m // 2   # the rows one warpgroup set loads and stores
+    q_rows = block_m if schedule == "overlap" else WG_ROWS   # the rows one warpgroup set loads and stores
     q_desc, o_desc = (_descriptor(x, (q_rows, d)) for x in (q2, o.view(-1, d)))
     k_desc, v_desc = (_descriptor(x, (block_n, d)) for x in (k2, v2))
     grid = (seq_q // block_m, batch * heads)
@@ -550,7 +581,8 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     if schedule == "overlap":
         _gluon_attn_fwd[grid](*args, **shape, num_warps=block_m // 16)
     else:
-        _gluon_attn_fwd_ws[grid](*args, **shape, PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS,
+        _gluon_attn_fwd_ws[grid](*args, **shape, PINGPONG=schedule == "pingpong",
+                                 CONSUMER_REGS=CONSUMER_REGS[block_m // WG_ROWS],
                                  num_warps=4)
     return o, lse
 
@@ -567,7 +599,7 @@ def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_
     from triton.experimental.gluon._runtime import GluonASTSource
 
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    q_rows = block_m if schedule == "overlap" else block_m // 2
+    q_rows = block_m if schedule == "overlap" else WG_ROWS
 
     def desc(rows):
         return f"tensordesc<{dtype}[{rows}, {head_dim}],{_shared_layout((rows, head_dim), torch_dtype)!r}>"
@@ -580,7 +612,7 @@ def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_
         fn, warps = _gluon_attn_fwd, block_m // 16
     else:
         fn, warps = _gluon_attn_fwd_ws, 4
-        constexprs.update(PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS)
+        constexprs.update(PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS[block_m // WG_ROWS])
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn, signature, constexprs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": warps})
