@@ -22,13 +22,15 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
     (dict(dtype=torch.float32), {}, TypeError, "float16 or bfloat16"),
     ({}, dict(causal=1), TypeError, "causal must be True or False"),
     (dict(d=80), {}, ValueError, "head_dim must be one of (64, 128)"),
-    (dict(n_q=200), {}, ValueError, "seq_q=200"),
+    (dict(n_q=200), {}, ValueError, "seq_q a multiple of 64"),
     (dict(n_k=200), {}, ValueError, "seq_k=200"),
     (dict(n_q=512, n_k=256), dict(causal=True), ValueError, "seq_q <= seq_k"),
     (dict(h=3, h_kv=2), {}, ValueError, "k's number of heads (2) must divide q's (3)"),
     ({}, dict(block_n=32), ValueError, "block_n must be one of (64, 128), got 32"),
     ({}, dict(stages=5), ValueError, "stages must be one of (2, 3, 4), got 5"),
-    ({}, dict(block_m=32), ValueError, "block_m must be one of (64, 128), got 32"),
+    ({}, dict(block_m=32), ValueError, "block_m must be one of (64, 128, 192), got 32"),
+    (dict(n_q=128), dict(block_m=192, schedule="producer"), ValueError, "at least block_m=192"),
+    (dict(n_q=320), dict(block_m=192, schedule="overlap"), ValueError, "schedule='overlap' takes block_m 64 or 128"),
     ({}, dict(schedule="fast"), ValueError, "schedule must be one of"),
     ({}, dict(schedule="pingpong", block_m=64), ValueError, "block_m must be 128"),
     ({}, dict(fma_share=3), ValueError, "fma_share must be one of (0, 2, 4), got 3"),
@@ -102,7 +104,7 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
                 jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=head_dim, dtype=dtype, causal=causal,
                                  schedule=schedule, config=[block_m, block_n, 4, stages]))
     for block_m, block_n, stages, schedule in ((128, 128, 3, "pingpong"), (128, 128, 3, "overlap"),
-                                               (64, 64, 3, "overlap"), (128, 64, 4, "producer")):
+                                               (64, 64, 3, "overlap"), (128, 64, 4, "producer"), hopper.SHORT_DEFAULT):
         jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True,
                          schedule=schedule, config=[block_m, block_n, 4, stages]))
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
@@ -158,3 +160,16 @@ def test_exp2_polynomial_is_exact_at_zero_and_within_its_stated_error():
         assert hopper.exp2_fma_error(degree) < float(torch.finfo(torch.float16).eps) / 2
     # each degree more buys at least an order of magnitude
     assert hopper.exp2_fma_error(4) < hopper.exp2_fma_error(3) / 10
+
+
+def test_default_configuration_follows_head_dim_and_length():
+    """d=64 takes three consumer warpgroups (192 query rows) where there are that many
+    rows, and one-warpgroup programs below; d=128 two warpgroups."""
+    assert hopper.default_config(64, 4096) == hopper.DEFAULTS[64] and hopper.DEFAULTS[64][0] == 192
+    assert hopper.default_config(64, 1024)[0] == 192      # 1024 = 5 * 192 + 64: the last tile overlaps
+    assert hopper.default_config(64, 128) == hopper.SHORT_DEFAULT
+    assert hopper.default_config(128, 1024) == hopper.DEFAULTS[128]
+    for head_dim in hopper.HEAD_DIMS:
+        for seq in (64, 128, 192, 320, 1024):
+            block_m, block_n, stages, schedule = hopper.default_config(head_dim, seq)
+            assert block_m <= seq and schedule in hopper.SCHEDULES and stages in hopper.STAGES

@@ -76,8 +76,17 @@ EXP2_DEGREES = (3, 4)  # degrees of exp2_fma's polynomial
 #: warpgroups (the producer warp keeps 24); what is left of the SM's 64K for one program
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 #: (block_m, block_n, stages, schedule) used when none is given: the fastest of
-#: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes
-DEFAULTS = {128: (128, 128, 3, "producer"), 64: (64, 128, 2, "overlap")}
+#: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes;
+#: at d=64 three consumer warpgroups (FlashAttention-3's 192-row tile), or SHORT_DEFAULT
+#: for fewer than 192 query rows
+DEFAULTS = {128: (128, 128, 3, "producer"), 64: (192, 128, 4, "producer")}
+SHORT_DEFAULT = (64, 128, 2, "overlap")
+
+
+def default_config(head_dim: int, seq_q: int) -> tuple:
+    """(block_m, block_n, stages, schedule) ``gluon_forward`` takes when none is given."""
+    config = DEFAULTS.get(head_dim, DEFAULTS[128])
+    return config if seq_q >= config[0] else SHORT_DEFAULT
 
 
 def exp2_polynomial(degree: int = 4):
@@ -222,7 +231,9 @@ def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.c
 
     Returns (start_m, q_row, kv_row, n_tiles): the tile's first query row, its row in
     the (batch*heads*seq_q, d) view of Q and O, the first row of its K/V head in the
-    (batch*kv_heads*seq_k, d) view of K and V, and how many key tiles it visits.
+    (batch*kv_heads*seq_k, d) view of K and V, and how many key tiles it visits. When
+    seq_q is not a whole number of tiles the last tile ends at seq_q and overlaps the one
+    before: the rows they share are computed twice, identically, and stored twice.
     """
     pid_m = gl.program_id(0)
     if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
@@ -230,7 +241,7 @@ def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.c
     bh = gl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    start_m = pid_m * BLOCK_M
+    start_m = gl.minimum(pid_m * BLOCK_M, seq_q - BLOCK_M)
     q_row = bh * seq_q + start_m
     kv_row = (b * (n_heads // group) + h // group) * seq_k
     if CAUSAL:  # the tile's last row sees keys up to start_m + BLOCK_M - 1 + (seq_k - seq_q)
@@ -534,9 +545,10 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
     check_choice(fma_share, "fma_share", FMA_SHARES)
     check_choice(degree, "degree", EXP2_DEGREES)
     seq_q, seq_k = q.shape[2], k.shape[2]
-    if seq_q % block_m or seq_k % block_n:
-        raise ValueError(f"the Gluon kernel needs seq_q a multiple of block_m={block_m} and seq_k a multiple of "
-                         f"block_n={block_n}, got seq_q={seq_q}, seq_k={seq_k}; flash_attention takes any length")
+    if seq_q % WG_ROWS or seq_q < block_m or seq_k % block_n:
+        raise ValueError(f"the Gluon kernel needs seq_q a multiple of {WG_ROWS} and at least block_m={block_m}, and "
+                         f"seq_k a multiple of block_n={block_n}, got seq_q={seq_q}, seq_k={seq_k}; flash_attention "
+                         "takes any length")
     if causal and seq_q > seq_k:
         raise ValueError(f"the causal Gluon kernel needs seq_q <= seq_k (every row must see a key), got "
                          f"seq_q={seq_q}, seq_k={seq_k}; flash_attention handles rows that see no key")
@@ -554,14 +566,17 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
 
     q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
     of kv_heads (GQA). ``block_m`` query rows per program (64: one warpgroup, so
-    that two programs share an SM; 128: two warpgroups), ``block_n`` keys per tile
-    (64 or 128), ``stages`` K/V tiles in flight (2 to 4), ``schedule`` one of
-    ``SCHEDULES`` ("producer" and "pingpong" take block_m=128). What is not given comes
-    from ``DEFAULTS`` for the head_dim. ``fma_share`` (one of ``FMA_SHARES``): 1/fma_share
+    that several programs share an SM; 128: two warpgroups; 192: three, "producer"
+    only), ``block_n`` keys per tile (64 or 128), ``stages`` K/V tiles in flight (2 to
+    4), ``schedule`` one of ``SCHEDULES`` ("pingpong" takes block_m=128). seq_q must be
+    a multiple of 64 and at least block_m (a last tile that does not fit overlaps the
+    one before), seq_k a multiple of block_n. What is not given comes from
+    ``default_config(head_dim, seq_q)``. ``fma_share`` (one of ``FMA_SHARES``): 1/fma_share
     of each score tile's exponentials on the FMA units (0: none), by a polynomial of
     ``degree`` 3 or 4 (relative error ``exp2_fma_error(degree)``).
     """
-    default = DEFAULTS.get(q.shape[-1], DEFAULTS[128]) if isinstance(q, torch.Tensor) and q.dim() == 4 else DEFAULTS[128]
+    default = (default_config(q.shape[-1], q.shape[2]) if isinstance(q, torch.Tensor) and q.dim() == 4
+               else DEFAULTS[128])
     block_m, block_n, stages, schedule = (d if x is None else x for x, d in
                                           zip((block_m, block_n, stages, schedule), default))
     check_inputs(q, k, v, causal, block_m, block_n, stages, schedule, fma_share, degree)
@@ -574,7 +589,7 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     q_rows = block_m if schedule == "overlap" else WG_ROWS   # the rows one warpgroup set loads and stores
     q_desc, o_desc = (_descriptor(x, (q_rows, d)) for x in (q2, o.view(-1, d)))
     k_desc, v_desc = (_descriptor(x, (block_n, d)) for x in (k2, v2))
-    grid = (seq_q // block_m, batch * heads)
+    grid = (-(-seq_q // block_m), batch * heads)   # the last tile may overlap the one before (tile_plan)
     args = (q_desc, k_desc, v_desc, o_desc, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
     shape = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
                  FMA_SHARE=fma_share, DEGREE=degree)
