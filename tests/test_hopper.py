@@ -162,14 +162,19 @@ def test_exp2_polynomial_is_exact_at_zero_and_within_its_stated_error():
     assert hopper.exp2_fma_error(4) < hopper.exp2_fma_error(3) / 10
 
 
-def test_default_configuration_follows_head_dim_and_length():
-    """d=64 takes three consumer warpgroups (192 query rows) where there are that many
-    rows, and one-warpgroup programs below; d=128 two warpgroups."""
-    assert hopper.default_config(64, 4096) == hopper.DEFAULTS[64] and hopper.DEFAULTS[64][0] == 192
-    assert hopper.default_config(64, 1024)[0] == 192      # 1024 = 5 * 192 + 64: the last tile overlaps
-    assert hopper.default_config(64, 128) == hopper.SHORT_DEFAULT
-    assert hopper.default_config(128, 1024) == hopper.DEFAULTS[128]
+def test_default_configuration_follows_head_dim_length_and_mask():
+    """d=64 takes three consumer warpgroups (192 query rows) for long sequences (from 3K
+    full, 6K causal: where they measured faster), one-warpgroup programs below; d=128
+    two warpgroups."""
+    assert hopper.DEFAULTS[64][0] == 192
+    assert hopper.default_config(64, 4096) == hopper.DEFAULTS[64]
+    assert hopper.default_config(64, 4096, causal=True) == hopper.SHORT_DEFAULT
+    assert hopper.default_config(64, 16384, causal=True) == hopper.DEFAULTS[64]
+    assert hopper.default_config(64, 1024) == hopper.SHORT_DEFAULT
+    assert hopper.default_config(128, 1024, causal=True) == hopper.DEFAULTS[128]
+    assert hopper.default_config(128, 64) == hopper.SHORT_DEFAULT
     for head_dim in hopper.HEAD_DIMS:
-        for seq in (64, 128, 192, 320, 1024):
-            block_m, block_n, stages, schedule = hopper.default_config(head_dim, seq)
-            assert block_m <= seq and schedule in hopper.SCHEDULES and stages in hopper.STAGES
+        for seq in (64, 128, 192, 320, 1024, 3072, 6144, 16384):
+            for causal in (False, True):
+                block_m, block_n, stages, schedule = hopper.default_config(head_dim, seq, causal)
+                assert block_m <= seq and schedule in hopper.SCHEDULES and stages in hopper.STAGES

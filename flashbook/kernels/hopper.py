@@ -19,7 +19,7 @@ lower-level dialect, where the program says when things happen:
 * The output tile leaves by TMA too, through the shared memory Q no longer needs.
 * Who loads and who waits for whom is the *schedule* (``SCHEDULES``): every warp
   loads its own tiles ("overlap"), or ``gl.warp_specialize`` gives the loads to one
-  producer warp and the computing to two consumer warpgroups, with registers moved
+  producer warp and the computing to two or three consumer warpgroups, with registers moved
   from the one to the others ("producer"), optionally taking turns on the tensor
   cores ("pingpong"). All three run the one loop of ``attend_tiles``.
 * Optionally (``fma_share``), part of each score tile's exponentials is computed with
@@ -28,7 +28,8 @@ lower-level dialect, where the program says when things happen:
   slower, so it is off by default.
 
 It is a second kernel, not a replacement: it runs only on sm_90, for float16 and
-bfloat16, head_dim 64 or 128, sequence lengths that are whole tiles, and no
+bfloat16, head_dim 64 or 128, query lengths that are multiples of 64 (the last tile
+may overlap the one before), key lengths that are whole key tiles, and no
 causal row that sees no key. Everything else stays with ``flash_attention``.
 Its results are checked against float64 like every kernel in the book (the GPU
 tests), and chapter 10 measures it beside the Triton kernel.
@@ -66,7 +67,7 @@ BLOCK_NS = (64, 128)   # keys per tile
 STAGES = (2, 3, 4)     # K/V tiles in flight
 #: how the work of one program is laid out in time (chapter 10):
 #: "overlap"  every warp loads and computes; S_{j} and P_{j-1} V_{j-1} overlap the softmax
-#: "producer" a producer warp does every load; two consumer warpgroups compute
+#: "producer" a producer warp does every load; one to three consumer warpgroups compute
 #: "pingpong" as "producer", and the consumers take turns on the tensor cores
 SCHEDULES = ("overlap", "producer", "pingpong")
 #: 1/share of each score tile's exponentials computed on the FMA units (0: none; exp2_fma)
@@ -77,16 +78,20 @@ EXP2_DEGREES = (3, 4)  # degrees of exp2_fma's polynomial
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 #: (block_m, block_n, stages, schedule) used when none is given: the fastest of
 #: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes;
-#: at d=64 three consumer warpgroups (FlashAttention-3's 192-row tile), or SHORT_DEFAULT
-#: for fewer than 192 query rows
+#: at d=64 three consumer warpgroups (FlashAttention-3's 192-row tile) for long sequences
 DEFAULTS = {128: (128, 128, 3, "producer"), 64: (192, 128, 4, "producer")}
+#: below these query lengths (full, causal) the 192-row tiles measured slower than
+#: SHORT_DEFAULT (gluon_d64_wg3.json, gluon_d64_run3.json and the --graph peer runs)
+WIDE_FROM = {False: 3072, True: 6144}
+#: what shorter sequences take (one-warpgroup programs, three to an SM)
 SHORT_DEFAULT = (64, 128, 2, "overlap")
 
 
-def default_config(head_dim: int, seq_q: int) -> tuple:
+def default_config(head_dim: int, seq_q: int, causal: bool = False) -> tuple:
     """(block_m, block_n, stages, schedule) ``gluon_forward`` takes when none is given."""
     config = DEFAULTS.get(head_dim, DEFAULTS[128])
-    return config if seq_q >= config[0] else SHORT_DEFAULT
+    shortest = max(config[0], WIDE_FROM[bool(causal)] if config[0] > 128 else 0)
+    return config if seq_q >= shortest else SHORT_DEFAULT
 
 
 def exp2_polynomial(degree: int = 4):
@@ -452,9 +457,9 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, FMA_SHARE: gl.constexpr, DEGREE: gl.constexpr):
-    """Warp-specialised: two consumer warpgroups of BLOCK_M/2 rows each (the default
-    partition and a 4-warp worker) and a 1-warp producer that does every load.
-    With PINGPONG the consumers take turns to issue their matrix products, so that
+    """Warp-specialised: BLOCK_M/64 consumer warpgroups of 64 rows each (the default
+    partition and 4-warp workers) and a 1-warp producer that does every load.
+    With PINGPONG the two consumers take turns to issue their matrix products, so that
     one's softmax runs while the other's products occupy the tensor cores."""
     HALF: gl.constexpr = WG_ROWS_C
     NUM_WG: gl.constexpr = BLOCK_M // WG_ROWS_C
@@ -571,12 +576,12 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     4), ``schedule`` one of ``SCHEDULES`` ("pingpong" takes block_m=128). seq_q must be
     a multiple of 64 and at least block_m (a last tile that does not fit overlaps the
     one before), seq_k a multiple of block_n. What is not given comes from
-    ``default_config(head_dim, seq_q)``. ``fma_share`` (one of ``FMA_SHARES``): 1/fma_share
+    ``default_config(head_dim, seq_q, causal)``. ``fma_share`` (one of ``FMA_SHARES``): 1/fma_share
     of each score tile's exponentials on the FMA units (0: none), by a polynomial of
     ``degree`` 3 or 4 (relative error ``exp2_fma_error(degree)``).
     """
-    default = (default_config(q.shape[-1], q.shape[2]) if isinstance(q, torch.Tensor) and q.dim() == 4
-               else DEFAULTS[128])
+    default = (default_config(q.shape[-1], q.shape[2], causal is True) if isinstance(q, torch.Tensor)
+               and q.dim() == 4 else DEFAULTS[128])
     block_m, block_n, stages, schedule = (d if x is None else x for x, d in
                                           zip((block_m, block_n, stages, schedule), default))
     check_inputs(q, k, v, causal, block_m, block_n, stages, schedule, fma_share, degree)
