@@ -31,6 +31,7 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
     ({}, dict(block_m=32), ValueError, "block_m must be one of (64, 128, 192), got 32"),
     (dict(n_q=128), dict(block_m=192, schedule="producer"), ValueError, "at least block_m=192"),
     (dict(n_q=320), dict(block_m=192, schedule="overlap"), ValueError, "schedule='overlap' takes block_m 64 or 128"),
+    ({}, dict(block_m=64, schedule="producer"), ValueError, "schedule='producer' takes block_m 128 or 192"),
     ({}, dict(schedule="fast"), ValueError, "schedule must be one of"),
     ({}, dict(schedule="pingpong", block_m=64), ValueError, "block_m must be 128"),
     ({}, dict(fma_share=3), ValueError, "fma_share must be one of (0, 2, 4), got 3"),

@@ -35,7 +35,7 @@ CASES = {
     "ragged-mqa-causal-d128": (1, 2, 1, 320, 384, 128, True),
 }
 #: (block_m, block_n, stages, schedule): every schedule, both key tiles, ring depths 2 to 4,
-#: one to three warpgroups per program
+#: one to three warpgroups per program (one: the overlap schedule only)
 CONFIGS = [(64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (128, 128, 3, "overlap"), (128, 64, 4, "overlap"),
            (128, 128, 2, "producer"), (128, 64, 3, "producer"), (128, 128, 3, "pingpong"), (128, 64, 2, "pingpong"),
            (192, 128, 4, "producer"), (192, 64, 3, "producer")]

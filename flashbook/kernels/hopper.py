@@ -67,7 +67,7 @@ BLOCK_NS = (64, 128)   # keys per tile
 STAGES = (2, 3, 4)     # K/V tiles in flight
 #: how the work of one program is laid out in time (chapter 10):
 #: "overlap"  every warp loads and computes; S_{j} and P_{j-1} V_{j-1} overlap the softmax
-#: "producer" a producer warp does every load; one to three consumer warpgroups compute
+#: "producer" a producer warp does every load; two or three consumer warpgroups compute
 #: "pingpong" as "producer", and the consumers take turns on the tensor cores
 SCHEDULES = ("overlap", "producer", "pingpong")
 #: 1/share of each score tile's exponentials computed on the FMA units (0: none; exp2_fma)
@@ -75,7 +75,7 @@ FMA_SHARES = (0, 2, 4)
 EXP2_DEGREES = (3, 4)  # degrees of exp2_fma's polynomial
 #: registers per consumer thread under warp specialisation, by the number of consumer
 #: warpgroups (the producer warp keeps 24); what is left of the SM's 64K for one program
-CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
+CONSUMER_REGS = {2: 240, 3: 160}
 #: (block_m, block_n, stages, schedule) used when none is given: the fastest of
 #: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes;
 #: at d=64 three consumer warpgroups (FlashAttention-3's 192-row tile) for long sequences
@@ -423,12 +423,13 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
 
 
 @_jit
-def consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars,
-             k_desc, v_desc, o_desc, LSE, kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale,
-             HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr, FMA_SHARE: gl.constexpr,
-             DEGREE: gl.constexpr):
-    """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*HALF, (WG+1)*HALF) of the tile."""
+def consumer(shared, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, FMA_SHARE: gl.constexpr, DEGREE: gl.constexpr,
+             WG: gl.constexpr):
+    """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*HALF, (WG+1)*HALF) of the tile.
+    ``shared`` holds the tensors and numbers every consumer takes (see ``_gluon_attn_fwd_ws``)."""
+    (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale) = shared
     first_row = start_m + WG * HALF
     o, row_max, row_sum = attend_tiles(
         q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
@@ -482,39 +483,23 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
     if PINGPONG:
         mbarrier.arrive(pp_bars.index(0))   # warpgroup 0 takes the first turn
 
-    if NUM_WG == 1:
+    # what every consumer warpgroup takes (a tuple keeps no compile-time constants: those go one by one)
+    shared = (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
+              kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale)
+    if NUM_WG == 2:
         gl.warp_specialize([
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
-                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
-                     CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
+            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
+            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                     q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG)),
-        ], [1], [24])
-    elif NUM_WG == 2:
-        gl.warp_specialize([
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
-                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
-                     CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
-                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
-                     CAUSAL, PINGPONG, 1, FMA_SHARE, DEGREE)),
-            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                     q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+                        q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
-                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
-                     CAUSAL, PINGPONG, 0, FMA_SHARE, DEGREE)),
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
-                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
-                     CAUSAL, PINGPONG, 1, FMA_SHARE, DEGREE)),
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
-                     kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale, HALF, HEAD_DIM, BLOCK_N, STAGES,
-                     CAUSAL, PINGPONG, 2, FMA_SHARE, DEGREE)),
+            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
+            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
+            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 2)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                     q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+                        q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG))],
+            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 @functools.lru_cache(maxsize=None)
 def _shared_layout(block: tuple, dtype: torch.dtype):
@@ -543,6 +528,8 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
                          f"128, got {block_m}")
     if schedule == "overlap" and block_m == 192:
         raise ValueError("schedule='overlap' takes block_m 64 or 128 (one program, its own warps), got 192")
+    if schedule == "producer" and block_m == 64:
+        raise ValueError("schedule='producer' takes block_m 128 or 192 (two or three consumer warpgroups), got 64")
     check_choice(block_n, "block_n", BLOCK_NS)
     check_choice(stages, "stages", STAGES)
     if isinstance(fma_share, bool):   # False == 0 and True == 1 would slip through the choice
@@ -571,8 +558,8 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
 
     q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
     of kv_heads (GQA). ``block_m`` query rows per program (64: one warpgroup, so
-    that several programs share an SM; 128: two warpgroups; 192: three, "producer"
-    only), ``block_n`` keys per tile (64 or 128), ``stages`` K/V tiles in flight (2 to
+    that several programs share an SM, "overlap" only; 128: two warpgroups; 192:
+    three, "producer" only), ``block_n`` keys per tile (64 or 128), ``stages`` K/V tiles in flight (2 to
     4), ``schedule`` one of ``SCHEDULES`` ("pingpong" takes block_m=128). seq_q must be
     a multiple of 64 and at least block_m (a last tile that does not fit overlaps the
     one before), seq_k a multiple of block_n. What is not given comes from
