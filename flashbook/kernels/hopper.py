@@ -165,18 +165,23 @@ def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
 
 @_jit
 def exp2_fma(x, DEGREE: gl.constexpr):
-    """2**x for x <= 0 without the special-function unit: x = j + f with j a whole
-    number and f in [-1/2, 1/2]; 2**f is a polynomial (FMA units), and j goes
-    straight into the exponent bits (FlashAttention-4's trick; chapter 10 measures it).
-    DEGREE (3 or 4) is the polynomial's degree (``exp2_polynomial``)."""
-    x = gl.maximum(x, EXP2_FLOOR)     # 2**-125 stands in for 0; the exponent bits must not underflow
-    shifted = x + ROUNDER             # j lands in the low mantissa bits, rounded to nearest
+    """2**x for x <= 0 without the special-function unit (FlashAttention-4's trick).
+
+    x = j + f, j a whole number and f in [-1/2, 1/2]: 2**f is a polynomial of
+    degree DEGREE (3 or 4, ``exp2_polynomial``) on the FMA units, and j goes
+    straight into the exponent bits. Chapter 10 measures it.
+    """
+    # 2**-125 stands in for 0: the exponent bits must not underflow
+    x = gl.maximum(x, EXP2_FLOOR)
+    # adding 1.5 * 2**23 rounds x to j and leaves j in the low bits
+    shifted = x + ROUNDER
     j = shifted - ROUNDER
     f = x - j
     if DEGREE == 3:
         p = ((P3_3 * f + P3_2) * f + P3_1) * f + 1.0
     else:
         p = (((P4_4 * f + P4_3) * f + P4_2) * f + P4_1) * f + 1.0
+    # multiply by 2**j: add j to the exponent field (bits 23 to 30)
     bits = p.to(gl.int32, bitcast=True) + (shifted.to(gl.int32, bitcast=True) << 23)
     return bits.to(gl.float32, bitcast=True)
 
