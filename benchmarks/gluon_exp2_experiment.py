@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton is imported)
-from flashbook.kernels.hopper import DEFAULTS, gluon_forward  # noqa: E402
+from flashbook.kernels.hopper import default_config, gluon_forward  # noqa: E402
 from hopper_fwd_experiment import run_tutorial_shapes  # noqa: E402  (beside this script)
 
 
@@ -29,7 +29,7 @@ SHARES = ((0, 4), (2, 4), (4, 4), (2, 3), (4, 3), (0, 4))
 
 
 def variants_for(q, k, v, causal):
-    block_m, block_n, stages, schedule = DEFAULTS[q.shape[-1]][:4]
+    block_m, block_n, stages, schedule = default_config(q.shape[-1], q.shape[2], causal)
     label = f"gluon {schedule} m{block_m} n{block_n} s{stages}"
     return [(f"{label} fma{share}" + (f" deg{degree}" if share else "") + (" again" if index == len(SHARES) - 1 else ""),
              lambda share=share, degree=degree: gluon_forward(
