@@ -572,7 +572,8 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     of each score tile's exponentials on the FMA units (0: none), by a polynomial of
     ``degree`` 3 or 4 (relative error ``exp2_fma_error(degree)``).
     """
-    default = (default_config(q.shape[-1], q.shape[2], causal is True) if isinstance(q, torch.Tensor)
+    masked = bool(causal) if causal in (True, False) else False   # check_inputs names a wrong causal
+    default = (default_config(q.shape[-1], q.shape[2], masked) if isinstance(q, torch.Tensor)
                and q.dim() == 4 else DEFAULTS[128])
     block_m, block_n, stages, schedule = (d if x is None else x for x, d in
                                           zip((block_m, block_n, stages, schedule), default))
