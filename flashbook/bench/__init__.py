@@ -55,8 +55,7 @@ from .peer import (  # noqa: F401
     DEFAULT_FUNC, PEER_ROWS, PEER_SEQS, PEER_HEAD_DIMS, PEER_DTYPE, COMPARED, PeerSpec, split_peer,
     load_peer, peer_shapes, PeerResult, PEER_FIELDS, measure, compare, run_peer, peer_provenance,
     format_peer_table, PEER_RUNS, load_peer_run, peer_ratio_table, GLUON_PEER_RUNS, GLUON_GRAPH_RUNS,
-    GLUON_WIDE_GRAPH_RUN,
-    peer_runs_table,
+    GLUON_WIDE_GRAPH_RUN, peer_runs_table,
 )
 from .cli import (  # noqa: F401
     DEFAULT_SEQS, DEFAULT_HEAD_DIMS, QUICK_SEQS, QUICK_HEAD_DIMS, parse_seq_list,

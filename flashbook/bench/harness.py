@@ -218,7 +218,6 @@ class CudaTimer:
         return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-
 def graph_replay(fn):
     """``fn`` captured in a CUDA graph (after two calls on a side stream, which compile
     and autotune); returns the graph's replay function and the output the graph writes to."""

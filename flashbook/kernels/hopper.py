@@ -428,30 +428,30 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
 
 
 @_jit
-def consumer(shared, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+def consumer(shared, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
              CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, FMA_SHARE: gl.constexpr, DEGREE: gl.constexpr,
              WG: gl.constexpr):
-    """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*HALF, (WG+1)*HALF) of the tile.
+    """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*ROWS, (WG+1)*ROWS) of the tile.
     ``shared`` holds the tensors and numbers every consumer takes (see ``_gluon_attn_fwd_ws``)."""
     (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
      kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale) = shared
-    first_row = start_m + WG * HALF
+    first_row = start_m + WG * ROWS
     o, row_max, row_sum = attend_tiles(
         q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
         k_desc, v_desc, kv_row, first_row, n_tiles, seq_k - seq_q, qk_scale,
-        HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG, FMA_SHARE, DEGREE)
-    write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * HALF, LSE, seq_q, first_row, HALF)
+        ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG, FMA_SHARE, DEGREE)
+    write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * ROWS, LSE, seq_q, first_row, ROWS)
 
 
 @_jit
 def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-             q_row, kv_row, n_tiles, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             q_row, kv_row, n_tiles, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
              NUM_WG: gl.constexpr):
-    """The producer warp: both halves of Q, then every K/V tile into the ring as soon
-    as both warpgroups have released the slot's previous tile."""
+    """The producer warp: each consumer warpgroup's ROWS rows of Q, then every K/V tile
+    into the ring as soon as every consumer has released the slot's previous tile."""
     for wg in gl.static_range(NUM_WG):
         mbarrier.expect(q_bars.index(wg), q_desc.block_type.nbytes)
-        tma_load(q_desc, [q_row + wg * HALF, 0], q_bars.index(wg), q_smem.index(wg))
+        tma_load(q_desc, [q_row + wg * ROWS, 0], q_bars.index(wg), q_smem.index(wg))
     for t in range(n_tiles):
         mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) - 1) & 1, pred=t >= STAGES)
         load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, t, True, BLOCK_N, STAGES)
@@ -467,11 +467,11 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
     partition and 4-warp workers) and a 1-warp producer that does every load.
     With PINGPONG the two consumers take turns to issue their matrix products, so that
     one's softmax runs while the other's products occupy the tensor cores."""
-    HALF: gl.constexpr = WG_ROWS_C
+    ROWS: gl.constexpr = WG_ROWS_C
     NUM_WG: gl.constexpr = BLOCK_M // WG_ROWS_C
     dtype: gl.constexpr = q_desc.dtype
     start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, HALF, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
@@ -493,18 +493,19 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
               kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
-            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                        q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG))], [4, 1], [CONSUMER_REGS, 24])
+                        q_row, kv_row, n_tiles, ROWS, BLOCK_N, STAGES, NUM_WG))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
-            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
-            (consumer, (shared, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 2)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 2)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                        q_row, kv_row, n_tiles, HALF, BLOCK_N, STAGES, NUM_WG))],
+                        q_row, kv_row, n_tiles, ROWS, BLOCK_N, STAGES, NUM_WG))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+
 
 @functools.lru_cache(maxsize=None)
 def _shared_layout(block: tuple, dtype: torch.dtype):
@@ -514,6 +515,15 @@ def _shared_layout(block: tuple, dtype: torch.dtype):
 
 def _descriptor(x2d: torch.Tensor, block: tuple):
     return TensorDescriptor.from_tensor(x2d, list(block), _shared_layout(block, x2d.dtype))
+
+
+def _launch_plan(schedule: str, block_m: int):
+    """What a schedule launches: (kernel, num_warps, rows one TMA copy of Q or O moves,
+    the kernel's extra compile-time constants)."""
+    if schedule == "overlap":
+        return _gluon_attn_fwd, block_m // 16, block_m, {}
+    extra = dict(PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS[block_m // WG_ROWS])
+    return _gluon_attn_fwd_ws, 4, WG_ROWS, extra
 
 
 def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
@@ -555,6 +565,7 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
         raise ValueError(f"q, k and v must be on a Hopper GPU (sm_90) for the Gluon kernel, got {q.device}; "
                          "flash_attention runs everywhere")
 
+
 def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
                   block_n: int | None = None, stages: int | None = None,
                   schedule: str | None = None, fma_share: int = 0,
@@ -584,19 +595,13 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
-    q_rows = block_m if schedule == "overlap" else WG_ROWS   # the rows one warpgroup set loads and stores
+    kernel, warps, q_rows, extra = _launch_plan(schedule, block_m)
     q_desc, o_desc = (_descriptor(x, (q_rows, d)) for x in (q2, o.view(-1, d)))
     k_desc, v_desc = (_descriptor(x, (block_n, d)) for x in (k2, v2))
     grid = (-(-seq_q // block_m), batch * heads)   # the last tile may overlap the one before (tile_plan)
     args = (q_desc, k_desc, v_desc, o_desc, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
-    shape = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
-                 FMA_SHARE=fma_share, DEGREE=degree)
-    if schedule == "overlap":
-        _gluon_attn_fwd[grid](*args, **shape, num_warps=block_m // 16)
-    else:
-        _gluon_attn_fwd_ws[grid](*args, **shape, PINGPONG=schedule == "pingpong",
-                                 CONSUMER_REGS=CONSUMER_REGS[block_m // WG_ROWS],
-                                 num_warps=4)
+    kernel[grid](*args, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
+                 FMA_SHARE=fma_share, DEGREE=degree, **extra, num_warps=warps)
     return o, lse
 
 
@@ -612,7 +617,7 @@ def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_
     from triton.experimental.gluon._runtime import GluonASTSource
 
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    q_rows = block_m if schedule == "overlap" else WG_ROWS
+    fn, warps, q_rows, extra = _launch_plan(schedule, block_m)
 
     def desc(rows):
         return f"tensordesc<{dtype}[{rows}, {head_dim}],{_shared_layout((rows, head_dim), torch_dtype)!r}>"
@@ -620,12 +625,7 @@ def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_
     signature = {"q_desc": desc(q_rows), "k_desc": desc(block_n), "v_desc": desc(block_n), "o_desc": desc(q_rows),
                  "LSE": "*fp32", "n_heads": "i32", "group": "i32", "seq_q": "i32", "seq_k": "i32", "qk_scale": "fp32"}
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
-                  "FMA_SHARE": fma_share, "DEGREE": degree}
-    if schedule == "overlap":
-        fn, warps = _gluon_attn_fwd, block_m // 16
-    else:
-        fn, warps = _gluon_attn_fwd_ws, 4
-        constexprs.update(PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS[block_m // WG_ROWS])
+                  "FMA_SHARE": fma_share, "DEGREE": degree, **extra}
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn, signature, constexprs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": warps})
