@@ -1,6 +1,6 @@
 """The Gluon forward kernel (chapter 10) beside the library's Triton kernel and cuDNN.
 
-    PYTHONPATH=. python3 benchmarks/gluon_experiment.py --out DIR [--head-dim 128] [--dtypes fp16,bf16]
+    PYTHONPATH=. python3 benchmarks/gluon_experiment.py --out DIR [--head-dim 128] [--dtypes fp16,bf16] [--graph]
 
 ``flashbook.kernels.hopper`` issues the next tile's Q K^T and the previous tile's
 P V as asynchronous warpgroup MMAs and runs the softmax while they compute, with K/V
@@ -28,10 +28,12 @@ GLUON_CONFIGS = {
     128: ((64, 64, 3, "overlap"), (128, 128, 3, "overlap"),
           (128, 128, 2, "producer"), (128, 128, 3, "producer"), (128, 64, 3, "producer"),
           (128, 128, 2, "pingpong"), (128, 128, 3, "pingpong"), (128, 64, 3, "pingpong"), (128, 64, 4, "pingpong")),
-    64: ((64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (64, 128, 3, "overlap"),
-         (128, 128, 2, "overlap"), (128, 128, 3, "overlap"),
+    64: ((64, 64, 2, "overlap"), (64, 64, 3, "overlap"), (64, 64, 4, "overlap"),
+         (64, 128, 2, "overlap"), (64, 128, 3, "overlap"),
+         (128, 64, 2, "overlap"), (128, 128, 2, "overlap"), (128, 128, 3, "overlap"),
          (192, 128, 2, "producer"), (192, 128, 3, "producer"), (192, 128, 4, "producer"), (192, 64, 4, "producer"),
-         (128, 128, 3, "producer"), (128, 128, 3, "pingpong"), (128, 128, 4, "pingpong"), (128, 64, 4, "pingpong"))}
+         (128, 128, 2, "producer"), (128, 128, 3, "producer"), (128, 128, 4, "producer"), (128, 64, 4, "producer"),
+         (128, 128, 3, "pingpong"), (128, 128, 4, "pingpong"), (128, 64, 4, "pingpong"))}
 
 
 def variants_for(q, k, v, causal):

@@ -122,10 +122,10 @@ def tma_forward(q, k, v, *, causal, cfg: Config, ws: bool):
 cudnn_forward = sdpa_attention("sdpa-cudnn")
 
 
-def measure_variant(row: dict, fn, flops: float, ref, ref_lse, o64=None) -> dict:
+def measure_variant(row: dict, fn, flops: float, ref, ref_lse, o64=None, graph: bool = False) -> dict:
     """Run ``fn`` (a forward returning o, or (o, lse)), compare it with the library's output
-    ``ref``/``ref_lse`` (and with float64 ``o64`` for batch 0, head 0, if given), time it;
-    an exception is recorded in the row, not raised."""
+    ``ref``/``ref_lse`` (and with float64 ``o64`` for batch 0, head 0, if given), time it
+    (``graph``: replayed from a CUDA graph); an exception is recorded in the row, not raised."""
     try:
         out = fn()
         o = out[0] if isinstance(out, tuple) else out
@@ -134,7 +134,7 @@ def measure_variant(row: dict, fn, flops: float, ref, ref_lse, o64=None) -> dict
             row["lse_max_abs_diff"] = float((out[1] - ref_lse).abs().max())
         if o64 is not None:
             row["max_abs_err_head0_vs_float64"] = float((o[0, 0].double() - o64).abs().max())
-        ms = bench.time_ms(fn)
+        ms = bench.time_ms(fn, graph=graph)
         row.update(ms=ms, tflops=bench.tflops(flops, ms))
     except Exception as err:  # record, go on
         row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
@@ -151,7 +151,7 @@ def record(result: dict, row: dict, path: str) -> None:
 
 def run_tutorial_shapes(doc: str, script: str, filename: str, variants_for, dtypes: str = "fp16") -> None:
     """The experiments' common main: at the tutorial comparison's shapes (batch 1,
-    heads = 262144 / N, causal or not; ``--seqs``, ``--head-dim``, ``--dtypes``) time cuDNN,
+    heads = 262144 / N, causal or not; ``--seqs``, ``--head-dim``, ``--dtypes``, ``--graph``) time cuDNN,
     the library's kernel and ``variants_for(q, k, v, causal)`` (a list of (name, forward)),
     each checked against the library's output and float64 on one head, into
     ``--out``/``filename`` with the run's provenance."""
@@ -160,9 +160,10 @@ def run_tutorial_shapes(doc: str, script: str, filename: str, variants_for, dtyp
     parser.add_argument("--seqs", default="1024,4096,16384")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtypes", default=dtypes)
+    parser.add_argument("--graph", action="store_true", help="replay each forward from a CUDA graph (the GPU's work alone)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    prov = bench.collect_provenance(sys.argv[1:], program=f"python3 benchmarks/{script}")
+    prov = bench.collect_provenance(sys.argv[1:], program=f"python3 benchmarks/{script}", graph=args.graph)
     result = {"what": doc.split("\n\n")[0], "environment": prov, "rows": []}
     path = os.path.join(args.out, filename)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -181,7 +182,7 @@ def run_tutorial_shapes(doc: str, script: str, filename: str, variants_for, dtyp
                 for name, fn in variants + variants_for(q, k, v, causal):
                     row = {"dtype": dtype_name, "seq": n, "heads": heads, "head_dim": d, "causal": causal,
                            "variant": name}
-                    record(result, measure_variant(row, fn, flops, ref, ref_lse, o64), path)
+                    record(result, measure_variant(row, fn, flops, ref, ref_lse, o64, args.graph), path)
     result["elapsed_s"] = round(time.time() - START, 1)
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)

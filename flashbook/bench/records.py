@@ -143,9 +143,12 @@ def command_line(argv, program: str = "python -m flashbook.bench") -> str:
     return " ".join([program, *shown])
 
 
-def collect_provenance(argv, args=None, program: str = "python -m flashbook.bench") -> dict:
+def collect_provenance(argv, args=None, program: str = "python -m flashbook.bench", graph: bool | None = None) -> dict:
     """Everything needed to judge or repeat a run. No hostname, no user name. ``program``
-    starts the recorded command (a script's own, e.g. ``python3 benchmarks/x.py``)."""
+    starts the recorded command (a script's own, e.g. ``python3 benchmarks/x.py``);
+    ``graph``: whether forwards were replayed from CUDA graphs (default: ``args.graph``)."""
+    if graph is None:
+        graph = bool(getattr(args, "graph", False))
     versions = {}
     for mod in ("torch", "triton"):
         try:
@@ -191,7 +194,7 @@ def collect_provenance(argv, args=None, program: str = "python -m flashbook.benc
                       "timed call (L2 flushed)",
             "replay": ("a CUDA graph of each forward call, captured once (the GPU's work alone); "
                        "each backward as Python makes it (autograd runs it on its forward's stream)"
-                       if getattr(args, "graph", False) else "each call as Python makes it"),
+                       if graph else "each call as Python makes it"),
             "statistic": "median",
             "warmup_ms": getattr(args, "warmup_ms", None),
             "rep_ms": getattr(args, "rep_ms", None),
