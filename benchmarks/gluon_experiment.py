@@ -28,12 +28,11 @@ GLUON_CONFIGS = {
     128: ((64, 64, 3, "overlap"), (128, 128, 3, "overlap"),
           (128, 128, 2, "producer"), (128, 128, 3, "producer"), (128, 64, 3, "producer"),
           (128, 128, 2, "pingpong"), (128, 128, 3, "pingpong"), (128, 64, 3, "pingpong"), (128, 64, 4, "pingpong")),
-    64: ((64, 64, 2, "overlap"), (64, 64, 3, "overlap"), (64, 64, 4, "overlap"),
-         (64, 128, 2, "overlap"), (64, 128, 3, "overlap"),
-         (128, 64, 2, "overlap"), (128, 128, 2, "overlap"), (128, 128, 3, "overlap"),
-         (192, 128, 2, "producer"), (192, 128, 3, "producer"), (192, 128, 4, "producer"), (192, 64, 4, "producer"),
-         (128, 128, 2, "producer"), (128, 128, 3, "producer"), (128, 128, 4, "producer"), (128, 64, 4, "producer"),
-         (128, 128, 3, "pingpong"), (128, 128, 4, "pingpong"), (128, 64, 4, "pingpong"))}
+    64: ((64, 64, 2, "overlap"), (64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (64, 128, 3, "overlap"),
+         (64, 64, 2, "persistent"), (64, 64, 3, "persistent"), (64, 64, 4, "persistent"), (64, 128, 2, "persistent"),
+         (128, 64, 2, "persistent"), (128, 128, 2, "persistent"),
+         (192, 128, 3, "producer"), (192, 128, 4, "producer"), (192, 64, 4, "producer"),
+         (128, 128, 3, "producer"), (128, 128, 3, "pingpong"))}
 
 
 def variants_for(q, k, v, causal):

@@ -37,6 +37,10 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
     ({}, dict(fma_share=3), ValueError, "fma_share must be one of (0, 2, 4), got 3"),
     ({}, dict(fma_share=False), TypeError, "fma_share must be one of (0, 2, 4), got False"),
     ({}, dict(fma_share=2, degree=5), ValueError, "degree must be one of (3, 4), got 5"),
+    (dict(n_q=320), dict(block_m=192, schedule="persistent"), ValueError, "schedule='persistent' takes block_m 64 or 128"),
+    ({}, dict(programs=4), ValueError, "schedule='producer' launches one per query tile"),
+    ({}, dict(schedule="persistent", block_m=64, programs=0), ValueError, "programs must be a positive int"),
+    ({}, dict(schedule="persistent", block_m=64, programs=2.0), ValueError, "programs must be a positive int"),
 ])
 def test_bad_input_is_named(change, kwargs, error, words):
     q, k, v = qkv(**change)
@@ -108,6 +112,8 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
                                                (64, 64, 3, "overlap"), (128, 64, 4, "producer"), hopper.SHORT_DEFAULT):
         jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True,
                          schedule=schedule, config=[block_m, block_n, 4, stages]))
+    jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=64, dtype="fp16", causal=True,
+                     schedule="persistent", config=[64, 128, 4, 2]))
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
     limit = runtime.chip("H200").smem_per_block_bytes
@@ -116,7 +122,12 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
         assert r["error"] is None, f"{what}: {r['error'][:600]}"
         assert 0 < r["shared"] <= limit, f"{what}: shared {r['shared']} B, limit {limit} B"
         assert r["tensor_core_ops"] > 0 and r["tma_copies"] > 0, what
-        assert (r["register_moves"] > 0) == (r["schedule"] != "overlap"), what
+        assert (r["register_moves"] > 0) == (r["schedule"] in ("producer", "pingpong")), what
+        if r["schedule"] == "persistent":   # capped so that three 4-warp programs share an SM's registers...
+            h200 = runtime.chip("H200")
+            assert r["register_cap"] == hopper.PERSISTENT_REGS, what
+            assert 3 * 128 * r["register_cap"] * 4 <= h200.regs_per_sm_kib * 1024, what   # 4-byte registers
+            assert 3 * (r["shared"] + 1024) <= h200.smem_per_sm_kib * 1024, what   # ...and its shared memory
 
 
 def test_fma_shares_move_exponentials_and_no_data(request):

@@ -114,3 +114,32 @@ def test_fma_exponentials_against_float64(case, block_m, block_n, stages, schedu
     assert not problem, f"seed {seed}: {problem}"
     # each weight is off by at most the polynomial's relative error, so each row sum and lse too
     check_lse(lse, q, k, causal, atol=1e-4 + hopper.exp2_fma_error(degree))
+
+
+#: the persistent schedule's configurations: both key tiles, ring depths 2 to 4, one and two warpgroups
+PERSISTENT = [(64, 128, 2), (64, 64, 3), (64, 64, 4), (128, 64, 2)]
+PERSISTENT_PAIRS = [(case, config) for case in CASES for config in PERSISTENT if runs(case, config)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("programs", [1, 5, None], ids=["1-program", "5-programs", "resident"])
+@pytest.mark.parametrize("case,config", PERSISTENT_PAIRS,
+                         ids=[f"{c}-m{m}n{n}s{s}" for c, (m, n, s) in PERSISTENT_PAIRS])
+def test_persistent_walks_every_tile(case, config, programs, dtype):
+    """Programs that go from query tile to query tile (one program takes them all, five take
+    turns, or as many as fit on the GPU) give the float64 truth within the yardstick, and
+    the very bits of the one-program-per-tile kernel with the same tiles: the walk changes
+    which program computes a tile, never how."""
+    block_m, block_n, stages = config
+    seed, (q, k, v, do) = random_inputs(case, dtype)
+    causal, d = CASES[case][6], CASES[case][5]
+    o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
+                                  schedule="persistent", programs=programs)
+    want = checks.reference_grads(q, k, v, do, causal=causal)[0]
+    yardstick = checks.torch_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal=causal, dtype=dtype)[0]
+    problem = checks.within_twice_yardstick("o", o.cpu(), want, yardstick, head_dim=d)
+    assert not problem, f"seed {seed}: {problem}"
+    check_lse(lse, q, k, causal, atol=1e-4)
+    o_tiles, lse_tiles = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n,
+                                              stages=stages, schedule="overlap")
+    assert torch.equal(o, o_tiles) and torch.equal(lse, lse_tiles), f"seed {seed}: differs from schedule='overlap'"

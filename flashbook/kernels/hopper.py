@@ -18,7 +18,8 @@ lower-level dialect, where the program says when things happen:
   "intra-warpgroup overlap" of FlashAttention-3 (Shah et al., 2024, section 3.2).
 * The output tile leaves by TMA too, through the shared memory Q no longer needs.
 * Who loads and who waits for whom is the *schedule* (``SCHEDULES``): every warp
-  loads its own tiles ("overlap"), or ``gl.warp_specialize`` gives the loads to one
+  loads its own tiles ("overlap"; "persistent" is the same with one program per
+  slot on the GPU, going from query tile to query tile without a pause), or ``gl.warp_specialize`` gives the loads to one
   producer warp and the computing to two or three consumer warpgroups, with registers moved
   from the one to the others ("producer"), optionally taking turns on the tensor
   cores ("pingpong"). All three run the one loop of ``attend_tiles``.
@@ -69,10 +70,14 @@ STAGES = (2, 3, 4)     # K/V tiles in flight
 #: "overlap"  every warp loads and computes; S_{j} and P_{j-1} V_{j-1} overlap the softmax
 #: "producer" a producer warp does every load; two or three consumer warpgroups compute
 #: "pingpong" as "producer", and the consumers take turns on the tensor cores
-SCHEDULES = ("overlap", "producer", "pingpong")
+#: "persistent" as "overlap", but as many programs as fit on the GPU, each going from one query
+#:            tile to the next without a pause (the next tile's K/V and Q load during this one)
+SCHEDULES = ("overlap", "producer", "pingpong", "persistent")
 #: 1/share of each score tile's exponentials computed on the FMA units (0: none; exp2_fma)
 FMA_SHARES = (0, 2, 4)
 EXP2_DEGREES = (3, 4)  # degrees of exp2_fma's polynomial
+#: registers per thread of the persistent schedule's 64-row programs: three fit on an SM
+PERSISTENT_REGS = 168
 #: registers per consumer thread under warp specialisation, by the number of consumer
 #: warpgroups (the producer warp keeps 24); what is left of the SM's 64K for one program
 CONSUMER_REGS = {2: 240, 3: 160}
@@ -141,16 +146,32 @@ else:  # the functions below stay plain Python (readable, not runnable) without 
 
 
 @_jit
-def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile, pred,
-            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Start the TMA copies of key/value tile ``tile`` into its ring slot; each
-    slot's barrier completes when its bytes have landed."""
-    slot = tile % STAGES
-    row = kv_row + tile * BLOCK_N
+def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, row, slot, pred):
+    """Start the TMA copies of the key/value tile that begins at ``row`` into ring slot
+    ``slot`` (if ``pred``); the slot's barriers complete when its bytes have landed."""
     mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes, pred)
     tma_load(k_desc, [row, 0], k_bars.index(slot), k_smem.index(slot), pred)
     mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes, pred)
     tma_load(v_desc, [row, 0], v_bars.index(slot), v_smem.index(slot), pred)
+
+
+@_jit
+def refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, limit, g, n_tiles, kv_row, kv_row_next,
+           BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Load the key/value tile numbered ``issued`` in this program's stream, if ``issued < limit``;
+    returns the next number to load.
+
+    The stream is every key tile this program visits, in order: the current query tile's
+    ``n_tiles`` tiles (numbers ``g`` on, keys from row ``kv_row``), then the next query
+    tile's (from ``kv_row_next``; the persistent schedule). Tile number t goes to ring
+    slot t % STAGES, so its barriers' phase is (t // STAGES) & 1.
+    """
+    here = (issued < g + n_tiles).to(gl.int32)
+    tile = issued - g - n_tiles * (1 - here)
+    row = kv_row_next + (kv_row - kv_row_next) * here + tile * BLOCK_N
+    pred = issued < limit
+    load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, row, issued % STAGES, pred)
+    return issued + pred.to(gl.int32)
 
 
 @_jit
@@ -235,9 +256,9 @@ def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked, FM
 
 
 @_jit
-def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def item_plan(pid_m, bh, seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr):
-    """This program's query tile and the key tiles it visits (the same rule as chapter 7).
+    """Query tile ``pid_m`` of (batch*heads) index ``bh`` and the key tiles it visits (the same rule as chapter 7).
 
     Returns (start_m, q_row, kv_row, n_tiles): the tile's first query row, its row in
     the (batch*heads*seq_q, d) view of Q and O, the first row of its K/V head in the
@@ -245,10 +266,6 @@ def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.c
     seq_q is not a whole number of tiles the last tile ends at seq_q and overlaps the one
     before: the rows they share are computed twice, identically, and stored twice.
     """
-    pid_m = gl.program_id(0)
-    if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     start_m = gl.minimum(pid_m * BLOCK_M, seq_q - BLOCK_M)
@@ -259,6 +276,28 @@ def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.c
     else:
         hi = seq_k
     return start_m, q_row, kv_row, gl.cdiv(hi, BLOCK_N)
+
+
+@_jit
+def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """``item_plan`` for this program of a grid of (query tiles, batch*heads) programs."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # the query tiles with the most keys first, as in chapter 7
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    return item_plan(pid_m, gl.program_id(1), seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
+
+
+@_jit
+def work_item(w, seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """``item_plan`` for work item ``w`` of the persistent schedule: the query tiles of one head
+    after another (its K/V stay in L2 while they are read), the longest first when causal."""
+    n_m = gl.cdiv(seq_q, BLOCK_M)
+    pid_m = w % n_m
+    if CAUSAL:
+        pid_m = n_m - 1 - pid_m
+    return item_plan(pid_m, w // n_m, seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
 
 
 @_jit
@@ -276,29 +315,31 @@ def pass_turn(pp_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @_jit
-def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, tile, n_tiles,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
-    """Key tile ``tile`` is finished with. With a producer warp, say so on the slot's
-    ``kv_empty`` barrier; without one, refill the slot with tile ``tile + STAGES``
-    once every warp of this program is done with it."""
+def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, slot, issued, g, n_tiles, kv_row,
+                 kv_row_next, n_next, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
+    """The key tile in ring slot ``slot`` is finished with. With a producer warp, say so on
+    the slot's ``kv_empty`` barrier; without one, once every warp of this program is done
+    with it, load the stream's next tile (``refill``) into it. Returns the stream's next number to load."""
     if PRODUCER:
-        mbarrier.arrive(kv_empty.index(tile % STAGES))
+        mbarrier.arrive(kv_empty.index(slot))
     else:
         cta_barrier()
-        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, tile + STAGES,
-                tile + STAGES < n_tiles, BLOCK_N, STAGES)
+        issued = refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, g + n_tiles + n_next, g, n_tiles,
+                        kv_row, kv_row_next, BLOCK_N, STAGES)
+    return issued
 
 
 @_jit
-def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bars,
-                 k_desc, v_desc, kv_row, first_row, n_tiles, diagonal, qk_scale,
+def attend_tiles(q_smem, k_smem, v_smem, q_bar, q_phase, k_bars, v_bars, kv_empty, pp_bars,
+                 k_desc, v_desc, kv_row, first_row, n_tiles, diagonal, qk_scale, g, issued, kv_row_next, n_next,
                  ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr,
                  PRODUCER: gl.constexpr, PINGPONG: gl.constexpr, FMA_SHARE: gl.constexpr,
                  DEGREE: gl.constexpr):
     """The online softmax over all key tiles for ``ROWS`` query rows (in q_smem),
     held by the warps that call it (one or two warpgroups). Returns (o, row_max,
-    row_sum), o not yet divided by row_sum.
+    row_sum, issued), o not yet divided by row_sum. Its key tiles are numbers ``g`` to
+    ``g + n_tiles - 1`` of the program's stream (``refill``); ``issued`` is the next number to load.
 
     Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} without waiting, then runs
     the softmax of S_j while the tensor cores compute P_{j-1} V_{j-1}.
@@ -323,10 +364,10 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
     o = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
     # tile 0: S_0 = Q K_0^T and its softmax; nothing to overlap with yet
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
+    mbarrier.wait(q_bar, q_phase)
+    mbarrier.wait(k_bars.index(g % STAGES), (g // STAGES) & 1)
     take_turn(pp_bars, 0, WG, PINGPONG)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_smem, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     pass_turn(pp_bars, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     p, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, offs_n, diagonal, qk_scale,
@@ -334,11 +375,11 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
     p = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_tiles):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
+        slot = (g + j) % STAGES
+        prev = (g + j - 1) % STAGES
         # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; wait only for S_j
-        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        mbarrier.wait(k_bars.index(slot), ((g + j) // STAGES) & 1)
+        mbarrier.wait(v_bars.index(prev), ((g + j - 1) // STAGES) & 1)
         take_turn(pp_bars, j, WG, PINGPONG)
         s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         o = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
@@ -350,13 +391,13 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
             s, row_max, row_sum, rows, start_n + offs_n, diagonal, qk_scale,
             on_diagonal(start_n, full_end, BLOCK_N, CAUSAL), FMA_SHARE, DEGREE)
         o = warpgroup_mma_wait(0, deps=(o,))
-        release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, kv_row, j - 1, n_tiles,
-                     BLOCK_N, STAGES, PRODUCER)
+        issued = release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, prev, issued, g, n_tiles,
+                              kv_row, kv_row_next, n_next, BLOCK_N, STAGES, PRODUCER)
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p = gl.convert_layout(p_next.to(dtype), p_layout)
 
     # the last tile's P V
-    last = n_tiles - 1
+    last = g + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
     take_turn(pp_bars, n_tiles, WG, PINGPONG)
     o = warpgroup_mma(p, v_smem.index(last % STAGES), o, is_async=True)
@@ -364,20 +405,36 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, pp_bar
     o = warpgroup_mma_wait(0, deps=(o,))
     if PRODUCER:
         mbarrier.arrive(kv_empty.index(last % STAGES))
-    return o, row_max, row_sum
+    return o, row_max, row_sum, issued
 
 
 @_jit
-def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, LSE, seq_q, first_row, ROWS: gl.constexpr):
-    """Divide by the row sums, store lse = ln(sum of exp) for the ``ROWS`` query rows from
-    ``first_row`` on, and send O out by TMA through ``o_smem`` (Q's buffer, which no
-    product reads any more). Every row saw at least one key: the wrapper refuses inputs
-    where one would not."""
-    rows = first_row + gl.arange(0, ROWS, layout=row_max.type.layout)
-    lse_ptrs = LSE + gl.program_id(1).to(gl.int64) * seq_q + rows
+def finish_rows(o, row_max, row_sum, LSE, o_row):
+    """Store lse = ln(sum of exp) of the query rows from row ``o_row`` of the (batch*heads*seq_q)
+    view on, and return o divided by the row sums. Every row saw at least one key: the
+    wrapper refuses inputs where one would not."""
+    rows = gl.arange(0, o.shape[0], layout=row_max.type.layout)
+    gl.store(LSE + o_row.to(gl.int64) + rows, (row_max + gl.log2(row_sum)) * LN2)
     row_sum_o = gl.convert_layout(row_sum, gl.SliceLayout(1, o.type.layout))
-    o = o / gl.expand_dims(row_sum_o, 1)
-    gl.store(lse_ptrs, (row_max + gl.log2(row_sum)) * LN2)
+    return o / gl.expand_dims(row_sum_o, 1)
+
+
+@_jit
+def store_rows(o, row_max, row_sum, O, o_row, LSE):
+    """``finish_rows``, then O straight from the registers to global memory (the persistent
+    schedule: Q's buffer is already taking the next tile's Q)."""
+    o = finish_rows(o, row_max, row_sum, LSE, o_row)
+    rows = gl.arange(0, o.shape[0], layout=gl.SliceLayout(1, o.type.layout))
+    cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o.type.layout))
+    offsets = (o_row + gl.expand_dims(rows, 1)).to(gl.int64) * o.shape[1] + gl.expand_dims(cols, 0)
+    gl.store(O + offsets, o.to(O.dtype.element_ty))
+
+
+@_jit
+def write_rows(o, row_max, row_sum, o_smem, o_desc, o_row, LSE):
+    """``finish_rows``, then O out by TMA through ``o_smem`` (Q's buffer, which no product
+    reads any more)."""
+    o = finish_rows(o, row_max, row_sum, LSE, o_row)
     o_smem.store(o.to(o_smem.dtype))
     fence_async_shared()
     cta_barrier()
@@ -418,13 +475,65 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma_load(q_desc, [q_row, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
-        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, i, i < n_tiles, BLOCK_N, STAGES)
+        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row + i * BLOCK_N, i, i < n_tiles)
 
-    o, row_max, row_sum = attend_tiles(
-        q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
-        start_m, n_tiles, seq_k - seq_q, qk_scale,
+    o, row_max, row_sum, issued = attend_tiles(
+        q_smem, k_smem, v_smem, q_bar, 0, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
+        start_m, n_tiles, seq_k - seq_q, qk_scale, 0, gl.minimum(n_tiles, STAGES), kv_row, 0,
         BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False, FMA_SHARE, DEGREE)
-    write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE, seq_q, start_m, BLOCK_M)
+    write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE)
+
+
+@_jit
+def _gluon_attn_fwd_persistent(q_desc, k_desc, v_desc, O, LSE,
+                               n_heads, group, seq_q, seq_k, qk_scale, n_items,
+                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, FMA_SHARE: gl.constexpr,
+                               DEGREE: gl.constexpr):
+    """Persistent: as many programs as fit on the GPU at once, each taking work items
+    (query tiles) w = program, program + programs, ... of ``n_items``, with the
+    "overlap" schedule's warps. Nothing waits between two items: the next tile's K/V
+    arrive in the ring while the last ones are used (``refill``), and its Q lands while
+    this tile's O leaves."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    init_barriers(k_bars, STAGES, 1)
+    init_barriers(v_bars, STAGES, 1)
+    fence_async_shared()
+
+    first = gl.program_id(0)
+    step = gl.num_programs(0)
+    start_m, q_row, kv_row, n_tiles = work_item(first, seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma_load(q_desc, [q_row, 0], q_bar, q_smem)
+    g = gl.to_tensor(0)        # this item's first key tile in the program's stream
+    issued = gl.to_tensor(0)   # the stream's next key tile to load
+    for w in range(first, n_items, step):
+        has_next = w + step < n_items
+        start_next, q_row_next, kv_row_next, n_next = work_item(w + step, seq_q, seq_k, n_heads, group,
+                                                                BLOCK_M, BLOCK_N, CAUSAL)
+        n_next = n_next * has_next.to(gl.int32)
+        # the first tiles of this item that the last one had no free slot for
+        cta_barrier()
+        for i in gl.static_range(STAGES):
+            issued = refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, g + gl.minimum(n_tiles, STAGES),
+                            g, n_tiles, kv_row, kv_row_next, BLOCK_N, STAGES)
+        o, row_max, row_sum, issued = attend_tiles(
+            q_smem, k_smem, v_smem, q_bar, ((w - first) // step) & 1, k_bars, v_bars, k_bars, k_bars, k_desc,
+            v_desc, kv_row, start_m, n_tiles, seq_k - seq_q, qk_scale, g, issued, kv_row_next, n_next,
+            BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0, False, False, FMA_SHARE, DEGREE)
+        cta_barrier()   # every warp's products have read Q: the next item's Q may land
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes, has_next)
+        tma_load(q_desc, [q_row_next, 0], q_bar, q_smem, has_next)
+        store_rows(o, row_max, row_sum, O, q_row, LSE)
+        g += n_tiles
+        start_m, q_row, kv_row, n_tiles = start_next, q_row_next, kv_row_next, n_next
 
 
 @_jit
@@ -435,12 +544,12 @@ def consumer(shared, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.con
     ``shared`` holds the tensors and numbers every consumer takes (see ``_gluon_attn_fwd_ws``)."""
     (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, pp_bars, k_desc, v_desc, o_desc, LSE,
      kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale) = shared
-    first_row = start_m + WG * ROWS
-    o, row_max, row_sum = attend_tiles(
-        q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, pp_bars,
-        k_desc, v_desc, kv_row, first_row, n_tiles, seq_k - seq_q, qk_scale,
+    # (the producer warp loads every tile: no stream number to keep, n_tiles stands in)
+    o, row_max, row_sum, issued = attend_tiles(
+        q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), 0, k_bars, v_bars, kv_empty, pp_bars,
+        k_desc, v_desc, kv_row, start_m + WG * ROWS, n_tiles, seq_k - seq_q, qk_scale, 0, n_tiles, kv_row, 0,
         ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WG, True, PINGPONG, FMA_SHARE, DEGREE)
-    write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * ROWS, LSE, seq_q, first_row, ROWS)
+    write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * ROWS, LSE)
 
 
 @_jit
@@ -454,7 +563,7 @@ def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_b
         tma_load(q_desc, [q_row + wg * ROWS, 0], q_bars.index(wg), q_smem.index(wg))
     for t in range(n_tiles):
         mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) - 1) & 1, pred=t >= STAGES)
-        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, t, True, BLOCK_N, STAGES)
+        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row + t * BLOCK_N, t % STAGES, True)
 
 
 @_jit
@@ -518,16 +627,20 @@ def _descriptor(x2d: torch.Tensor, block: tuple):
 
 
 def _launch_plan(schedule: str, block_m: int):
-    """What a schedule launches: (kernel, num_warps, rows one TMA copy of Q or O moves,
-    the kernel's extra compile-time constants)."""
+    """What a schedule launches: (kernel, compile options, rows one TMA copy of Q or O moves,
+    the kernel's extra compile-time constants). The persistent kernel stores O without TMA
+    and takes the number of work items after the scale (``gluon_forward``)."""
     if schedule == "overlap":
-        return _gluon_attn_fwd, block_m // 16, block_m, {}
+        return _gluon_attn_fwd, {"num_warps": block_m // 16}, block_m, {}
+    if schedule == "persistent":   # left alone, ptxas takes 255 registers for the causal loop: one program per SM
+        options = {"num_warps": block_m // 16, **({"maxnreg": PERSISTENT_REGS} if block_m == 64 else {})}
+        return _gluon_attn_fwd_persistent, options, block_m, {}
     extra = dict(PINGPONG=schedule == "pingpong", CONSUMER_REGS=CONSUMER_REGS[block_m // WG_ROWS])
-    return _gluon_attn_fwd_ws, 4, WG_ROWS, extra
+    return _gluon_attn_fwd_ws, {"num_warps": 4}, WG_ROWS, extra
 
 
 def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
-                 schedule: str = "overlap", fma_share: int = 0, degree: int = 4) -> None:
+                 schedule: str = "overlap", fma_share: int = 0, degree: int = 4, programs: int | None = None) -> None:
     """Everything this kernel assumes, each with an error that names the argument: the
     checks every kernel here shares (``autograd.check_shapes``), then this kernel's own
     limits, the device last, so that every other error shows on any machine."""
@@ -541,8 +654,14 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
     if schedule == "pingpong" and block_m != 128:
         raise ValueError(f"schedule={schedule!r} splits a 128-row tile between two warpgroups: block_m must be "
                          f"128, got {block_m}")
-    if schedule == "overlap" and block_m == 192:
-        raise ValueError("schedule='overlap' takes block_m 64 or 128 (one program, its own warps), got 192")
+    if schedule in ("overlap", "persistent") and block_m == 192:
+        raise ValueError(f"schedule={schedule!r} takes block_m 64 or 128 (one program, its own warps), got 192")
+    if programs is not None:
+        if schedule != "persistent":
+            raise ValueError(f"programs sets how many programs the persistent schedule launches; "
+                             f"schedule={schedule!r} launches one per query tile")
+        if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
+            raise ValueError(f"programs must be a positive int (or None: as many as fit on the GPU), got {programs!r}")
     if schedule == "producer" and block_m == 64:
         raise ValueError("schedule='producer' takes block_m 128 or 192 (two or three consumer warpgroups), got 64")
     check_choice(block_n, "block_n", BLOCK_NS)
@@ -569,14 +688,15 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
 def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
                   block_n: int | None = None, stages: int | None = None,
                   schedule: str | None = None, fma_share: int = 0,
-                  degree: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+                  degree: int = 4, programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on a Hopper GPU with the Gluon kernel: returns ``(o, lse)`` as ``flash_forward`` does.
 
     q: (batch, heads, seq_q, d); k, v: (batch, kv_heads, seq_k, d), heads a multiple
     of kv_heads (GQA). ``block_m`` query rows per program (64: one warpgroup, so
-    that several programs share an SM, "overlap" only; 128: two warpgroups; 192:
+    that several programs share an SM, "overlap" and "persistent" only; 128: two warpgroups; 192:
     three, "producer" only), ``block_n`` keys per tile (64 or 128), ``stages`` K/V tiles in flight (2 to
-    4), ``schedule`` one of ``SCHEDULES`` ("pingpong" takes block_m=128). seq_q must be
+    4), ``schedule`` one of ``SCHEDULES`` ("pingpong" takes block_m=128; "persistent" launches
+    ``programs`` programs, by default as many as fit on the GPU at once). seq_q must be
     a multiple of 64 and at least block_m (a last tile that does not fit overlaps the
     one before), seq_k a multiple of block_n. What is not given comes from
     ``default_config(head_dim, seq_q, causal)``. ``fma_share`` (one of ``FMA_SHARES``): 1/fma_share
@@ -588,21 +708,48 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
                and q.dim() == 4 else DEFAULTS[128])
     block_m, block_n, stages, schedule = (d if x is None else x for x, d in
                                           zip((block_m, block_n, stages, schedule), default))
-    check_inputs(q, k, v, causal, block_m, block_n, stages, schedule, fma_share, degree)
+    check_inputs(q, k, v, causal, block_m, block_n, stages, schedule, fma_share, degree, programs)
     scale = resolve_scale(scale, q.shape[-1])
     batch, heads, seq_q, d = q.shape
     seq_k = k.shape[2]
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
-    kernel, warps, q_rows, extra = _launch_plan(schedule, block_m)
+    kernel, options, q_rows, extra = _launch_plan(schedule, block_m)
     q_desc, o_desc = (_descriptor(x, (q_rows, d)) for x in (q2, o.view(-1, d)))
     k_desc, v_desc = (_descriptor(x, (block_n, d)) for x in (k2, v2))
     grid = (-(-seq_q // block_m), batch * heads)   # the last tile may overlap the one before (tile_plan)
     args = (q_desc, k_desc, v_desc, o_desc, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
-    kernel[grid](*args, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
-                 FMA_SHARE=fma_share, DEGREE=degree, **extra, num_warps=warps)
+    constants = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
+                     FMA_SHARE=fma_share, DEGREE=degree, **extra)
+    if schedule == "persistent":   # O leaves without TMA; one program per slot, walking the tiles
+        args = (*args[:3], o, *args[4:], grid[0] * grid[1])
+        grid = (min(programs or resident_programs(kernel, args, constants, options, q.device, q.dtype),
+                    grid[0] * grid[1]),)
+    kernel[grid](*args, **constants, **options)
     return o, lse
+
+
+_RESIDENT: dict = {}
+
+
+def resident_programs(kernel, args, constants: dict, options: dict, device, dtype) -> int:
+    """How many programs of ``kernel`` (compiled for these arguments) fit on ``device`` at
+    once: SMs times what one SM holds by registers, shared memory and threads. Compiles
+    without launching the first time, then remembers."""
+    key = (kernel, device, dtype, tuple(sorted(constants.items())), tuple(sorted(options.items())))
+    if key not in _RESIDENT:
+        warps = options["num_warps"]
+        compiled = kernel.warmup(*args, grid=(1,), **constants, **options)
+        compiled._init_handles()
+        props = torch.cuda.get_device_properties(device)
+        smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+        regs = getattr(props, "regs_per_multiprocessor", 65536)
+        regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256   # allocated 256 at a time
+        per_sm = min(smem // (compiled.metadata.shared + 1024),   # 1 KB of each block's is the system's
+                     regs // regs_per_warp // warps, 2048 // (32 * warps))
+        _RESIDENT[key] = max(1, per_sm) * props.multi_processor_count
+    return _RESIDENT[key]
 
 
 def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_n: int = 128, stages: int = 3,
@@ -617,18 +764,21 @@ def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_
     from triton.experimental.gluon._runtime import GluonASTSource
 
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    fn, warps, q_rows, extra = _launch_plan(schedule, block_m)
+    fn, options, q_rows, extra = _launch_plan(schedule, block_m)
 
     def desc(rows):
         return f"tensordesc<{dtype}[{rows}, {head_dim}],{_shared_layout((rows, head_dim), torch_dtype)!r}>"
 
     signature = {"q_desc": desc(q_rows), "k_desc": desc(block_n), "v_desc": desc(block_n), "o_desc": desc(q_rows),
                  "LSE": "*fp32", "n_heads": "i32", "group": "i32", "seq_q": "i32", "seq_k": "i32", "qk_scale": "fp32"}
+    if schedule == "persistent":
+        signature = {**{name: signature[name] for name in ("q_desc", "k_desc", "v_desc")}, "O": f"*{dtype}",
+                     **{name: signature[name] for name in list(signature)[4:]}, "n_items": "i32"}
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
                   "FMA_SHARE": fma_share, "DEGREE": degree, **extra}
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn, signature, constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": warps})
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
 
 
 def gluon_attention(q, k, v, *, causal: bool = False, scale=None):

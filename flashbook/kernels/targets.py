@@ -14,6 +14,7 @@ separate process: ``compile_elsewhere(plan())`` does that from Python, and
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from . import configs
@@ -142,12 +143,14 @@ def run_job(job: dict) -> dict:
         out["tensor_core_ops"] = ptx.count("mma.sync") + ptx.count("wgmma.mma_async")
         out["tma_copies"] = ptx.count("cp.async.bulk.tensor")
         out["register_moves"] = ptx.count("setmaxnreg")   # warp specialisation's register reallocation
+        cap = re.search(r"\.maxnreg (\d+)", ptx)   # a register cap given at compile time
+        out["register_cap"] = int(cap.group(1)) if cap else None
         out["exponentials"] = ptx.count("ex2.approx")   # on the special-function unit
         out["shared_accesses"] = ptx.count("ld.shared") + ptx.count("st.shared")   # not TMA, not wgmma operands
         out["error"] = None
     except Exception as e:  # reported, not raised: the caller decides what a failure means
         out["shared"] = None
-        out["tensor_core_ops"] = out["tma_copies"] = out["register_moves"] = None
+        out["tensor_core_ops"] = out["tma_copies"] = out["register_moves"] = out["register_cap"] = None
         out["exponentials"] = out["shared_accesses"] = None
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     return out
