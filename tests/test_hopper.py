@@ -175,14 +175,17 @@ def test_exp2_polynomial_is_exact_at_zero_and_within_its_stated_error():
 
 
 def test_default_configuration_follows_head_dim_length_and_mask():
-    """d=64 takes three consumer warpgroups (192 query rows) for long sequences (from 3K
-    full, 6K causal: where they measured faster), one-warpgroup programs below; d=128
-    two warpgroups."""
+    """d=64 takes three consumer warpgroups (192 query rows) for long sequences (from 2K
+    full, 6K causal: where they measured faster), one-warpgroup programs below, with 64-key
+    tiles when causal and shorter than 2K; d=128 two warpgroups."""
     assert hopper.DEFAULTS[64][0] == 192
-    assert hopper.default_config(64, 4096) == hopper.DEFAULTS[64]
+    assert hopper.default_config(64, 2048) == hopper.default_config(64, 4096) == hopper.DEFAULTS[64]
+    assert hopper.default_config(64, 1984) == hopper.SHORT_DEFAULT
     assert hopper.default_config(64, 4096, causal=True) == hopper.SHORT_DEFAULT
     assert hopper.default_config(64, 16384, causal=True) == hopper.DEFAULTS[64]
     assert hopper.default_config(64, 1024) == hopper.SHORT_DEFAULT
+    assert hopper.default_config(64, 1024, causal=True) == hopper.SHORT_CAUSAL
+    assert hopper.default_config(64, 2048, causal=True) == hopper.SHORT_DEFAULT
     assert hopper.default_config(128, 1024, causal=True) == hopper.DEFAULTS[128]
     assert hopper.default_config(128, 64) == hopper.SHORT_DEFAULT
     for head_dim in hopper.HEAD_DIMS:

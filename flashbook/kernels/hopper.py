@@ -86,17 +86,24 @@ CONSUMER_REGS = {2: 240, 3: 160}
 #: at d=64 three consumer warpgroups (FlashAttention-3's 192-row tile) for long sequences
 DEFAULTS = {128: (128, 128, 3, "producer"), 64: (192, 128, 4, "producer")}
 #: below these query lengths (full, causal) the 192-row tiles measured slower than
-#: SHORT_DEFAULT (gluon_d64_wg3.json, gluon_d64_run3.json and the --graph peer runs)
-WIDE_FROM = {False: 3072, True: 6144}
+#: SHORT_DEFAULT (gluon_d64_wg3.json, gluon_d64_run3.json, the --graph peer runs, and timed
+#: from CUDA graphs at 1K to 4K: gluon_d64_short_graph.json, gluon_d64_persistent_graph.json)
+WIDE_FROM = {False: 2048, True: 6144}
 #: what shorter sequences take (one-warpgroup programs, three to an SM)
 SHORT_DEFAULT = (64, 128, 2, "overlap")
+#: causal, d=64, below SHORT_CAUSAL_BELOW query rows: 64-key tiles, so that less of the
+#: diagonal tile is masked away (the two graph-timed sweeps: +1.6% and +2.2% at 1K, -2% at 2K)
+SHORT_CAUSAL = (64, 64, 3, "overlap")
+SHORT_CAUSAL_BELOW = 2048
 
 
 def default_config(head_dim: int, seq_q: int, causal: bool = False) -> tuple:
     """(block_m, block_n, stages, schedule) ``gluon_forward`` takes when none is given."""
     config = DEFAULTS.get(head_dim, DEFAULTS[128])
     shortest = max(config[0], WIDE_FROM[bool(causal)] if config[0] > 128 else 0)
-    return config if seq_q >= shortest else SHORT_DEFAULT
+    if seq_q >= shortest:
+        return config
+    return SHORT_CAUSAL if causal and head_dim == 64 and seq_q < SHORT_CAUSAL_BELOW else SHORT_DEFAULT
 
 
 def exp2_polynomial(degree: int = 4):
@@ -240,15 +247,14 @@ def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked, FM
     Returns the weights p, the new running max and sum, and ``alpha``, the
     factor that rescales what was accumulated under the old max. ``masked``
     (a tile on the causal diagonal) hides key j from row i when j > i + diagonal.
+    Both cases round alike, so a row gets the same bits from a masked tile as from
+    an unmasked one (the last query tile may overlap the one before: ``item_plan``).
     """
     if masked:
         visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        new_max = gl.maximum(row_max, gl.max(s, 1))
-        s = s - gl.expand_dims(new_max, 1)
-    else:
-        new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)
-        s = s * qk_scale - gl.expand_dims(new_max, 1)
+        s = gl.where(visible, s, float("-inf"))   # key 0 is visible to every row: the max stays finite
+    new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)
+    s = s * qk_scale - gl.expand_dims(new_max, 1)
     p = exp2_shared(s, FMA_SHARE, DEGREE)
     alpha = gl.exp2(row_max - new_max)
     row_sum = row_sum * alpha + gl.sum(p, 1)
@@ -264,7 +270,8 @@ def item_plan(pid_m, bh, seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BL
     the (batch*heads*seq_q, d) view of Q and O, the first row of its K/V head in the
     (batch*kv_heads*seq_k, d) view of K and V, and how many key tiles it visits. When
     seq_q is not a whole number of tiles the last tile ends at seq_q and overlaps the one
-    before: the rows they share are computed twice, identically, and stored twice.
+    before: the rows they share are computed twice, to the same bits (``softmax_step``),
+    and stored twice.
     """
     b = bh // n_heads
     h = bh % n_heads
