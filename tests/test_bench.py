@@ -1209,6 +1209,56 @@ def test_variant_tables_are_the_recorded_rows():
         bench.variant_table(bench.LAZY_EXPERIMENT, "eager")
 
 
+def test_short_sweeps_are_the_recorded_rows():
+    """Chapter 10's graph-timed d=64 sweeps at short lengths, recomputed from the JSON by hand,
+    and the claims the chapter makes of them."""
+    import json
+    import math
+
+    table = bench.short_sweep_table()
+    for run, name in enumerate(bench.GLUON_SHORT_SWEEPS, start=1):
+        data = json.load(open(bench.results_root() / name))
+        assert data["environment"]["timing"]["replay"].startswith("a CUDA graph")   # the GPU's time alone
+        mine = table[table["run"] == run]
+        assert len(mine) == len({(r["seq"], r["causal"]) for r in data["rows"]}) == 6
+        for row in mine.itertuples():
+            same = [r for r in data["rows"] if (r["seq"], r["causal"]) == (row.seq, row.causal)]
+            for column, prefix in bench.SHORT_FAMILIES:
+                timed = [r["tflops"] for r in same if r["variant"].startswith(prefix)]
+                got = mine.loc[row.Index, column]
+                assert (math.isnan(got) and not timed) or got == pytest.approx(max(timed))
+    # what the defaults follow: 192-row tiles win at 2K full in both runs, 64-key tiles at 1K causal
+    at = table.set_index(["run", "seq", "causal"])
+    for run in (1, 2):
+        assert at.loc[(run, 2048, False), "192 rows"] > at.loc[(run, 2048, False), "old default"]
+        assert at.loc[(run, 1024, False), "192 rows"] < at.loc[(run, 1024, False), "old default"]
+        assert at.loc[(run, 1024, True), "64 rows config"] == "gluon overlap m64 n64 s3"
+
+
+def test_schedule_pairs_and_the_persistent_verdict():
+    """The persistent schedule beside the same tiles launched one program per tile: the
+    recorded ratios, and chapter 10's verdict (never faster beyond 1%)."""
+    import json
+
+    pairs = bench.schedule_pairs(bench.GLUON_SHORT_SWEEPS[1], "persistent", "overlap")
+    raw = {(r["seq"], r["causal"], r["variant"]): r["tflops"]
+           for r in json.load(open(bench.results_root() / bench.GLUON_SHORT_SWEEPS[1]))["rows"]}
+    assert len(pairs) == 18
+    for r in pairs.itertuples():
+        want = raw[(r.seq, r.causal, f"gluon persistent {r.tiles}")] / raw[(r.seq, r.causal, f"gluon overlap {r.tiles}")]
+        assert r.first_over_second == pytest.approx(want)
+    assert (pairs["first_over_second"] < 1.01).all()
+    with pytest.raises(ValueError, match="timed under both"):
+        bench.schedule_pairs(bench.GLUON_SHORT_SWEEPS[0], "persistent", "overlap")
+
+
+def test_default_graph_runs_beat_the_tutorial_by_five_percent():
+    """#15's forward criterion on the two --graph runs of today's defaults: every shape at
+    least 1.05 times Triton's tutorial, in each run."""
+    runs = bench.peer_runs_table(bench.GLUON_DEFAULT_GRAPH_RUNS)
+    assert len(runs) == 12 and (runs["min"] >= 1.05).all()
+
+
 def test_command_line_writes_the_output_folder_as_out_dir():
     assert bench.command_line(["--peer", "x.py", "--out", "/root/out/run", "--graph"]) == (
         "python -m flashbook.bench --peer x.py --out OUT_DIR --graph")

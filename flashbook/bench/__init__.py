@@ -49,13 +49,14 @@ from .readback import (  # noqa: F401
     best_blocks, BlockState, block_state, HOPPER_EXPERIMENT, AUTOTUNE_RUN,
     load_recorded_json, load_hopper_experiment, hopper_experiment_table, LAZY_EXPERIMENT,
     STATIC_SHAPE_EXPERIMENT, variant_table, GLUON_EXPERIMENTS, GLUON_SCHEDULES, gluon_schedule_table,
-    GLUON_EXP2_EXPERIMENTS, fma_share_table, HOST_OVERHEAD_RUN, host_overhead_tables,
+    GLUON_EXP2_EXPERIMENTS, fma_share_table, HOST_OVERHEAD_RUN, host_overhead_tables, GLUON_SHORT_SWEEPS,
+    SHORT_FAMILIES, short_sweep_table, schedule_pairs,
 )
 from .peer import (  # noqa: F401
     DEFAULT_FUNC, PEER_ROWS, PEER_SEQS, PEER_HEAD_DIMS, PEER_DTYPE, COMPARED, PeerSpec, split_peer,
     load_peer, peer_shapes, PeerResult, PEER_FIELDS, measure, compare, run_peer, peer_provenance,
     format_peer_table, PEER_RUNS, load_peer_run, peer_ratio_table, GLUON_PEER_RUNS, GLUON_GRAPH_RUNS,
-    GLUON_WIDE_GRAPH_RUN, peer_runs_table,
+    GLUON_WIDE_GRAPH_RUN, GLUON_DEFAULT_GRAPH_RUNS, peer_runs_table,
 )
 from .cli import (  # noqa: F401
     DEFAULT_SEQS, DEFAULT_HEAD_DIMS, QUICK_SEQS, QUICK_HEAD_DIMS, parse_seq_list,

@@ -336,7 +336,9 @@ PEER_RUNS = {"tutorial": "peer-tutorial-h200", "tutorial-d128": "peer-tutorial-h
              "cudnn-bf16-gluon": "peer-cudnn-bf16-gluon-h200",
              "tutorial-gluon-graph": "peer-tutorial-gluon-graph-h200",
              "tutorial-gluon-graph-2": "peer-tutorial-gluon-graph-h200-2",
-             "tutorial-gluon-graph-3": "peer-tutorial-gluon-graph-h200-3"}
+             "tutorial-gluon-graph-3": "peer-tutorial-gluon-graph-h200-3",
+             "tutorial-gluon-graph-4": "peer-tutorial-gluon-graph-h200-4",
+             "tutorial-gluon-graph-5": "peer-tutorial-gluon-graph-h200-5"}
 #: the runs of the tutorial beside flashbook-gluon, each call timed as Python makes it
 #: (chapter 10 reads them together)
 GLUON_PEER_RUNS = ("tutorial-gluon", "tutorial-gluon-2", "tutorial-gluon-3", "tutorial-gluon-4", "tutorial-gluon-5")
@@ -344,6 +346,8 @@ GLUON_PEER_RUNS = ("tutorial-gluon", "tutorial-gluon-2", "tutorial-gluon-3", "tu
 GLUON_GRAPH_RUNS = ("tutorial-gluon-graph", "tutorial-gluon-graph-2")
 #: a third --graph run, with d=64 on three consumer warpgroups (192-row tiles) at every length
 GLUON_WIDE_GRAPH_RUN = "tutorial-gluon-graph-3"
+#: two --graph runs of the defaults hopper.default_config gives now (v0.6.0)
+GLUON_DEFAULT_GRAPH_RUNS = ("tutorial-gluon-graph-4", "tutorial-gluon-graph-5")
 
 
 def load_peer_run(name: str, root=None):

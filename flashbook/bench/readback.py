@@ -622,6 +622,12 @@ GLUON_SCHEDULES = ("overlap", "producer", "pingpong")
 GLUON_EXP2_EXPERIMENTS = {64: "gluon_exp2_h200/gluon_exp2_d64.json", 128: "gluon_exp2_h200/gluon_exp2_d128.json"}
 #: benchmarks/host_overhead.py's run on the H200
 HOST_OVERHEAD_RUN = "host_overhead_h200/host_overhead.json"
+#: benchmarks/gluon_experiment.py --graph at d=64, fp16: every configuration at 1K-3K, then
+#: 1K, 2K and 4K with the persistent schedule beside the others (chapter 10)
+GLUON_SHORT_SWEEPS = ("gluon_h200/gluon_d64_short_graph.json", "gluon_h200/gluon_d64_persistent_graph.json")
+#: the kinds of configuration ``short_sweep_table`` compares: (column, variant-name prefix)
+SHORT_FAMILIES = (("old default", "gluon overlap m64 n128 s2"), ("64 rows", "gluon overlap m64 "),
+                  ("192 rows", "gluon producer m192 "), ("persistent", "gluon persistent "))
 
 
 def variant_table(name: str, prefix: str, root=None):
@@ -652,6 +658,57 @@ def best_variants(rows, prefix: str, name: str = "the run"):
                     "best_err": float(best["max_abs_err_head0_vs_float64"]),
                     "flashbook_err": float(by.loc["flashbook", "max_abs_err_head0_vs_float64"])})
     return pd.DataFrame(out)
+
+
+def short_sweep_table(root=None):
+    """The two ``GLUON_SHORT_SWEEPS``, one row per run (1, 2), length and mask: cuDNN's and
+    the chapter-7 kernel's TFLOP/s and, per ``SHORT_FAMILIES`` column, the fastest such
+    configuration's TFLOP/s and its name (``<column> config``); NaN where a run did not
+    time that kind. None when either run is not recorded."""
+    import pandas as pd
+
+    out = []
+    for run, name in enumerate(GLUON_SHORT_SWEEPS, start=1):
+        data = load_recorded_json(name, root)
+        if data is None:
+            return None
+        keys = ["dtype", "seq", "causal"]
+        table = None
+        for column, prefix in SHORT_FAMILIES:
+            if not any(r["variant"].startswith(prefix) for r in data["rows"]):
+                continue
+            best = best_variants(data["rows"], prefix, name)
+            best = best[keys + ["flashbook", "cudnn", "best", "best_tflops"]].rename(
+                columns={"best": f"{column} config", "best_tflops": column})
+            table = best if table is None else table.merge(best.drop(columns=["flashbook", "cudnn"]), on=keys)
+        out.append(table.assign(run=run))
+    table = pd.concat(out, ignore_index=True)
+    for column, _ in SHORT_FAMILIES:   # a kind one run did not time
+        if column not in table:
+            table[column] = float("nan")
+    return table
+
+
+def schedule_pairs(name: str, first: str, second: str, root=None):
+    """Configurations a recorded experiment (``name``) timed under two schedules: per length,
+    mask and tiles (``m64 n128 s2``), the TFLOP/s under ``first`` and ``second`` and their
+    ratio (``first_over_second``). None when the run is not recorded."""
+    import pandas as pd
+
+    data = load_recorded_json(name, root)
+    if data is None:
+        return None
+    rows = pd.DataFrame(data["rows"])
+    keys = ["dtype", "seq", "causal", "tiles"]
+    picked = []
+    for schedule in (first, second):
+        part = rows[rows["variant"].str.startswith(f"gluon {schedule} ")]
+        picked.append(part.assign(tiles=part["variant"].str.split(f"gluon {schedule} ").str[1])[keys + ["tflops"]]
+                      .rename(columns={"tflops": schedule}))
+    both = picked[0].merge(picked[1], on=keys)
+    if both.empty:
+        raise ValueError(f"{name} has no configuration timed under both {first!r} and {second!r}")
+    return both.assign(first_over_second=both[first] / both[second]).reset_index(drop=True)
 
 
 def fma_share_table(head_dim: int, root=None):
