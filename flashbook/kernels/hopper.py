@@ -457,16 +457,11 @@ def init_barriers(bars, NUM: gl.constexpr, COUNT: gl.constexpr):
 
 
 @_jit
-def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
-                    n_heads, group, seq_q, seq_k, qk_scale,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, FMA_SHARE: gl.constexpr,
-                    DEGREE: gl.constexpr):
-    """One program: one BLOCK_M-row query tile of one (batch, head), chapter 7's grid;
-    its warps load the K/V tiles themselves. q/o descriptors view Q and O as
-    (batch*heads*seq_q, HEAD_DIM), k/v as (batch*kv_heads*seq_k, HEAD_DIM)."""
+def allocate_ring(q_desc, k_desc, v_desc, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """Shared memory of a program whose own warps load: Q's tile, the ring of STAGES K and V
+    slots, and a barrier for Q and for each slot's K and V (each completes on one arrival)."""
     dtype: gl.constexpr = q_desc.dtype
-    start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -477,6 +472,21 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
     init_barriers(k_bars, STAGES, 1)
     init_barriers(v_bars, STAGES, 1)
     fence_async_shared()
+    return q_smem, k_smem, v_smem, q_bar, k_bars, v_bars
+
+
+@_jit
+def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
+                    n_heads, group, seq_q, seq_k, qk_scale,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, FMA_SHARE: gl.constexpr,
+                    DEGREE: gl.constexpr):
+    """One program: one BLOCK_M-row query tile of one (batch, head), chapter 7's grid;
+    its warps load the K/V tiles themselves. q/o descriptors view Q and O as
+    (batch*heads*seq_q, HEAD_DIM), k/v as (batch*kv_heads*seq_k, HEAD_DIM)."""
+    start_m, q_row, kv_row, n_tiles = tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M, BLOCK_N, CAUSAL)
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars = allocate_ring(q_desc, k_desc, v_desc, BLOCK_M, HEAD_DIM, BLOCK_N,
+                                                                  STAGES)
 
     # Q, then the first STAGES key/value tiles, all in flight at once
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
@@ -502,17 +512,8 @@ def _gluon_attn_fwd_persistent(q_desc, k_desc, v_desc, O, LSE,
     "overlap" schedule's warps. Nothing waits between two items: the next tile's K/V
     arrive in the ring while the last ones are used (``refill``), and its Q lands while
     this tile's O leaves."""
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    init_barriers(k_bars, STAGES, 1)
-    init_barriers(v_bars, STAGES, 1)
-    fence_async_shared()
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars = allocate_ring(q_desc, k_desc, v_desc, BLOCK_M, HEAD_DIM, BLOCK_N,
+                                                                  STAGES)
 
     first = gl.program_id(0)
     step = gl.num_programs(0)
