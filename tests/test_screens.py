@@ -17,9 +17,8 @@ from test_browser import HTML, browser, open_page, server  # noqa: F401  (fixtur
 SCREENS = os.path.join(ROOT, "_build", "screens")
 SIZES = {"phone": (390, 844), "laptop": (1300, 1000)}
 FULL_PAGE = os.environ.get("FLASHBOOK_SCREENS", "") == "full"
-# Pages whose display equations must fit a phone without scrolling (split into aligned
-# lines where they were too wide): chapter 2's update rules are read step by step.
-MATH_FITS_A_PHONE = {"notebooks/02_four_tokens"}
+# Every page's display equations fit a phone without scrolling (split into aligned lines
+# where they were too wide).
 WIDE_MATH = """() => [...document.querySelectorAll('div.math mjx-container')]
   .filter(e => e.scrollWidth > e.clientWidth + 2)
   .map(e => (e.querySelector('mjx-assistive-mml') || e).textContent.trim().slice(0, 60))"""
@@ -87,7 +86,7 @@ def test_page_fits_the_screen_and_is_photographed(server, browser, rel):  # noqa
         page.wait_for_timeout(300)                              # reflow after the resize
         result = page.evaluate(FIND_OVERFLOW)
         problems += [f"{size} {w}px: {line}" for line in result["found"][:10]]
-        if size == "phone" and rel in MATH_FITS_A_PHONE:
+        if size == "phone":
             problems += [f"{size} {w}px: an equation scrolls: {eq}" for eq in page.evaluate(WIDE_MATH)]
         if result["scrollWidth"] > result["width"] + 1:
             problems.append(f"{size} {w}px: the page scrolls sideways "
