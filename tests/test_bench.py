@@ -1245,7 +1245,8 @@ def test_schedule_pairs_and_the_persistent_verdict():
            for r in json.load(open(bench.results_root() / bench.GLUON_SHORT_SWEEPS[1]))["rows"]}
     assert len(pairs) == 18
     for r in pairs.itertuples():
-        want = raw[(r.seq, r.causal, f"gluon persistent {r.tiles}")] / raw[(r.seq, r.causal, f"gluon overlap {r.tiles}")]
+        shape = (r.seq, r.causal)
+        want = raw[(*shape, f"gluon persistent {r.tiles}")] / raw[(*shape, f"gluon overlap {r.tiles}")]
         assert r.first_over_second == pytest.approx(want)
     assert (pairs["first_over_second"] < 1.01).all()
     with pytest.raises(ValueError, match="timed under both"):

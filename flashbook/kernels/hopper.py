@@ -16,13 +16,15 @@ lower-level dialect, where the program says when things happen:
   weights) before it waits for anything, and computes the softmax of ``S_j``
   while the tensor cores are still busy with ``P_{j-1} V_{j-1}``. That is the
   "intra-warpgroup overlap" of FlashAttention-3 (Shah et al., 2024, section 3.2).
-* The output tile leaves by TMA too, through the shared memory Q no longer needs.
+* The output tile leaves by TMA too, through the shared memory Q no longer needs
+  (the persistent schedule stores it straight from the registers).
 * Who loads and who waits for whom is the *schedule* (``SCHEDULES``): every warp
-  loads its own tiles ("overlap"; "persistent" is the same with one program per
-  slot on the GPU, going from query tile to query tile without a pause), or ``gl.warp_specialize`` gives the loads to one
-  producer warp and the computing to two or three consumer warpgroups, with registers moved
-  from the one to the others ("producer"), optionally taking turns on the tensor
-  cores ("pingpong"). All three run the one loop of ``attend_tiles``.
+  loads its own tiles ("overlap"; "persistent" is the same with only as many programs
+  as the GPU holds, each going from query tile to query tile), or
+  ``gl.warp_specialize`` gives the loads to one producer warp and the computing to two
+  or three consumer warpgroups, with registers moved from the one to the others
+  ("producer"), optionally taking turns on the tensor cores ("pingpong"). All of them
+  run the one loop of ``attend_tiles``.
 * Optionally (``fma_share``), part of each score tile's exponentials is computed with
   a polynomial on the FMA units instead of the special-function unit (``exp2_fma``,
   FlashAttention-4's trick). Chapter 10 measures it: on the H200 it made the kernel
@@ -264,7 +266,7 @@ def softmax_step(s, row_max, row_sum, rows, cols, diagonal, qk_scale, masked, FM
 @_jit
 def item_plan(pid_m, bh, seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr):
-    """Query tile ``pid_m`` of (batch*heads) index ``bh`` and the key tiles it visits (the same rule as chapter 7).
+    """Query tile ``pid_m`` of (batch*heads) index ``bh``, and the key tiles it visits (as in chapter 7).
 
     Returns (start_m, q_row, kv_row, n_tiles): the tile's first query row, its row in
     the (batch*heads*seq_q, d) view of Q and O, the first row of its K/V head in the
