@@ -726,14 +726,16 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
     kernel, options, q_rows, extra = _launch_plan(schedule, block_m)
-    q_desc, o_desc = (_descriptor(x, (q_rows, d)) for x in (q2, o.view(-1, d)))
+    persistent = schedule == "persistent"   # O leaves without TMA; one program per slot, walking the tiles
+    q_desc = _descriptor(q2, (q_rows, d))
+    o_arg = o if persistent else _descriptor(o.view(-1, d), (q_rows, d))
     k_desc, v_desc = (_descriptor(x, (block_n, d)) for x in (k2, v2))
     grid = (-(-seq_q // block_m), batch * heads)   # the last tile may overlap the one before (tile_plan)
-    args = (q_desc, k_desc, v_desc, o_desc, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
+    args = (q_desc, k_desc, v_desc, o_arg, lse, heads, heads // k.shape[1], seq_q, seq_k, scale * LOG2E.value)
     constants = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
                      FMA_SHARE=fma_share, DEGREE=degree, **extra)
-    if schedule == "persistent":   # O leaves without TMA; one program per slot, walking the tiles
-        args = (*args[:3], o, *args[4:], grid[0] * grid[1])
+    if persistent:
+        args = (*args, grid[0] * grid[1])
         grid = (min(programs or resident_programs(kernel, args, constants, options, q.device, q.dtype),
                     grid[0] * grid[1]),)
     kernel[grid](*args, **constants, **options)
