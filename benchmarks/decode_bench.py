@@ -56,7 +56,8 @@ import torch  # noqa: E402
 import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
 from flashbook import bench  # noqa: E402
 from flashbook.bench import graph_replay  # noqa: E402
-from flashbook.kernels import checks, decode, flash_attention, flash_decode  # noqa: E402
+from flashbook.kernels import checks, decode, flash_decode  # noqa: E402
+from flashbook.kernels.autograd import flash_attention  # noqa: E402  (the Triton kernel)
 
 HEADS, KV_HEADS, HEAD_DIM, N_NEW = 32, 8, 128, 1
 BATCHES = (1, 8, 64)

@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
 from flashbook import bench  # noqa: E402
 import triton  # noqa: E402
-from flashbook.kernels import configs, flash_attention, flash_backward, flash_forward  # noqa: E402
+from flashbook.kernels import configs, flash_backward, flash_forward  # noqa: E402
+from flashbook.kernels.autograd import flash_attention  # noqa: E402  (the Triton kernels)
 from flashbook.kernels.configs import Config  # noqa: E402
 
 START = time.time()

@@ -29,7 +29,8 @@ import flashbook  # noqa: E402,F401
 import torch  # noqa: E402
 
 from flashbook import bench  # noqa: E402
-from flashbook.kernels import flash_attention, flash_forward  # noqa: E402
+from flashbook.kernels import flash_forward  # noqa: E402
+from flashbook.kernels.autograd import flash_attention  # noqa: E402  (the Triton kernels)
 from flashbook.kernels import hopper  # noqa: E402
 
 

@@ -17,13 +17,13 @@ from . import runtime  # first: it decides TRITON_INTERPRET before triton is imp
 from .display import show_source
 
 __version__ = "0.6.0"  # the one version: pyproject reads it; releases are tagged v<version>
-__all__ = ["runtime", "show_source", "flash_attention"]
+__all__ = ["runtime", "show_source", "flash_attention", "last_backend"]
 
 
 def __getattr__(name):
     # Loaded on first use, so the NumPy chapters never import triton.
-    if name == "flash_attention":
-        from .kernels import flash_attention
+    if name in ("flash_attention", "last_backend"):
+        from .kernels import dispatch
 
-        return flash_attention
+        return getattr(dispatch, name)
     raise AttributeError(f"module 'flashbook' has no attribute {name!r}")

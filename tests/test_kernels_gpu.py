@@ -114,7 +114,7 @@ def three_ways(b, h, h_kv, n_q, n_k, d, causal, dtype, seed, *, backend="flash",
     """(ours, SDPA's, float64 truth), each (o, dq, dk, dv), on the inputs drawn from ``seed``."""
     q, k, v, do = _inputs(b, h, h_kv, n_q, n_k, d, DTYPES[dtype], seed)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o = flashbook.flash_attention(*leaves, causal=causal, dq_mode=dq_mode)
+    o = flashbook.flash_attention(*leaves, causal=causal, dq_mode=dq_mode, backend="triton")
     o.backward(do)
     ours = (o.detach(), *(x.grad for x in leaves))
     return ours, _sdpa_grads(q, k, v, do, causal=causal, backend=backend), _truth(q, k, v, do, causal=causal)
@@ -195,7 +195,7 @@ def test_backward_is_deterministic_with_separate_dq():
         grads = []
         for _ in range(3):
             leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-            flashbook.flash_attention(*leaves, causal=True, dq_mode=mode).backward(do)
+            flashbook.flash_attention(*leaves, causal=True, dq_mode=mode, backend="triton").backward(do)
             grads.append([x.grad for x in leaves])
         runs[mode] = [all(torch.equal(g[i], grads[0][i]) for g in grads[1:]) for i in range(3)]
     record(test="determinism", separate_bitwise_equal=runs["separate"], atomic_bitwise_equal=runs["atomic"])
@@ -210,7 +210,7 @@ def test_offsets_past_2_to_the_31():
     q = torch.as_strided(buf, (2, 1, n, d), (stride_b, n * d, d, 1))
     k = torch.randn(2, 1, n, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 1, n, d, device="cuda", dtype=torch.bfloat16)
-    o = flashbook.flash_attention(q, k, v, causal=True)
+    o = flashbook.flash_attention(q, k, v, causal=True, backend="triton")
     want = checks.torch_attention(q.double(), k.double(), v.double(), causal=True)
     err, where = checks.max_error(o, want)
     assert err < 2e-2, f"{err} at {where}"
@@ -252,7 +252,7 @@ def test_float32_follows_torch_switch(torch_setting, override, want):
             torch.set_float32_matmul_precision(torch_setting)
             set_fp32_precision(override)
             leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-            o = flashbook.flash_attention(*leaves, causal=causal)
+            o = flashbook.flash_attention(*leaves, causal=causal, backend="triton")
             o.backward(do)
             torch.set_float32_matmul_precision("highest")   # the yardstick: PyTorch in IEEE float32
             theirs = checks.torch_grads(q, k, v, do, causal=causal, dtype=torch.float32)

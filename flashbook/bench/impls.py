@@ -52,7 +52,8 @@ def flashbook_impls() -> dict:
     for every other ``dq_mode`` of ``flash_attention`` (the atomic-dQ backward), and
     ``flashbook-gluon`` (chapter 10's Gluon forward with chapter 8's backward) on a
     Hopper GPU. Raises ImportError if the kernels cannot load."""
-    from ..kernels import DQ_MODES, flash_attention, hopper
+    from ..kernels import DQ_MODES, hopper
+    from ..kernels.autograd import flash_attention   # the Triton kernels, as every recorded run
 
     found = {"flashbook": flash_attention}
     for mode in DQ_MODES:

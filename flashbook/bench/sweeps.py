@@ -136,7 +136,7 @@ def run_ladder(args, *, progress=True) -> list:
     strategies on every shape; each output is checked against float64."""
     import torch
 
-    from ..kernels import flash_attention
+    from ..kernels.autograd import flash_attention   # the Triton kernels (chapter 10's ladder)
     from ..kernels.ladder import RUNGS, run_rung
 
     def measure(res, shape, inputs, o_ref, timer):

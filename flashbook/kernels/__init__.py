@@ -4,7 +4,9 @@
 - ``backward``:  delta preprocess, the dK/dV kernel, the dQ kernel (or atomic dQ)
 - ``configs``:   block sizes, warps and stages per chip and head_dim, with a shared-memory filter
 - ``autograd``:  input checks, kernel launches (``flash_forward``, ``flash_backward``)
-                 and the differentiable ``flash_attention``
+                 and the autograd Function around the Triton kernels
+- ``dispatch``:  the front door ``flash_attention(..., backend="auto" | "triton" | "gluon")``:
+                 which forward kernel runs a call (``last_backend``, ``explain_backend``)
 - ``decode``:    flash-decoding: a few new tokens against a KV cache, split over the keys,
                  the splits merged with chapter 3's merge (``flash_decode``, chapter 11)
 - ``hopper``:    a second forward kernel for Hopper GPUs in Triton's Gluon dialect (TMA,
@@ -12,6 +14,7 @@
                  ``gluon_forward``, ``gluon_attention``
 - ``targets``:   compiling for sm_75 / sm_80 / sm_90 without that GPU (shared memory per config)
 - ``checks``:    references and error yardsticks for tests and self-checks
+- ``stress``:    every shape class run with many seeds, outputs poisoned with NaN first
 - ``probes``:    ``stage_map``: which (query tile, key tile) pairs each kernel visits, as its
                  own ``causal_bounds`` / ``query_bounds`` decides (the stage figures of
                  chapters 7 and 8); ``observed_stages``: the same read off poisoned gradients
@@ -22,15 +25,16 @@ from .autograd import (
     FlashAttention,
     check_inputs,
     dot_precision,
-    flash_attention,
     flash_backward,
     flash_forward,
     set_autotune,
     set_fp32_precision,
 )
 from .decode import flash_decode
+from .dispatch import BACKENDS, explain_backend, flash_attention, last_backend
 
 __all__ = [
     "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs", "dot_precision",
     "flash_decode", "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
+    "BACKENDS", "last_backend", "explain_backend",
 ]

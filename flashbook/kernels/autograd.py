@@ -26,6 +26,7 @@ twice the error of PyTorch's FlashAttention (SDPA flash backend) against float64
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable
 
@@ -51,7 +52,32 @@ DQ_MODES = ("separate", "atomic")
 _state = {
     "fp32_precision": None,  # None: follow torch.get_float32_matmul_precision()
     "autotune": os.environ.get("FLASHBOOK_AUTOTUNE", "0") not in ("", "0"),
+    "poison": False,  # fill every buffer a kernel writes with NaN first (tests: a missed write shows)
 }
+
+
+@contextlib.contextmanager
+def poisoned_outputs(enabled: bool = True):
+    """Inside this block every buffer the kernels write (outputs, lse, delta, gradients,
+    split-K partials) starts as NaN instead of whatever ``torch.empty`` left there, so
+    an element that no program writes shows as NaN rather than as a plausible stale
+    value. The stress tests (``kernels.stress``) run under it. The flag is global, not
+    per thread, because autograd runs the backward on a thread of its own."""
+    before = _state["poison"]
+    _state["poison"] = bool(enabled)
+    try:
+        yield
+    finally:
+        _state["poison"] = before
+
+
+def new_buffer(shape, *, like: torch.Tensor | None = None, device=None, dtype=None) -> torch.Tensor:
+    """A buffer a kernel will write: ``torch.empty_like(like)`` (its strides kept) or
+    ``torch.empty(shape, device=, dtype=)``; NaN-filled under ``poisoned_outputs``."""
+    x = torch.empty_like(like) if like is not None else torch.empty(shape, device=device, dtype=dtype)
+    if _state["poison"] and x.is_floating_point():
+        x.fill_(float("nan"))
+    return x
 
 
 def set_fp32_precision(precision: str | None) -> None:
@@ -100,9 +126,11 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
     """The checks every attention kernel here shares (``check_inputs``, and the Gluon
-    kernel's ``hopper.check_inputs``): three non-empty 4-D tensors of one supported dtype
-    on one device, k and v shaped (batch, kv_heads, seq_k, head_dim) with kv_heads
-    dividing q's heads. Raises TypeError / ValueError naming the argument."""
+    kernel's ``hopper.check_inputs``): three 4-D tensors of one supported dtype on one
+    device, k and v shaped (batch, kv_heads, seq_k, head_dim) with kv_heads dividing q's
+    heads. The batch and the sequence lengths may be 0 (an empty result, as
+    ``scaled_dot_product_attention`` gives); heads and head_dim may not. Raises
+    TypeError / ValueError naming the argument."""
     qn, kn, vn = names
     for name, x in ((qn, q), (kn, k), (vn, v)):
         if not isinstance(x, torch.Tensor):
@@ -112,8 +140,9 @@ def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
                              f"got shape {tuple(x.shape)}")
         if x.dtype not in _DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
-        if x.numel() == 0:
-            raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
+        if x.shape[1] == 0 or x.shape[3] == 0:
+            raise ValueError(f"{name} must have at least one head and a head_dim of at least 1, "
+                             f"got shape {tuple(x.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{qn}, {kn} and {vn} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -168,6 +197,12 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
             raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
                             "correctly; use float16 or float32 here, or run on a CUDA GPU")
     return resolve_scale(scale, head_dim)
+
+
+def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether there is no score to compute: no batch, no query or no key (the output is
+    then all zeros, or empty, and nothing is launched)."""
+    return q.shape[0] == 0 or q.shape[2] == 0 or k.shape[2] == 0
 
 
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -255,12 +290,14 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     the scale times log2(e) (exp2); False passes the plain scale (natural exp).
     """
     scale = check_inputs(q, k, v, causal, scale)
+    if is_empty(q, k):   # nothing to attend to, or nobody attending: zeros and lse -inf, no launch
+        return (torch.zeros_like(q), torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32))
     q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     bd = configs.block_d(head_dim)
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
+    o = new_buffer(None, like=q)
+    lse = new_buffer((batch, heads, seq_q), device=q.device, dtype=torch.float32)
     precision = dot_precision(q.dtype)
 
     def launch(cfg: Config):
@@ -306,6 +343,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     if lse.dtype != torch.float32 or lse.device != q.device:
         raise TypeError(f"lse must be float32 on {q.device} (as flash_forward returns it), "
                         f"got {lse.dtype} on {lse.device}")
+    if is_empty(q, k):   # no score exists, so every gradient is 0
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, o, do = (last_dim_contiguous(x) for x in (q, k, v, o, do))
     do = do.to(q.dtype)
     lse = lse.contiguous()
@@ -316,16 +355,16 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     precision = dot_precision(q.dtype)
     qk_scale = scale * LOG2E
 
-    delta = torch.empty_like(lse)
+    delta = new_buffer(None, like=lse)
     block = 64 if runtime.device() == "cuda" else 32
     _bwd_delta[(triton.cdiv(seq_q, block), batch * heads)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
         heads, seq_q, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block)
 
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dk = new_buffer(None, like=k)
+    dv = new_buffer(None, like=v)
     atomic = dq_mode == "atomic"
-    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else torch.empty_like(q)
+    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else new_buffer(None, like=q)
     key = (group, _seq_bucket(seq_q), _seq_bucket(seq_k))
 
     def launch_dkdv(cfg: Config):
@@ -392,7 +431,10 @@ class FlashAttention(torch.autograd.Function):
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str = "separate"):
-    """softmax(scale * q k^T) v, computed tile by tile on chip; differentiable.
+    """softmax(scale * q k^T) v with the Triton kernels of chapters 7 and 8; differentiable.
+
+    This is ``flashbook.flash_attention(..., backend="triton")``; the front door
+    (``dispatch.flash_attention``) also knows the Hopper forward.
 
     Args:
         q: (batch, heads, seq_q, head_dim) float16, bfloat16 or float32.

@@ -54,6 +54,8 @@ def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32):
 def max_error(got, want) -> tuple[float, tuple]:
     """Largest |got - want| and where it is (an index tuple); NaN counts as infinite."""
     diff = (got.detach().cpu().double() - want.detach().cpu().double()).abs()
+    if diff.numel() == 0:
+        return 0.0, ()
     diff = torch.nan_to_num(diff, nan=float("inf"))
     flat = int(diff.argmax())
     where = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
@@ -69,15 +71,20 @@ def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int, factor:
     * a few float32 ulps per sqrt(head_dim): values the yardstick gets exactly by
       luck, such as gradients that are exactly 0 with a single key (the kernel's
       float32 dot products of length head_dim round there, torch's formula cancels);
-    * one rounding step of the input dtype at magnitude 1/4 (eps / 4): on a small
-      tensor the yardstick's largest error may fall on a small value while the
-      kernel's falls on a large one, a difference of rounding luck, not accuracy
-      (the FlashAttention repository's tests add such a term too).
+    * half a rounding step of the output's dtype at the largest magnitude of the truth
+      (eps / 2 x max|want|, at least eps / 4): the result is rounded to that dtype once
+      more at the end, so this much error is unavoidable, and on a small tensor the
+      yardstick's largest error may fall on a small value while the kernel's falls on a
+      large one, a difference of rounding luck, not accuracy (the FlashAttention
+      repository's tests add such a term too). The stress tests found it needed: one of
+      about 700 fp16 runs at seq_q = seq_k = 2 put a dQ element 0.9 of a step off at
+      magnitude 2 where the yardstick was 0.37 of a step off.
     """
     err, where = max_error(got, want)
     base, _ = max_error(yardstick, want)
-    floor = (8 * torch.finfo(torch.float32).eps * math.sqrt(head_dim) * (1 + float(want.abs().max()))
-             + torch.finfo(got.dtype).eps / 4)
+    largest = float(want.abs().max()) if want.numel() else 0.0
+    floor = (8 * torch.finfo(torch.float32).eps * math.sqrt(head_dim) * (1 + largest)
+             + torch.finfo(got.dtype).eps * max(0.25, largest / 2))
     bound = factor * base + floor
     if err <= bound:
         return None

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..validation import check_count
-from .autograd import LOG2E, last_dim_contiguous, check_inputs, dot_precision
+from .autograd import LOG2E, last_dim_contiguous, check_inputs, dot_precision, new_buffer
 from .configs import block_d
 from .forward import attend, load_tile, normalised_rows
 
@@ -61,7 +61,7 @@ MAX_ROWS = 64         # query rows (group * n_new) per tile; more rows take more
 
 # ------------------------------------------------------------------ the kernels
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "seq_max", "num_splits"])   # as forward.LENGTH_ARGS
 def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
                 stride_qb, stride_qh, stride_qm,
                 stride_kb, stride_kh, stride_kn,
@@ -129,7 +129,7 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "num_splits"])
 def _decode_combine(O_PART, LSE, O, stride_ob, stride_oh, stride_om, kv_heads, n_rows, num_splits,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     """Chapter 3's merge of every split's (o_s, lse_s) for one query row.
@@ -271,6 +271,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
     if n_new > MAX_NEW_TOKENS:
         raise ValueError(f"q must hold 1 to {MAX_NEW_TOKENS} new tokens per sequence (axis 2), "
                          f"got shape {tuple(q.shape)}; use flash_attention for longer queries")
+    if batch == 0 or n_new == 0:   # nobody attending: an empty output, nothing launched
+        return torch.zeros_like(q)
     seqlens = _check_seqlens(cache_seqlens, batch, n_max, q.device)
     group = heads // kv_heads
     n_rows = group * n_new
@@ -283,15 +285,15 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
     # (batch, heads, n_new, d) -> (batch, kv_heads, group * n_new, d): a group's rows side by side
     q_rows = last_dim_contiguous(q.reshape(batch, kv_heads, n_rows, head_dim))
     k_cache, v_cache = last_dim_contiguous(k_cache), last_dim_contiguous(v_cache)
-    o = torch.empty((batch, kv_heads, n_rows, head_dim), device=q.device, dtype=q.dtype)
+    o = new_buffer((batch, kv_heads, n_rows, head_dim), device=q.device, dtype=q.dtype)
     if num_splits == 1:   # one split: the kernel writes the output itself
         o_part = o
         o_part_strides = (o.stride(0), o.stride(1), 0, o.stride(2))
     else:
-        o_part = torch.empty((batch, kv_heads, num_splits, n_rows, head_dim), device=q.device,
-                             dtype=torch.float32)
+        o_part = new_buffer((batch, kv_heads, num_splits, n_rows, head_dim), device=q.device,
+                            dtype=torch.float32)
         o_part_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3))
-    lse = torch.empty((batch, kv_heads, num_splits, n_rows), device=q.device, dtype=torch.float32)
+    lse = new_buffer((batch, kv_heads, num_splits, n_rows), device=q.device, dtype=torch.float32)
     precision = dot_precision(q.dtype)
 
     grid = (num_splits, triton.cdiv(n_rows, block_m), batch * kv_heads)

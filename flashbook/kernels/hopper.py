@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 from ..reference import resolve_scale
 from ..validation import check_choice, check_flag
-from .autograd import FlashAttention, check_shapes
+from .autograd import FlashAttention, check_shapes, new_buffer
 from .forward import LN2, LOG2E
 
 HEAD_DIMS = (64, 128)
@@ -723,8 +723,8 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     batch, heads, seq_q, d = q.shape
     seq_k = k.shape[2]
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
-    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    lse = torch.empty((batch, heads, seq_q), device=q.device, dtype=torch.float32)
+    o = new_buffer(q.shape, device=q.device, dtype=q.dtype)
+    lse = new_buffer((batch, heads, seq_q), device=q.device, dtype=torch.float32)
     kernel, options, q_rows, extra = _launch_plan(schedule, block_m)
     persistent = schedule == "persistent"   # O leaves without TMA; one program per slot, walking the tiles
     q_desc = _descriptor(q2, (q_rows, d))

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .autograd import forward_with
 from .configs import Config
-from .forward import LOG2E, _attn_fwd, causal_bounds, fold_values, load_tile, visible_keys
+from .forward import LENGTH_ARGS, LOG2E, _attn_fwd, causal_bounds, fold_values, load_tile, visible_keys
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,8 @@ def kernel_with(replaced: dict, constexprs: tuple = ()):
         # the annotations say which arguments are tl.constexpr: without them a GPU launch
         # would try to pass HEAD_DIM, CAUSAL, ... as run-time values
         plain.__annotations__ = dict(fn.__annotations__, **{name: tl.constexpr for name in constexprs})
-        _kernels[key] = (triton.jit(plain), replaced)   # keep the helpers alive with their id
+        free = [name for name in LENGTH_ARGS if name not in constexprs]   # never specialised, as _attn_fwd
+        _kernels[key] = (triton.jit(plain, do_not_specialize=free), replaced)   # keep the helpers alive with their id
     return _kernels[key][0]
 
 

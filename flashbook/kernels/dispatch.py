@@ -1,0 +1,109 @@
+"""The front door: ``flashbook.flash_attention``, and which kernel it runs.
+
+    o = flashbook.flash_attention(q, k, v, causal=True)                  # the fastest that fits
+    o = flashbook.flash_attention(q, k, v, causal=True, backend="triton")  # chapters 7 and 8
+    flashbook.last_backend()                                            # "gluon" or "triton"
+
+Two forward kernels compute the same function:
+
+* ``"triton"``: chapter 7's kernel (``autograd.flash_forward``), written in plain Triton.
+  It runs everywhere the book does: any CUDA GPU Triton supports, and the CPU through
+  Triton's interpreter; any length, head_dim up to 256, float16/bfloat16/float32.
+* ``"gluon"``: chapter 10's Hopper kernel (``hopper.gluon_forward``): TMA loads,
+  asynchronous warpgroup products, warp specialisation. Only on sm_90 (H100/H200), for
+  float16/bfloat16, head_dim 64 or 128, seq_q a multiple of 64, seq_k a multiple of its
+  key tile, and no causal row without a key (``hopper.check_inputs`` says which limit).
+
+Both save the same (o, lse), so the backward is chapter 8's kernels either way.
+``backend="auto"`` (the default) takes the Gluon forward when this call is within its
+limits and the Triton one otherwise, so it never fails where the Triton kernel would
+succeed; ``last_backend()`` and ``explain_backend()`` say what the last call ran and why.
+Measured on an H200: ``benchmarks/results/front_door_h200/``.
+"""
+from __future__ import annotations
+
+import threading
+
+from .. import runtime
+from . import autograd
+
+BACKENDS = ("auto", "triton", "gluon")
+
+_last = threading.local()
+
+
+def gluon_refusal(q, k, v, causal: bool = False) -> str | None:
+    """Why the Gluon forward cannot take this call on this machine, or None if it can.
+
+    The inputs are assumed valid for the Triton kernel (``autograd.check_inputs``)."""
+    if runtime.INTERPRET or q.device.type != "cuda":
+        return "no CUDA GPU (the Triton interpreter runs the Triton kernel)"
+    from . import hopper
+
+    if not hopper.HAS_GLUON:
+        return "this Triton has no Gluon (triton >= 3.4)"
+    try:
+        hopper.check_inputs(q, k, v, causal, *hopper.default_config(q.shape[-1], q.shape[2], causal))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return str(exc)
+    return None
+
+
+def choose_backend(q, k, v, causal: bool = False, backend: str = "auto") -> tuple[str, str]:
+    """(the backend that runs, why) for these inputs; raises for a backend that cannot run."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        return "triton", "asked for"
+    refusal = gluon_refusal(q, k, v, causal)
+    if backend == "gluon":
+        if refusal:
+            raise ValueError(f"backend='gluon' cannot run this call: {refusal}; backend='auto' or 'triton' can")
+        return "gluon", "asked for"
+    if refusal:
+        return "triton", f"the Gluon kernel cannot: {refusal}"
+    return "gluon", "a Hopper GPU and shapes within the Gluon kernel's limits"
+
+
+def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str = "auto",
+                    dq_mode: str = "separate"):
+    """softmax(scale * q k^T) v, differentiable, with the fastest kernel that takes the call.
+
+    Args:
+        q: (batch, heads, seq_q, head_dim) float16, bfloat16 or float32.
+        k, v: (batch, kv_heads, seq_k, head_dim); kv_heads divides heads (GQA / MQA).
+        causal: query i sees key j only when j <= i + seq_k - seq_q (bottom-right aligned,
+            as FlashAttention 2.1+); a row that sees no key gives zeros.
+        scale: multiplies the scores; None means 1/sqrt(head_dim).
+        backend: ``"auto"`` (Gluon on an H100/H200 where its limits allow, else Triton),
+            ``"triton"`` (chapters 7-8) or ``"gluon"`` (chapter 10; a clear error where it
+            cannot run). ``last_backend()`` says which ran.
+        dq_mode: the backward's dQ: ``"separate"`` (deterministic) or ``"atomic"``
+            (chapter 8).
+
+    Returns:
+        o with q's shape and dtype (the Triton forward keeps q's memory layout; the Gluon
+        forward returns it contiguous).
+    """
+    autograd.check_inputs(q, k, v, causal, scale, dq_mode)
+    if autograd.is_empty(q, k):
+        chosen, why = "triton", "an empty input (nothing is launched)"
+    else:
+        chosen, why = choose_backend(q, k, v, causal, backend)
+    _last.backend, _last.reason = chosen, why
+    if chosen == "gluon":
+        from .hopper import gluon_forward
+
+        return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, gluon_forward)
+    return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode)
+
+
+def last_backend() -> str | None:
+    """The forward kernel of this thread's last ``flash_attention`` call: "gluon" or
+    "triton" (None before the first)."""
+    return getattr(_last, "backend", None)
+
+
+def explain_backend() -> tuple[str | None, str | None]:
+    """(``last_backend()``, why it was chosen): e.g. the Gluon kernel's refusal."""
+    return getattr(_last, "backend", None), getattr(_last, "reason", None)

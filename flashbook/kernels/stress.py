@@ -1,0 +1,254 @@
+"""Correct every time: each shape class run with many seeds, every buffer poisoned first.
+
+A kernel that is right for one draw of random numbers can still be wrong one run
+in thirteen: a read of a row past the end that happens to hold a harmless value,
+two programs racing for one element, a buffer read before anything wrote it. One
+seed per shape catches none of these. So every *class* of shapes (the small and
+ragged lengths where masks and tile edges meet, both orders of seq_q and seq_k,
+causal or not, every dtype) runs many times, with
+
+* fresh random inputs each run (the seed is kept, so a failure can be replayed);
+* every buffer the kernels write filled with NaN before the launch
+  (``autograd.poisoned_outputs``), so an element nobody writes cannot pass;
+* every output and gradient compared with float64 by the book's rule: at most
+  twice the error of the same attention in plain PyTorch in the input dtype
+  (``checks.within_twice_yardstick``), NaN never.
+
+The runs of one class cycle through GQA groups 1/2/4/8 and several head_dims, so
+each pair (group, head_dim) meets each length pair several times.
+
+Used by ``tests/test_stress_gpu.py`` (thousands of runs on a GPU),
+``tests/test_stress.py`` (the same code in Triton's interpreter, fewer seeds) and
+``benchmarks/stress.py`` (records the counts with provenance).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from . import checks
+from .autograd import poisoned_outputs
+
+#: (seq_q, seq_k): lengths around the tile sizes (16 ... 128) and around one, both orders
+SQUARE_LENGTHS = (1, 2, 3, 17, 63, 64, 65, 127, 129)
+LENGTH_PAIRS = tuple((n, n) for n in SQUARE_LENGTHS) + (
+    (1, 64), (64, 1), (17, 65), (65, 17), (3, 127), (127, 3), (1, 129), (129, 2))
+#: the Gluon forward's lengths: seq_q a multiple of 64, seq_k of its key tile (128)
+GLUON_LENGTH_PAIRS = ((64, 128), (128, 128), (192, 256), (320, 384), (256, 128), (128, 512))
+GROUPS = (1, 2, 4, 8)
+HEAD_DIMS = (16, 64, 80, 128, 256)
+#: new tokens per decode step (1 is plain decoding; more is speculative decoding)
+NEW_TOKENS = (1, 2, 3, 8, 16)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+GRADS = ("o", "dq", "dk", "dv")
+KERNELS = ("attention", "decode", "gluon")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run: a kernel, a shape, a dtype and (for decode) the cache lengths' seed."""
+    kernel: str              # "attention" (Triton fwd + bwd), "gluon" (Gluon fwd + bwd), "decode"
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_q: int               # decode: new tokens per sequence
+    seq_k: int               # decode: the cache's length n_max
+    head_dim: int
+    causal: bool
+    dtype: str
+    dq_mode: str = "separate"
+
+    def label(self) -> str:
+        return (f"{self.kernel}-{self.dtype}-b{self.batch}h{self.heads}/{self.kv_heads}-"
+                f"{self.seq_q}x{self.seq_k}-d{self.head_dim}-{'causal' if self.causal else 'full'}"
+                + ("" if self.dq_mode == "separate" else f"-{self.dq_mode}"))
+
+
+@dataclass
+class ClassResult:
+    """What one class's runs gave: how many ran, and each failure with its seed."""
+    name: str
+    runs: int = 0
+    failures: list = field(default_factory=list)   # (case label, seed, problems)
+
+    @property
+    def passed(self) -> bool:
+        return self.runs > 0 and not self.failures
+
+
+def _draw(shapes, dtype, seed, device):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return [torch.randn(s, generator=gen, device=device, dtype=torch.float32).to(dtype) for s in shapes]
+
+
+def _compare(names, got, truth, yardstick, head_dim) -> list:
+    problems = []
+    for name, g, t, y in zip(names, got, truth, yardstick):
+        if g.shape != t.shape:
+            problems.append(f"{name}: shape {tuple(g.shape)}, want {tuple(t.shape)}")
+            continue
+        problem = checks.within_twice_yardstick(name, g, t, y, head_dim=head_dim)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def run_attention(case: Case, seed: int, device) -> list:
+    """Forward and backward of ``case`` on inputs drawn from ``seed``: the problems found
+    (empty when every output and gradient is within the rule)."""
+    from . import autograd
+
+    dtype = DTYPES[case.dtype]
+    b, h, hk, nq, nk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
+    q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    with poisoned_outputs():
+        if case.kernel == "gluon":
+            from .hopper import gluon_attention
+
+            o = gluon_attention(*leaves, causal=case.causal)
+        else:
+            o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode)
+        o.backward(do)
+    got = (o.detach(), *(x.grad for x in leaves))
+    truth = checks.torch_grads(q, k, v, do, causal=case.causal, dtype=torch.float64)
+    yardstick = checks.torch_grads(q, k, v, do, causal=case.causal, dtype=dtype)
+    return _compare(GRADS, got, truth, yardstick, d)
+
+
+def run_decode(case: Case, seed: int, device) -> list:
+    """``flash_decode`` on ragged cache lengths drawn from ``seed`` (one sequence at full
+    length, one empty when the batch allows), against float64 attention over each
+    sequence's own keys."""
+    from .decode import flash_decode
+
+    dtype = DTYPES[case.dtype]
+    b, h, hk, n_new, n_max, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
+    q, k, v = _draw(((b, h, n_new, d), (b, hk, n_max, d), (b, hk, n_max, d)), dtype, seed, device)
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, n_max + 1, (b,), generator=gen)
+    lengths[0] = n_max
+    if b > 2:
+        lengths[1] = 0
+    with poisoned_outputs():
+        o = flash_decode(q, k, v, cache_seqlens=lengths.to(device), causal=case.causal)
+    problems = []
+    for i, n in enumerate(lengths.tolist()):
+        ks, vs = k[i:i + 1, :, :n], v[i:i + 1, :, :n]
+        truth = checks.torch_attention(q[i:i + 1].double(), ks.double(), vs.double(), causal=case.causal)
+        yardstick = checks.torch_attention(q[i:i + 1], ks, vs, causal=case.causal)
+        problems += [f"sequence {i} (length {n}): {p}"
+                     for p in _compare(("o",), (o[i:i + 1],), (truth,), (yardstick,), d)]
+    return problems
+
+
+RUNNERS = {"attention": run_attention, "gluon": run_attention, "decode": run_decode}
+
+
+def launch_only(case: Case, seed: int, device) -> list:
+    """The kernels of ``case`` alone, on poisoned outputs, with no reference computed (for
+    compute-sanitizer, which should see nothing but the library's kernels): a problem only
+    if an output holds NaN or inf."""
+    from . import autograd
+    from .decode import flash_decode
+
+    dtype = DTYPES[case.dtype]
+    b, h, hk, nq, nk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
+    q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
+    with poisoned_outputs():
+        if case.kernel == "decode":
+            lengths = torch.randint(0, nk + 1, (b,), generator=torch.Generator().manual_seed(seed))
+            outs = [flash_decode(q, k, v, cache_seqlens=lengths.to(device), causal=case.causal)]
+        else:
+            leaves = [x.requires_grad_() for x in (q, k, v)]
+            if case.kernel == "gluon":
+                from .hopper import gluon_attention
+
+                o = gluon_attention(*leaves, causal=case.causal)
+            else:
+                o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode)
+            o.backward(do)
+            outs = [o, *(x.grad for x in leaves)]
+    return [f"{name}: not finite" for name, x in zip(GRADS, outs) if not bool(torch.isfinite(x).all())]
+
+
+def run_case(case: Case, seed: int, device, *, check: bool = True) -> list:
+    """The problems of one run (a crash is a problem too, with its message); ``check=False``
+    launches the kernels alone (``launch_only``)."""
+    try:
+        return RUNNERS[case.kernel](case, seed, device) if check else launch_only(case, seed, device)
+    except Exception as exc:  # noqa: BLE001 - a raised error is a failed run, reported with the rest
+        return [f"raised {type(exc).__name__}: {exc}"]
+
+
+def attention_class(seq_q: int, seq_k: int, dtype: str, causal: bool, runs: int, *, batch: int = 2,
+                    heads: int = 8, groups=GROUPS, head_dims=HEAD_DIMS, dq_mode: str = "separate",
+                    kernel: str = "attention") -> list:
+    """``runs`` cases of one class (lengths, dtype, mask), cycling through (group, head_dim)."""
+    combos = list(itertools.product(groups, head_dims))
+    return [Case(kernel, batch, heads, heads // g, seq_q, seq_k, d, causal, dtype, dq_mode)
+            for g, d in itertools.islice(itertools.cycle(combos), runs)]
+
+
+def decode_class(n_new: int, dtype: str, causal: bool, runs: int, *, batch: int = 3, heads: int = 8,
+                 n_max: int = 300, groups=GROUPS, head_dims=HEAD_DIMS) -> list:
+    """``runs`` decode cases with ``n_new`` new tokens, cycling through (group, head_dim)."""
+    combos = list(itertools.product(groups, head_dims))
+    return [Case("decode", batch, heads, heads // g, n_new, n_max, d, causal, dtype)
+            for g, d in itertools.islice(itertools.cycle(combos), runs)]
+
+
+def all_classes(kernels=KERNELS, runs: int = 60) -> list:
+    """(name, cases) of every class the GPU stress test runs, for the kernels named: the
+    Triton kernels in fp16, bf16 and fp32 at every length pair, causal or not (and atomic
+    dQ at four ragged pairs), decode with 1 to 16 new tokens on ragged caches, and the
+    Gluon forward at the lengths it takes."""
+    found = []
+    if "attention" in kernels:
+        for dtype in ("fp16", "bf16", "fp32"):
+            for n_q, n_k in LENGTH_PAIRS:
+                for causal in (False, True):
+                    found.append((f"attention-{dtype}-{n_q}x{n_k}-{'causal' if causal else 'full'}",
+                                  attention_class(n_q, n_k, dtype, causal, runs)))
+        for dtype in ("fp16", "bf16"):   # atomic dQ: the ragged lengths
+            for n_q, n_k in ((1, 1), (17, 65), (65, 17), (129, 129)):
+                found.append((f"attention-atomic-{dtype}-{n_q}x{n_k}-causal",
+                              attention_class(n_q, n_k, dtype, True, runs, dq_mode="atomic")))
+    if "decode" in kernels:
+        for dtype in ("fp16", "bf16", "fp32"):
+            for n_new in NEW_TOKENS:
+                for causal in (False, True):
+                    found.append((f"decode-{dtype}-new{n_new}-{'causal' if causal else 'full'}",
+                                  decode_class(n_new, dtype, causal, runs)))
+    if "gluon" in kernels:
+        for dtype in ("fp16", "bf16"):
+            for n_q, n_k in GLUON_LENGTH_PAIRS:
+                for causal in (False, True):
+                    if causal and n_q > n_k:
+                        continue
+                    found.append((f"gluon-{dtype}-{n_q}x{n_k}-{'causal' if causal else 'full'}",
+                                  attention_class(n_q, n_k, dtype, causal, runs, kernel="gluon",
+                                                  head_dims=(64, 128))))
+    return found
+
+
+def run_class(name: str, cases, device, *, first_seed: int = 0, check: bool = True) -> ClassResult:
+    """Every case of a class, seeds ``first_seed``, ``first_seed + 1``, ...: fresh inputs each."""
+    result = ClassResult(name)
+    for i, case in enumerate(cases):
+        seed = first_seed + i
+        problems = run_case(case, seed, device, check=check)
+        result.runs += 1
+        if problems:
+            result.failures.append((case.label(), seed, problems))
+    return result
+
+
+def report(result: ClassResult, most: int = 5) -> str:
+    """A failure message: how many runs failed, and the first few with their seeds."""
+    lines = [f"{result.name}: {len(result.failures)} of {result.runs} runs failed"]
+    for label, seed, problems in result.failures[:most]:
+        lines.append(f"  {label} seed {seed}: " + "; ".join(problems))
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""The stress test's harness, and a short run of it in Triton's interpreter (CI, no GPU).
+
+The GPU suite (``test_stress_gpu.py``) runs about 10,000 seeded cases; here every length
+class that the interpreter can show a masking bug in runs a few times in fp16 and fp32
+with NaN-poisoned outputs, and the harness itself is checked: a kernel that leaves an
+element unwritten, or is off by more than the rule allows, must fail.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashbook import runtime
+from flashbook.kernels import autograd, stress
+
+DEVICE = runtime.device()
+
+
+def test_poisoned_outputs_fill_every_buffer_with_nan():
+    q = torch.randn(1, 2, 3, 16)
+    with autograd.poisoned_outputs():
+        fresh = autograd.new_buffer(None, like=q)
+        shaped = autograd.new_buffer((2, 5), device="cpu", dtype=torch.float32)
+    assert fresh.isnan().all() and shaped.isnan().all() and fresh.stride() == q.stride()
+    assert not autograd._state["poison"]   # the flag goes back when the block ends
+
+
+def test_the_harness_catches_a_missed_write_and_a_wrong_value(monkeypatch):
+    real = autograd.flash_attention
+    case = stress.Case("attention", 1, 2, 2, 17, 17, 16, True, "fp32")
+    assert stress.run_case(case, 1, DEVICE) == []
+
+    def unwritten(*args, **kwargs):   # one output row left as the poison
+        o = real(*args, **kwargs)
+        return o.index_fill(2, torch.tensor([3], device=o.device), float("nan"))
+
+    monkeypatch.setattr(autograd, "flash_attention", unwritten)
+    assert any(p.startswith("o: max error inf") for p in stress.run_case(case, 1, DEVICE))
+
+    def slightly_off(*args, **kwargs):
+        return real(*args, **kwargs) * (1 + 1e-3)
+
+    monkeypatch.setattr(autograd, "flash_attention", slightly_off)
+    assert any(p.startswith("o:") for p in stress.run_case(case, 1, DEVICE))
+
+
+def test_every_class_has_the_runs_it_asks_for():
+    classes = stress.all_classes(runs=60)
+    assert len({name for name, _ in classes}) == len(classes)
+    assert all(len(cases) == 60 for _, cases in classes)
+    assert sum(len(cases) for _, cases in classes) >= 9_000
+    square = [c for name, cases in classes if name == "attention-bf16-1x1-causal" for c in cases]
+    assert {(c.kv_heads, c.head_dim) for c in square} >= {(8, 128), (2, 128)}   # GQA 1 and 4 at d=128
+
+
+# (seq_q, seq_k): where tile edges, one-row tiles and rows that see no key meet
+INTERPRETER_PAIRS = ((1, 1), (2, 2), (17, 17), (33, 33), (1, 40), (40, 1), (17, 33), (33, 17))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("n_q,n_k", INTERPRETER_PAIRS, ids=[f"{a}x{b}" for a, b in INTERPRETER_PAIRS])
+def test_interpreter_class_few_seeds(n_q, n_k, dtype, causal):
+    cases = stress.attention_class(n_q, n_k, dtype, causal, 2, groups=(1, 4), head_dims=(16, 24))
+    result = stress.run_class(f"{dtype}-{n_q}x{n_k}", cases, DEVICE, first_seed=n_q * 1000 + n_k)
+    assert result.passed, stress.report(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_new", [1, 3])
+def test_interpreter_decode_few_seeds(n_new):
+    cases = stress.decode_class(n_new, "fp16", True, 2, n_max=40, groups=(1, 4), head_dims=(16,))
+    result = stress.run_class(f"decode-{n_new}", cases, DEVICE, first_seed=n_new)
+    assert result.passed, stress.report(result)
