@@ -37,7 +37,14 @@ def _kernels():
 CLASSES = stress.all_classes(_kernels() if runtime.device() == "cuda" else ("attention", "decode"), RUNS)
 
 
-@pytest.mark.parametrize("index", range(len(CLASSES)), ids=[name for name, _ in CLASSES])
+def _group(cases) -> str:
+    """One xdist group per kernel and dtype (``pytest -n 8 --dist loadgroup``): each worker
+    then compiles its own kernels, not the same ones as its neighbours at the same time."""
+    return f"{cases[0].kernel}-{cases[0].dtype}"
+
+
+@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.xdist_group(_group(cases)), id=name)
+                                   for i, (name, cases) in enumerate(CLASSES)])
 def test_class_many_seeds(index):
     name, cases = CLASSES[index]
     result = stress.run_class(name, cases, "cuda", first_seed=10_000 * index)
@@ -45,6 +52,7 @@ def test_class_many_seeds(index):
     assert result.passed, stress.report(result)
 
 
+@pytest.mark.xdist_group("attention-bf16")
 @pytest.mark.parametrize("group", [1, 4])
 def test_the_intermittent_dv_class_500_times_per_group(group):
     """bf16, head_dim 128, one query and one key, causal, 8 query heads: the class that once
