@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                 row[f"{pass_}_specialised_over_unspecialised"] = row[f"unspecialised_{pass_}_ms"] / row[f"specialised_{pass_}_ms"]
             record["specialisation"].append(row)
             print(f"specialisation d={d} N={n} {'causal' if causal else 'full'}: "
-                  f"unspecialised/specialised time fwd {1 / row['fwd_specialised_over_unspecialised']:.3f} "
+                  f"specialised/unspecialised time fwd {1 / row['fwd_specialised_over_unspecialised']:.3f} "
                   f"bwd {1 / row['bwd_specialised_over_unspecialised']:.3f}", flush=True)
     with open(os.path.join(args.out, "front_door.json"), "w") as f:
         json.dump(record, f, indent=1)

@@ -44,7 +44,7 @@ from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq
 from .configs import Config
 from . import forward as forward_kernel
-from .forward import _attn_fwd
+from .forward import _attn_fwd, for_lengths
 
 LOG2E = forward_kernel.LOG2E.value  # log2(e), defined once beside the kernels that use it
 DQ_MODES = ("separate", "atomic")
@@ -302,7 +302,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
 
     def launch(cfg: Config):
         grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
-        kernel[grid](
+        for_lengths(kernel, (seq_q, seq_k))[grid](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -357,7 +357,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
 
     delta = new_buffer(None, like=lse)
     block = 64 if runtime.device() == "cuda" else 32
-    _bwd_delta[(triton.cdiv(seq_q, block), batch * heads)](
+    for_lengths(_bwd_delta, (seq_q,), ("seq_q",))[(triton.cdiv(seq_q, block), batch * heads)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
         heads, seq_q, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block)
 
@@ -371,7 +371,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
         if atomic:
             dq.zero_()
         grid = (triton.cdiv(seq_k, cfg.block_n), batch * kv_heads)
-        _bwd_dkdv[grid](
+        for_lengths(_bwd_dkdv, (seq_q, seq_k))[grid](
             q, k, v, do, lse, delta, dk, dv, dq,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -387,7 +387,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
 
     def launch_dq(cfg: Config):
         grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
-        _bwd_dq[grid](
+        for_lengths(_bwd_dq, (seq_q, seq_k))[grid](
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),

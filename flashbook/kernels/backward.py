@@ -36,10 +36,10 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import LENGTH_ARGS, MAIN, MASKED, causal_bounds, load_lse, load_tile, query_bounds, query_tile_index, visible_keys
+from .forward import MAIN, MASKED, causal_bounds, load_lse, load_tile, query_bounds, query_tile_index, visible_keys
 
 
-@triton.jit(do_not_specialize=["seq_q"])   # lengths are never constants (forward.LENGTH_ARGS)
+@triton.jit
 def _bwd_delta(O, DO, DELTA,
                stride_ob, stride_oh, stride_om,
                stride_dob, stride_doh, stride_dom,
@@ -105,7 +105,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
     return dk, dv
 
 
-@triton.jit(do_not_specialize=LENGTH_ARGS)
+@triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               stride_qb, stride_qh, stride_qm,
               stride_kb, stride_kh, stride_kn,
@@ -190,7 +190,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, r
     return dq
 
 
-@triton.jit(do_not_specialize=LENGTH_ARGS)
+@triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qb, stride_qh, stride_qm,
             stride_kb, stride_kh, stride_kn,

@@ -52,7 +52,7 @@ from .. import runtime
 from ..validation import check_count
 from .autograd import LOG2E, last_dim_contiguous, check_inputs, dot_precision, new_buffer
 from .configs import block_d
-from .forward import attend, load_tile, normalised_rows
+from .forward import attend, for_lengths, load_tile, normalised_rows
 
 MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
 MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
@@ -61,7 +61,7 @@ MAX_ROWS = 64         # query rows (group * n_new) per tile; more rows take more
 
 # ------------------------------------------------------------------ the kernels
 
-@triton.jit(do_not_specialize=["n_rows", "seq_max", "num_splits"])   # as forward.LENGTH_ARGS
+@triton.jit
 def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
                 stride_qb, stride_qh, stride_qm,
                 stride_kb, stride_kh, stride_kn,
@@ -129,7 +129,7 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-@triton.jit(do_not_specialize=["n_rows", "num_splits"])
+@triton.jit
 def _decode_combine(O_PART, LSE, O, stride_ob, stride_oh, stride_om, kv_heads, n_rows, num_splits,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     """Chapter 3's merge of every split's (o_s, lse_s) for one query row.
@@ -297,7 +297,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
     precision = dot_precision(q.dtype)
 
     grid = (num_splits, triton.cdiv(n_rows, block_m), batch * kv_heads)
-    _decode_fwd[grid](
+    lengths = (n_rows, n_max, num_splits)   # a length of 1 takes the unspecialised twin (forward.LENGTH_ARGS)
+    for_lengths(_decode_fwd, lengths, ("n_rows", "seq_max", "num_splits"))[grid](
         q_rows, k_cache, v_cache, o_part, lse, seqlens if seqlens is not None else lse,
         q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -308,7 +309,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
         CAUSAL=causal, HAS_SEQLENS=seqlens is not None, DOT_PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
-        _decode_combine[(n_rows, batch * kv_heads)](
+        for_lengths(_decode_combine, lengths, ("n_rows", "num_splits"))[(n_rows, batch * kv_heads)](
             o_part, lse, o, o.stride(0), o.stride(1), o.stride(2), kv_heads, n_rows, num_splits,
             HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
             num_warps=4)

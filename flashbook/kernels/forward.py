@@ -36,16 +36,30 @@ MASKED: tl.constexpr = tl.constexpr(2)   # the causal diagonal and the ragged en
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e)); LOG2E.value on the host
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 back into a natural log
 
-#: Lengths every kernel takes as plain run-time integers, never specialised by Triton.
-#: By default Triton compiles a separate kernel when an integer argument is 1 (folding it
-#: in as a constant) or a multiple of 16. With seq_q = seq_k = 1 folded in, Triton 3.6 on
-#: an H200 pipelined this kernel's causal loop (128 x 64 tiles, 8 warps, 3 stages,
-#: head_dim 128) so that about one program in nine read a K/V shared-memory slot that no
-#: copy had filled (lse -inf, o NaN or a stale value: what the previous kernel on that SM
-#: left behind), and the backward's dV inherited it. The same tiles with 1 or 2 stages,
-#: seq_k = 2, or the lengths left unspecialised were right in every run
+#: The length arguments of the kernels. Triton compiles a separate kernel when an integer
+#: argument is 1 (folding it in as a constant) or a multiple of 16. With seq_q = seq_k = 1
+#: folded in, Triton 3.6 on an H200 pipelined the causal forward (128 x 64 tiles, 8 warps,
+#: 3 stages, head_dim 128) so that about one run in nine read a K/V shared-memory slot no
+#: copy had filled: lse -inf and o NaN, or a stale value (what the last kernel on that SM
+#: left there), and the backward's dV inherited it. The same tiles with 1 or 2 stages,
+#: lengths of 2, 3 or 17, or the lengths passed as run-time values were right in every
+#: run. So a launch with a length of 1 takes the kernel's twin that never specialises the
+#: lengths (``for_lengths``); every other launch keeps the specialised kernel, because
+#: without the multiple-of-16 facts the backward ran up to 1.36x slower
 #: (benchmarks/results/stress_h200/).
 LENGTH_ARGS = ("seq_q", "seq_k")
+_TWINS: dict = {}
+
+
+def for_lengths(kernel, lengths, names=LENGTH_ARGS):
+    """``kernel`` as Triton specialises it, or, when one of ``lengths`` is 1, its twin
+    compiled from the same source with the arguments ``names`` never specialised."""
+    if 1 not in lengths:
+        return kernel
+    key = (kernel, tuple(names))
+    if key not in _TWINS:
+        _TWINS[key] = triton.jit(kernel.fn, do_not_specialize=list(names))
+    return _TWINS[key]
 
 
 @triton.jit
@@ -244,7 +258,7 @@ def normalised_rows(acc, row_max, row_sum):
     return acc, lse
 
 
-@triton.jit(do_not_specialize=LENGTH_ARGS)
+@triton.jit
 def _attn_fwd(Q, K, V, O, LSE,
               stride_qb, stride_qh, stride_qm,
               stride_kb, stride_kh, stride_kn,
