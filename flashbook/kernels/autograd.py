@@ -245,7 +245,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch
         launch(_chosen[full_key])
         return _chosen[full_key]
     if _state["autotune"]:
-        from ..bench.harness import time_ms  # the benchmarks' timer, with a short budget per candidate
+        from ..timing import time_ms  # the benchmarks' timer, with a short budget per candidate
 
         timings = {}
         for candidate in configs.kept_candidates(kernel, cc=cc, block_d=bd, elem_bytes=elem):
