@@ -163,13 +163,16 @@ def decode_jobs(cc: int) -> list[dict]:
     """flash_decode's kernels as the library launches them on a GPU at head_dim 128: bf16
     with one new token in a group of 4 (16-row tile, float32 partials for the combine),
     fp16 with 16 new tokens (64 rows, the most shared memory; output written directly),
-    and the combine kernel holding the most splits."""
+    the paged kernel on 16-token pages, and the combine kernel holding the most splits."""
     from flashbook.kernels.decode import MAX_SPLITS, decode_tiles
 
     jobs = []
     for dtype, n_new, splits in (("bf16", 1, True), ("fp16", 16, False)):
         config = configs.Config(*decode_tiles(128, 2, 4 * n_new, interpreter=False))
         jobs.append(dict(_job("decode", cc, 128, dtype, config), n_new=n_new, splits=splits))
+    # a paged cache of 16-token pages (vLLM's default): key tiles of 16 inside each page
+    config = configs.Config(*decode_tiles(128, 2, 4, interpreter=False)[:1], 16, 4, 3)
+    jobs.append(dict(_job("decode", cc, 128, "bf16", config), n_new=1, splits=True, page_size=16))
     jobs.append(_job("decode_combine", cc, 128, "bf16", configs.Config(1, MAX_SPLITS, 4, 1)))
     return jobs
 

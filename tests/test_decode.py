@@ -19,6 +19,7 @@ cache. GPU cases (``-m gpu``) run bf16 and fp16 at realistic sizes.
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from hypothesis import strategies as st
 
 from flashbook import reference, runtime
 from flashbook.kernels import checks, flash_decode
-from flashbook.kernels.decode import MAX_SPLITS, choose_num_splits
+from flashbook.kernels.decode import MAX_SPLITS, PAGE_SIZES, choose_num_splits, paginate
 
 DEVICE = runtime.device()
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -160,8 +161,9 @@ def _inputs(b=1, h=4, h_kv=2, n_new=1, n_max=20, d=16, dtype=torch.float32):
     ({"cache_seqlens": [20]}, TypeError, "cache_seqlens must be a torch.Tensor"),
     ({"cache_seqlens": torch.tensor([20.0])}, TypeError, "cache_seqlens must be int32 or int64"),
     ({"cache_seqlens": torch.tensor([20, 20])}, ValueError, r"cache_seqlens must have shape \(1,\)"),
-    ({"cache_seqlens": torch.tensor([21])}, ValueError, r"cache_seqlens must be in \[0, 20\]"),
-    ({"cache_seqlens": torch.tensor([-1])}, ValueError, r"cache_seqlens must be in \[0, 20\]"),
+    ({"cache_seqlens": torch.tensor([21]), "check_values": True}, ValueError, r"cache_seqlens must be in \[0, 20\]"),
+    ({"cache_seqlens": torch.tensor([-1]), "check_values": True}, ValueError, r"cache_seqlens must be in \[0, 20\]"),
+    ({"check_values": 1}, TypeError, "check_values must be True or False"),
 ])
 def test_bad_arguments(kwargs, error, match):
     q, k, v = _inputs()
@@ -252,3 +254,104 @@ def test_decode_bench_plan_and_judge():
         row = db.Row(1, 40, name)
         db.judge(row, call(), want, yardstick)
         assert row.check == "pass" and row.rel_error < 1e-5, (name, row)
+
+
+# ------------------------------------------------------------ lengths without a device sync
+
+def test_lengths_are_clamped_on_the_device_without_check_values():
+    """No check of the values (no sync): a length past the cache reads the whole cache,
+    a negative one nothing, and nothing is read outside the cache."""
+    q, k, v = _inputs(b=3)
+    wild = torch.tensor([25, -3, 20], device=DEVICE)
+    got = flash_decode(q, k, v, cache_seqlens=wild, num_splits=2)
+    want = flash_decode(q, k, v, cache_seqlens=torch.tensor([20, 0, 20], device=DEVICE), num_splits=2)
+    assert torch.equal(got, want)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+
+
+# ------------------------------------------------------------ a paged KV cache
+
+def _paged_case(b, h, h_kv, n_new, n_max, lengths, d, page_size, seed, *, causal=True, num_splits=None,
+                dtype=torch.float16):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n_new, d, generator=gen).to(dtype).to(DEVICE)
+    k, v = (torch.randn(b, h_kv, n_max, d, generator=gen).to(dtype).to(DEVICE) for _ in range(2))
+    seqlens = torch.tensor(lengths, device=DEVICE)
+    kp, vp, table = paginate(k, v, page_size, generator=gen, spare=2)
+    dense = flash_decode(q, k, v, cache_seqlens=seqlens, num_splits=num_splits, causal=causal)
+    paged = flash_decode(q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=num_splits,
+                         causal=causal, check_values=True)
+    return q, k, v, dense, paged
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_paged_cache_gives_the_dense_result(page_size, causal):
+    """Shuffled pages, spare pages, GQA, ragged lengths (one empty, one shorter than a
+    page, one not a whole number of pages): the paged call reads the same keys as the
+    dense one. With tiles of 16 keys in the interpreter the splits and tiles are the
+    same, so the results agree bit for bit; and both are within the rule of float64."""
+    lengths = [70, 0, 9, 37]
+    q, k, v, dense, paged = _paged_case(4, 4, 2, 3, 70, lengths, 16, page_size, seed=page_size,
+                                        causal=causal, num_splits=3)
+    assert torch.equal(dense, paged)
+    want, yard = truth_and_yardstick(q, k, v, lengths, causal)
+    assert checks.within_twice_yardstick("o", paged.cpu(), want, yard, head_dim=16) is None
+
+
+def test_pages_shared_between_sequences():
+    """Two sequences that share a prefix store it once: sequence 1's first two pages are
+    sequence 0's. Its result is the dense one over a cache whose prefix is sequence 0's."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 1, 16, generator=gen).half().to(DEVICE)
+    k, v = (torch.randn(2, 1, 64, 16, generator=gen).half().to(DEVICE) for _ in range(2))
+    k[1, :, :32], v[1, :, :32] = k[0, :, :32], v[0, :, :32]     # the shared prefix
+    kp, vp, table = paginate(k, v, 16, generator=gen)
+    table[1, :2] = table[0, :2]        # sequence 1 points at sequence 0's prefix pages
+    lengths = torch.tensor([64, 50], device=DEVICE)
+    got = flash_decode(q, kp, vp, cache_seqlens=lengths, block_table=table, num_splits=2)
+    want = flash_decode(q, k, v, cache_seqlens=lengths, num_splits=2)
+    assert torch.equal(got, want)
+
+
+def test_paginate_keeps_every_key_where_the_table_says():
+    gen = torch.Generator().manual_seed(2)
+    k, v = (torch.randn(2, 3, 40, 16, generator=gen) for _ in range(2))
+    kp, vp, table = paginate(k, v, 16, generator=gen, spare=4)
+    assert kp.shape == (2 * 3 + 4, 3, 16, 16) and table.shape == (2, 3) and table.dtype == torch.int32
+    for b in range(2):
+        for pos in (0, 15, 16, 39):
+            page, off = table[b, pos // 16], pos % 16
+            assert torch.equal(kp[page, :, off], k[b, :, pos]) and torch.equal(vp[page, :, off], v[b, :, pos])
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda a: {**a, "block_table": a["block_table"].float()}, TypeError, "block_table must be int32 or int64"),
+    (lambda a: {**a, "block_table": a["block_table"][:1]}, ValueError, r"block_table must have shape \(2, 2\)"),
+    (lambda a: {**a, "block_table": a["block_table"][0]}, ValueError, "block_table must be a 2-D tensor"),
+    (lambda a: {**a, "block_table": a["block_table"][:, :0]}, ValueError, "at least one page per sequence"),
+    (lambda a: {**a, "k_cache": a["k_cache"][:, :, :12], "v_cache": a["v_cache"][:, :, :12]}, ValueError,
+     r"page_size \(axis 2\) must be one of"),
+    (lambda a: {**a, "v_cache": a["v_cache"][:3]}, ValueError, "k_cache and v_cache must have the same shape"),
+    (lambda a: {**a, "k_cache": a["k_cache"][0]}, ValueError, "k_cache must be a 4-D tensor of pages"),
+    (lambda a: {**a, "block_table": a["block_table"] + 100, "check_values": True}, ValueError,
+     r"block_table must be in \[0, 5\] \(pages of k_cache\)"),
+    (lambda a: {**a, "block_table": a["block_table"] - 100, "check_values": True}, ValueError, "block_table must be in"),
+    (lambda a: {**a, "cache_seqlens": torch.tensor([33, 5], device=DEVICE), "check_values": True}, ValueError,
+     r"cache_seqlens must be in \[0, 32\] \(the pages of block_table hold\)"),
+])
+def test_bad_paged_arguments_are_named(change, error, match):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 1, 16, generator=gen).to(DEVICE)
+    k, v = (torch.randn(2, 2, 32, 16, generator=gen).to(DEVICE) for _ in range(2))
+    kp, vp, table = paginate(k, v, 16, generator=gen, spare=2)
+    args = {"q": q, "k_cache": kp, "v_cache": vp, "block_table": table}
+    args = change(args)
+    with pytest.raises(error, match=match):
+        flash_decode(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), **args)
+
+
+def test_paginate_refuses_a_page_size_it_cannot_read():
+    k = torch.randn(1, 1, 20, 16)
+    with pytest.raises(ValueError, match=re.escape(f"page_size must be one of {PAGE_SIZES}, got 48")):
+        paginate(k, k, 48)

@@ -68,8 +68,10 @@ def test_interpreter_class_few_seeds(n_q, n_k, dtype, causal):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("page_size", [0, 16], ids=["dense", "paged16"])
 @pytest.mark.parametrize("n_new", [1, 3])
-def test_interpreter_decode_few_seeds(n_new):
-    cases = stress.decode_class(n_new, "fp16", True, 2, n_max=40, groups=(1, 4), head_dims=(16,))
+def test_interpreter_decode_few_seeds(n_new, page_size):
+    cases = stress.decode_class(n_new, "fp16", True, 2, n_max=40, groups=(1, 4), head_dims=(16,),
+                                page_size=page_size)
     result = stress.run_class(f"decode-{n_new}", cases, DEVICE, first_seed=n_new)
     assert result.passed, stress.report(result)

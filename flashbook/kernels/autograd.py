@@ -299,10 +299,11 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     o = new_buffer(None, like=q)
     lse = new_buffer((batch, heads, seq_q), device=q.device, dtype=torch.float32)
     precision = dot_precision(q.dtype)
+    kernel = for_lengths(kernel, (seq_q, seq_k))   # a length of 1: the unspecialised twin (forward.LENGTH_ARGS)
 
     def launch(cfg: Config):
         grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
-        for_lengths(kernel, (seq_q, seq_k))[grid](
+        kernel[grid](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -355,9 +356,13 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     precision = dot_precision(q.dtype)
     qk_scale = scale * LOG2E
 
+    # a length of 1 launches each kernel's twin that takes the lengths as run-time values
+    # (forward.LENGTH_ARGS says why); new_buffer is torch.empty, NaN-filled in the stress tests
+    delta_kernel = for_lengths(_bwd_delta, (seq_q,), ("seq_q",))
+    dkdv_kernel, dq_kernel = (for_lengths(kernel, (seq_q, seq_k)) for kernel in (_bwd_dkdv, _bwd_dq))
     delta = new_buffer(None, like=lse)
     block = 64 if runtime.device() == "cuda" else 32
-    for_lengths(_bwd_delta, (seq_q,), ("seq_q",))[(triton.cdiv(seq_q, block), batch * heads)](
+    delta_kernel[(triton.cdiv(seq_q, block), batch * heads)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
         heads, seq_q, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block)
 
@@ -371,7 +376,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
         if atomic:
             dq.zero_()
         grid = (triton.cdiv(seq_k, cfg.block_n), batch * kv_heads)
-        for_lengths(_bwd_dkdv, (seq_q, seq_k))[grid](
+        dkdv_kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dq,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -387,7 +392,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
 
     def launch_dq(cfg: Config):
         grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
-        for_lengths(_bwd_dq, (seq_q, seq_k))[grid](
+        dq_kernel[grid](
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),

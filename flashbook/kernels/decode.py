@@ -49,35 +49,63 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..validation import check_count
+from ..validation import check_choice, check_count, check_flag
 from .autograd import LOG2E, last_dim_contiguous, check_inputs, dot_precision, new_buffer
 from .configs import block_d
-from .forward import attend, for_lengths, load_tile, normalised_rows
+from .forward import MAIN, MASKED, _fwd_inner, attend, for_lengths, load_tile, normalised_rows
 
 MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
 MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
 MAX_ROWS = 64         # query rows (group * n_new) per tile; more rows take more tiles
+PAGE_SIZES = (16, 32, 64, 128, 256)   # tokens per page of a paged KV cache
 
 
 # ------------------------------------------------------------------ the kernels
 
 @triton.jit
-def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
+def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, stride_vp, stride_kn, stride_vn,
+                 rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale, PAGE_SIZE: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
+                 EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One stage of ``attend`` over a paged cache: keys [lo, hi) of a sequence whose
+    positions [p * PAGE_SIZE, (p + 1) * PAGE_SIZE) live in physical page ``table[p]``.
+
+    Page by page, chapter 7's ``_fwd_inner`` walks the page's key tiles (BLOCK_N divides
+    PAGE_SIZE, so no tile straddles two pages) from a base pointer moved back by the
+    page's first position, so that the tiles' absolute key positions, which the masks
+    compare with seq_k and the diagonal, index the page directly."""
+    for first in range((lo // PAGE_SIZE) * PAGE_SIZE, hi, PAGE_SIZE):
+        page = tl.load(table + first // PAGE_SIZE).to(tl.int64)
+        k_base = k_head + page * stride_kp - first * stride_kn
+        v_base = v_head + page * stride_vp - first * stride_vn
+        acc, row_max, row_sum = _fwd_inner(
+            acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+            rows, offs_n, offs_d, seq_k, diagonal, tl.maximum(first, lo), tl.minimum(first + PAGE_SIZE, hi),
+            qk_scale, HEAD_DIM, BLOCK_N, STAGE, CAUSAL, EVEN_D, DOT_PRECISION)
+    return acc, row_max, row_sum
+
+
+@triton.jit
+def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
                 stride_qb, stride_qh, stride_qm,
                 stride_kb, stride_kh, stride_kn,
                 stride_vb, stride_vh, stride_vn,
-                stride_ob, stride_oh, stride_os, stride_om,
+                stride_ob, stride_oh, stride_os, stride_om, stride_tb,
                 kv_heads, n_rows, seq_max, num_splits, qk_scale,
                 N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                HAS_SEQLENS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: one split of the keys, one tile of query rows, one (batch, KV head).
 
     Grid (num_splits, cdiv(n_rows, BLOCK_M), batch * kv_heads). Q is viewed as
     (batch, kv_heads, n_rows, d) with n_rows = group * n_new: row r is new token
     r % N_NEW of query head r // N_NEW of the group. Writes the split's normalised
     output rows to O (indexed by split with stride_os) and their lse to LSE
-    (batch, kv_heads, num_splits, n_rows).
+    (batch, kv_heads, num_splits, n_rows). ``PAGE_SIZE`` 0: K and V are (batch,
+    kv_heads, seq_max, d); otherwise they are pages (num_pages, kv_heads, PAGE_SIZE, d)
+    (``stride_kb`` is then the page stride) and TABLE (batch, pages per sequence)
+    says which page holds each sequence's positions. A length read from SEQLENS is
+    clamped to [0, seq_max], so no value makes the kernel read outside the cache.
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     split = tl.program_id(0)
@@ -86,7 +114,7 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
     b = (bh // kv_heads).to(tl.int64)
     h_kv = (bh % kv_heads).to(tl.int64)
     if HAS_SEQLENS:
-        seq_k = tl.load(SEQLENS + b).to(tl.int32)
+        seq_k = tl.minimum(tl.maximum(tl.load(SEQLENS + b).to(tl.int32), 0), seq_max)
     else:
         seq_k = seq_max
 
@@ -111,15 +139,26 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,
 
     q = load_tile(Q + b * stride_qb + h_kv * stride_qh, rows, stride_qm, n_rows, offs_d, HEAD_DIM,
                   True, not EVEN_D)
-    k_base = K + b * stride_kb + h_kv * stride_kh
-    v_base = V + b * stride_vb + h_kv * stride_vh
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc, row_max, row_sum = attend(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        token, offs_n, offs_d, seq_k, diagonal, lo, mid, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION)
+    if PAGE_SIZE == 0:
+        k_base = K + b * stride_kb + h_kv * stride_kh
+        v_base = V + b * stride_vb + h_kv * stride_vh
+        acc, row_max, row_sum = attend(
+            acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+            token, offs_n, offs_d, seq_k, diagonal, lo, mid, hi, qk_scale,
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION)
+    else:   # the two stages of attend, page by page
+        k_head, v_head, table = K + h_kv * stride_kh, V + h_kv * stride_vh, TABLE + b * stride_tb
+        acc, row_max, row_sum = _paged_stage(
+            acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
+            token, offs_n, offs_d, seq_k, diagonal, lo, mid, qk_scale, PAGE_SIZE,
+            HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+        acc, row_max, row_sum = _paged_stage(
+            acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
+            token, offs_n, offs_d, seq_k, diagonal, mid, hi, qk_scale, PAGE_SIZE,
+            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
     acc, lse = normalised_rows(acc, row_max, row_sum)
 
     row_ok = rows < n_rows
@@ -221,62 +260,147 @@ def sm_count(device: torch.device) -> int:
 
 # ------------------------------------------------------------------ checks
 
-def _check_seqlens(cache_seqlens, batch: int, n_max: int, device) -> torch.Tensor | None:
-    if cache_seqlens is None:
-        return None
-    if not isinstance(cache_seqlens, torch.Tensor):
-        raise TypeError(f"cache_seqlens must be a torch.Tensor of ints or None, got {type(cache_seqlens).__name__}")
-    if cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype}")
-    if cache_seqlens.shape != (batch,):
-        raise ValueError(f"cache_seqlens must have shape ({batch},) (one length per sequence), "
-                         f"got {tuple(cache_seqlens.shape)}")
-    if cache_seqlens.device != device:
-        raise ValueError(f"cache_seqlens must be on q's device {device}, got {cache_seqlens.device}")
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return cache_seqlens.to(torch.int32).contiguous()   # no sync inside a CUDA graph: values unchecked
-    lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())   # one device sync
-    if lo < 0 or hi > n_max:
-        raise ValueError(f"cache_seqlens must be in [0, {n_max}] (the cache's length), got values in [{lo}, {hi}]")
-    return cache_seqlens.to(torch.int32).contiguous()
+def _check_index_tensor(x, name: str, shape: tuple, device, meaning: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of ints, got {type(x).__name__}")
+    if x.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} ({meaning}), got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {x.device}")
+
+
+def _check_range(x, name: str, lo: int, hi: int, what: str) -> None:
+    """Every value of ``x`` in [lo, hi]: one device synchronisation (``check_values=True``)."""
+    if x.numel() == 0:
+        return
+    low, high = int(x.min()), int(x.max())
+    if low < lo or high > hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}] ({what}), got values in [{low}, {high}]")
+
+
+def _check_paged(q, k_cache, v_cache, block_table):
+    """(the cache as ``check_inputs`` sees it, page_size, pages per sequence) for a paged call."""
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0:
+            raise ValueError(f"{name} must be a 4-D tensor of pages (num_pages, kv_heads, page_size, head_dim) "
+                             f"with at least one page when block_table is given, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
+    page_size = k_cache.shape[2]
+    if page_size not in PAGE_SIZES:
+        raise ValueError(f"k_cache's page_size (axis 2) must be one of {PAGE_SIZES}, got {page_size}")
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        raise ValueError(f"block_table must be a 2-D tensor (batch, pages per sequence), got "
+                         f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
+    _check_index_tensor(block_table, "block_table", (q.shape[0], block_table.shape[1]), q.device,
+                        "batch, pages per sequence")
+    if block_table.shape[1] == 0:
+        raise ValueError("block_table must list at least one page per sequence, got shape "
+                         f"{tuple(block_table.shape)}")
+    batch = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+    as_dense = tuple(x[:1].expand(batch, -1, -1, -1) for x in (k_cache, v_cache))
+    return as_dense, page_size, block_table.shape[1]
+
+
+# ------------------------------------------------------------------ the layout
+
+def paginate(k, v, page_size: int, *, generator: torch.Generator | None = None, spare: int = 0):
+    """A dense cache (batch, kv_heads, n_max, d) cut into pages of ``page_size`` tokens and
+    stored in a shuffled order: returns (k_pages, v_pages, block_table), the layout
+    ``flash_decode(..., block_table=)`` reads (as vLLM and flash-attn's paged KV cache).
+
+    Sequence b's positions [p * page_size, (p + 1) * page_size) land in physical page
+    ``block_table[b, p]`` of k_pages / v_pages (num_pages, kv_heads, page_size, d);
+    n_max is padded up to whole pages with zeros. ``spare`` unused pages are added (a
+    real cache has free pages); the order is a random permutation from ``generator``."""
+    check_choice(page_size, "page_size", PAGE_SIZES)
+    batch, kv_heads, n_max, d = k.shape
+    per_seq = max(1, -(-n_max // page_size))
+    pad = per_seq * page_size - n_max
+
+    def pages(x):
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return x.reshape(batch, kv_heads, per_seq, page_size, d).permute(0, 2, 1, 3, 4).reshape(-1, kv_heads, page_size, d)
+
+    n_pages = batch * per_seq + spare
+    order = torch.randperm(n_pages, generator=generator)
+    table = order[:batch * per_seq].reshape(batch, per_seq)   # logical page -> physical page
+
+    def place(x):
+        out = torch.zeros((n_pages, kv_heads, page_size, d), dtype=x.dtype, device=x.device)
+        out[table.reshape(-1).to(x.device)] = pages(x)
+        return out
+
+    return place(k), place(v), table.to(torch.int32).to(k.device)
 
 
 # ------------------------------------------------------------------ the entry point
 
-def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, causal: bool = True,
-                 scale=None):
+def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
+                 causal: bool = True, scale=None, check_values: bool = False):
     """Attention of a few new tokens over a KV cache, split over the keys: returns o.
 
     Args:
         q: (batch, heads, n_new, head_dim), 1 <= n_new <= 16, float16, bfloat16 or float32.
         k_cache, v_cache: (batch, kv_heads, n_max, head_dim), same dtype and device;
             kv_heads divides heads (GQA; 1 is multi-query). The last axis contiguous
-            is best (anything else is copied).
+            is best (anything else is copied). With ``block_table``: pages
+            (num_pages, kv_heads, page_size, head_dim), page_size one of ``PAGE_SIZES``.
         cache_seqlens: (batch,) int32/int64 tensor on q's device, each sequence's length
             in [0, n_max] (the keys past it are never read); None means n_max for all.
-            The values are checked (one device synchronisation), except while a CUDA
-            graph is being captured.
+        block_table: (batch, pages per sequence) int32/int64 on q's device: sequence b's
+            positions [p * page_size, (p + 1) * page_size) are in page ``block_table[b, p]``
+            of the caches (a paged KV cache, as vLLM and flash-attn >= 2.5; ``paginate``
+            builds one). n_max is then pages per sequence x page_size. Pages may be shared
+            between sequences (a common prefix).
         num_splits: how many ranges the keys of each sequence are cut into, 1 to 128;
             None chooses from the GPU's SM count (``choose_num_splits``).
         causal: new token i (of n_new) sits at position length - n_new + i and sees the
             cache up to there (bottom-right alignment); rows that see no key give 0.
         scale: multiplies the scores; None means 1/sqrt(head_dim).
+        check_values: also check the *values* of ``cache_seqlens`` (in [0, n_max]) and
+            ``block_table`` (in [0, num_pages)), which costs a device synchronisation, so
+            it is off by default (a decoding loop calls this once per layer and token).
+            Without it, the kernel clamps each length to [0, n_max], so no length makes it
+            read outside the cache; the page indices are the caller's promise, as in vLLM.
 
     Returns:
         o, (batch, heads, n_new, head_dim), q's dtype, contiguous.
     """
-    scale = check_inputs(q, k_cache, v_cache, causal, scale, names=("q", "k_cache", "v_cache"))
+    names = ("q", "k_cache", "v_cache")
+    page_size = 0
+    if block_table is not None:
+        (k_seen, v_seen), page_size, per_seq = _check_paged(q, k_cache, v_cache, block_table)
+        scale = check_inputs(q, k_seen, v_seen, causal, scale, names=names)
+        n_max = per_seq * page_size
+    else:
+        scale = check_inputs(q, k_cache, v_cache, causal, scale, names=names)
+        n_max = k_cache.shape[2]
+    check_flag(check_values, "check_values")
     batch, heads, n_new, head_dim = q.shape
-    kv_heads, n_max = k_cache.shape[1], k_cache.shape[2]
+    kv_heads = k_cache.shape[1]
     if n_new > MAX_NEW_TOKENS:
         raise ValueError(f"q must hold 1 to {MAX_NEW_TOKENS} new tokens per sequence (axis 2), "
                          f"got shape {tuple(q.shape)}; use flash_attention for longer queries")
+    if cache_seqlens is not None:
+        _check_index_tensor(cache_seqlens, "cache_seqlens", (batch,), q.device, "one length per sequence")
+        if check_values:
+            _check_range(cache_seqlens, "cache_seqlens", 0, n_max,
+                         "the pages of block_table hold" if page_size else "the cache's length")
+    if page_size and check_values:
+        _check_range(block_table, "block_table", 0, k_cache.shape[0] - 1, "pages of k_cache")
     if batch == 0 or n_new == 0:   # nobody attending: an empty output, nothing launched
         return torch.zeros_like(q)
-    seqlens = _check_seqlens(cache_seqlens, batch, n_max, q.device)
+    seqlens = None if cache_seqlens is None else cache_seqlens.to(torch.int32).contiguous()
     group = heads // kv_heads
     n_rows = group * n_new
     block_m, block_n, num_warps, num_stages = decode_tiles(head_dim, q.element_size(), n_rows)
+    if page_size:
+        block_n = min(block_n, page_size)   # whole tiles in a page (both are powers of two)
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv_heads, n_max, sm_count=sm_count(q.device), block_n=block_n)
     elif check_count(num_splits, "num_splits") > MAX_SPLITS:
@@ -285,6 +409,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
     # (batch, heads, n_new, d) -> (batch, kv_heads, group * n_new, d): a group's rows side by side
     q_rows = last_dim_contiguous(q.reshape(batch, kv_heads, n_rows, head_dim))
     k_cache, v_cache = last_dim_contiguous(k_cache), last_dim_contiguous(v_cache)
+    table = block_table.contiguous() if page_size else None
     o = new_buffer((batch, kv_heads, n_rows, head_dim), device=q.device, dtype=q.dtype)
     if num_splits == 1:   # one split: the kernel writes the output itself
         o_part = o
@@ -300,13 +425,14 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, num_splits=None, ca
     lengths = (n_rows, n_max, num_splits)   # a length of 1 takes the unspecialised twin (forward.LENGTH_ARGS)
     for_lengths(_decode_fwd, lengths, ("n_rows", "seq_max", "num_splits"))[grid](
         q_rows, k_cache, v_cache, o_part, lse, seqlens if seqlens is not None else lse,
+        table if table is not None else lse,
         q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *o_part_strides,
+        *o_part_strides, table.stride(0) if table is not None else 0,
         kv_heads, n_rows, n_max, num_splits, scale * LOG2E,
         N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=causal, HAS_SEQLENS=seqlens is not None, DOT_PRECISION=precision,
+        CAUSAL=causal, HAS_SEQLENS=seqlens is not None, PAGE_SIZE=page_size, DOT_PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         for_lengths(_decode_combine, lengths, ("n_rows", "num_splits"))[(n_rows, batch * kv_heads)](

@@ -59,11 +59,13 @@ class Case:
     causal: bool
     dtype: str
     dq_mode: str = "separate"
+    page_size: int = 0       # decode: 0 a dense cache, else a paged one (shuffled pages)
 
     def label(self) -> str:
         return (f"{self.kernel}-{self.dtype}-b{self.batch}h{self.heads}/{self.kv_heads}-"
                 f"{self.seq_q}x{self.seq_k}-d{self.head_dim}-{'causal' if self.causal else 'full'}"
-                + ("" if self.dq_mode == "separate" else f"-{self.dq_mode}"))
+                + ("" if self.dq_mode == "separate" else f"-{self.dq_mode}")
+                + (f"-pages{self.page_size}" if self.page_size else ""))
 
 
 @dataclass
@@ -122,7 +124,7 @@ def run_decode(case: Case, seed: int, device) -> list:
     """``flash_decode`` on ragged cache lengths drawn from ``seed`` (one sequence at full
     length, one empty when the batch allows), against float64 attention over each
     sequence's own keys."""
-    from .decode import flash_decode
+    from .decode import flash_decode, paginate
 
     dtype = DTYPES[case.dtype]
     b, h, hk, n_new, n_max, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
@@ -132,8 +134,10 @@ def run_decode(case: Case, seed: int, device) -> list:
     lengths[0] = n_max
     if b > 2:
         lengths[1] = 0
+    caches = (k, v) if not case.page_size else paginate(k, v, case.page_size, generator=gen, spare=3)
+    table = {} if not case.page_size else {"block_table": caches[2]}
     with poisoned_outputs():
-        o = flash_decode(q, k, v, cache_seqlens=lengths.to(device), causal=case.causal)
+        o = flash_decode(q, caches[0], caches[1], cache_seqlens=lengths.to(device), causal=case.causal, **table)
     problems = []
     for i, n in enumerate(lengths.tolist()):
         ks, vs = k[i:i + 1, :, :n], v[i:i + 1, :, :n]
@@ -152,15 +156,20 @@ def launch_only(case: Case, seed: int, device) -> list:
     compute-sanitizer, which should see nothing but the library's kernels): a problem only
     if an output holds NaN or inf."""
     from . import autograd
-    from .decode import flash_decode
+    from .decode import flash_decode, paginate
 
     dtype = DTYPES[case.dtype]
     b, h, hk, nq, nk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
     q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
     with poisoned_outputs():
         if case.kernel == "decode":
-            lengths = torch.randint(0, nk + 1, (b,), generator=torch.Generator().manual_seed(seed))
-            outs = [flash_decode(q, k, v, cache_seqlens=lengths.to(device), causal=case.causal)]
+            gen = torch.Generator().manual_seed(seed)
+            lengths = torch.randint(0, nk + 1, (b,), generator=gen)
+            table = {}
+            if case.page_size:
+                k, v, pages = paginate(k, v, case.page_size, generator=gen)
+                table = {"block_table": pages}
+            outs = [flash_decode(q, k, v, cache_seqlens=lengths.to(device), causal=case.causal, **table)]
         else:
             leaves = [x.requires_grad_() for x in (q, k, v)]
             if case.kernel == "gluon":
@@ -193,10 +202,11 @@ def attention_class(seq_q: int, seq_k: int, dtype: str, causal: bool, runs: int,
 
 
 def decode_class(n_new: int, dtype: str, causal: bool, runs: int, *, batch: int = 3, heads: int = 8,
-                 n_max: int = 300, groups=GROUPS, head_dims=HEAD_DIMS) -> list:
-    """``runs`` decode cases with ``n_new`` new tokens, cycling through (group, head_dim)."""
+                 n_max: int = 300, groups=GROUPS, head_dims=HEAD_DIMS, page_size: int = 0) -> list:
+    """``runs`` decode cases with ``n_new`` new tokens, cycling through (group, head_dim);
+    ``page_size``: on a paged cache."""
     combos = list(itertools.product(groups, head_dims))
-    return [Case("decode", batch, heads, heads // g, n_new, n_max, d, causal, dtype)
+    return [Case("decode", batch, heads, heads // g, n_new, n_max, d, causal, dtype, page_size=page_size)
             for g, d in itertools.islice(itertools.cycle(combos), runs)]
 
 
@@ -222,6 +232,11 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
                 for causal in (False, True):
                     found.append((f"decode-{dtype}-new{n_new}-{'causal' if causal else 'full'}",
                                   decode_class(n_new, dtype, causal, runs)))
+        for dtype in ("fp16", "bf16"):   # a paged cache: vLLM's 16-token pages, and 64
+            for page_size in (16, 64):
+                for n_new in (1, 4):
+                    found.append((f"decode-paged{page_size}-{dtype}-new{n_new}-causal",
+                                  decode_class(n_new, dtype, True, runs, page_size=page_size)))
     if "gluon" in kernels:
         for dtype in ("fp16", "bf16"):
             for n_q, n_k in GLUON_LENGTH_PAIRS:

@@ -36,12 +36,13 @@ def _kernel_fn(kernel: str):
 
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
                    causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True,
-                   dot_precision: str = "tf32"):
+                   dot_precision: str = "tf32", page_size: int = 0):
     """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
 
     The decode kernels (``flash_decode``, chapter 11) take ``n_new`` new tokens; with
     ``splits`` the decode kernel writes float32 partial results for the combine kernel
-    (whose ``config.block_n`` is the number of splits it holds, BLOCK_S).
+    (whose ``config.block_n`` is the number of splits it holds, BLOCK_S); ``page_size``
+    > 0 compiles the decode kernel for a paged cache of such pages.
     ``dot_precision`` is the ``input_precision`` of the kernels' ``tl.dot`` (what
     ``autograd.dot_precision`` passes at launch): it only matters for fp32 inputs,
     "tf32" (tensor cores) or "ieee" (PyTorch's default "highest")."""
@@ -58,7 +59,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
     if kernel == "decode":
-        constexprs.update(N_NEW=n_new, HAS_SEQLENS=True)
+        constexprs.update(N_NEW=n_new, HAS_SEQLENS=True, PAGE_SIZE=page_size)
         fp32 |= {"O"} if splits else set()
     if kernel == "decode_combine":
         constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_S": config.block_n}
@@ -67,7 +68,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name == "SEQLENS":
+        elif name in ("SEQLENS", "TABLE"):
             signature[name] = "*i32"
         elif name in fp32:
             signature[name] = "*fp32"
@@ -135,7 +136,8 @@ def run_job(job: dict) -> dict:
                                       dtype=job["dtype"], causal=job.get("causal", True),
                                       atomic_dq=job.get("atomic_dq", False), n_new=job.get("n_new", 1),
                                       splits=job.get("splits", True),
-                                      dot_precision=job.get("dot_precision", "tf32"))
+                                      dot_precision=job.get("dot_precision", "tf32"),
+                                      page_size=job.get("page_size", 0))
         out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.
