@@ -6,17 +6,19 @@ One module per idea, in the order the book teaches them:
 - ``softmax``:   stable and online softmax, merging partial statistics
 - ``tiled``:     FlashAttention forward/backward in NumPy, with I/O accounting (``io_counter``)
 - ``split``:     split-K: the keys cut into splits, merged (``tiled.split_forward``)
-- ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``;
-                 ``flash_decode``
+- ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``
+                 (the front door: ``backend="auto" | "triton" | "gluon"``, ``last_backend``);
+                 ``flash_decode`` (dense or paged KV cache); ``stress`` (many seeds, poisoned outputs)
 - ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
 - ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
 - ``widgets``, ``bench``, ``plots``: explorers, benchmarks (a package), shared figures
+- ``timing``:    the one GPU timer (below both ``kernels`` and ``bench``)
 - ``validation``, ``display``: shared argument checks; showing source in a chapter
 """
 from . import runtime  # first: it decides TRITON_INTERPRET before triton is imported
 from .display import show_source
 
-__version__ = "0.6.0"  # the one version: pyproject reads it; releases are tagged v<version>
+__version__ = "0.7.0"  # the one version: pyproject reads it; releases are tagged v<version>
 __all__ = ["runtime", "show_source", "flash_attention", "last_backend"]
 
 
