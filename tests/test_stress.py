@@ -54,7 +54,7 @@ def test_every_class_has_the_runs_it_asks_for():
 
 
 # (seq_q, seq_k): where tile edges, one-row tiles and rows that see no key meet
-INTERPRETER_PAIRS = ((1, 1), (2, 2), (17, 17), (33, 33), (1, 40), (40, 1), (17, 33), (33, 17))
+INTERPRETER_PAIRS = ((1, 1), (17, 17), (1, 40), (40, 1), (17, 33), (33, 17))
 
 
 @pytest.mark.slow
