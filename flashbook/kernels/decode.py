@@ -435,7 +435,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
         CAUSAL=causal, HAS_SEQLENS=seqlens is not None, PAGE_SIZE=page_size, DOT_PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
-        for_lengths(_decode_combine, lengths, ("n_rows", "num_splits"))[(n_rows, batch * kv_heads)](
+        for_lengths(_decode_combine, (n_rows, num_splits), ("n_rows", "num_splits"))[(n_rows, batch * kv_heads)](
             o_part, lse, o, o.stride(0), o.stride(1), o.stride(2), kv_heads, n_rows, num_splits,
             HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
             num_warps=4)
