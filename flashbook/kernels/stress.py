@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import checks
+from . import autograd, checks
 from .autograd import poisoned_outputs
 
 #: (seq_q, seq_k): lengths around the tile sizes (16 ... 128) and around one, both orders
@@ -97,13 +97,30 @@ def _compare(names, got, truth, yardstick, head_dim) -> list:
     return problems
 
 
-def run_attention(case: Case, seed: int, device) -> list:
-    """Forward and backward of ``case`` on inputs drawn from ``seed``: the problems found
-    (empty when every output and gradient is within the rule)."""
-    from . import autograd
-
+def _launch(case: Case, seed: int, device):
+    """Draw the inputs of ``case`` from ``seed`` and run its kernels with poisoned outputs:
+    (inputs, lengths, outputs). Attention: inputs (q, k, v, dO), outputs (o, dq, dk, dv),
+    lengths None. Decode: inputs (q, k, v) as a dense cache (paged for the call when the
+    case says so), one length per sequence (the first at full length, the second empty
+    when the batch allows), outputs (o,)."""
     dtype = DTYPES[case.dtype]
     b, h, hk, nq, nk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
+    if case.kernel == "decode":
+        from .decode import flash_decode, paginate
+
+        q, k, v = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d)), dtype, seed, device)
+        gen = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(0, nk + 1, (b,), generator=gen)
+        lengths[0] = nk
+        if b > 2:
+            lengths[1] = 0
+        caches, table = (k, v), {}
+        if case.page_size:
+            *caches, pages = paginate(k, v, case.page_size, generator=gen, spare=3)
+            table = {"block_table": pages}
+        with poisoned_outputs():
+            o = flash_decode(q, *caches, cache_seqlens=lengths.to(device), causal=case.causal, **table)
+        return (q, k, v), lengths.tolist(), (o,)
     q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     with poisoned_outputs():
@@ -114,37 +131,29 @@ def run_attention(case: Case, seed: int, device) -> list:
         else:
             o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode)
         o.backward(do)
-    got = (o.detach(), *(x.grad for x in leaves))
+    return (q, k, v, do), None, (o.detach(), *(x.grad for x in leaves))
+
+
+def run_attention(case: Case, seed: int, device) -> list:
+    """Forward and backward of ``case`` on inputs drawn from ``seed``: the problems found
+    (empty when every output and gradient is within the rule)."""
+    (q, k, v, do), _, got = _launch(case, seed, device)
     truth = checks.torch_grads(q, k, v, do, causal=case.causal, dtype=torch.float64)
-    yardstick = checks.torch_grads(q, k, v, do, causal=case.causal, dtype=dtype)
-    return _compare(GRADS, got, truth, yardstick, d)
+    yardstick = checks.torch_grads(q, k, v, do, causal=case.causal, dtype=DTYPES[case.dtype])
+    return _compare(GRADS, got, truth, yardstick, case.head_dim)
 
 
 def run_decode(case: Case, seed: int, device) -> list:
-    """``flash_decode`` on ragged cache lengths drawn from ``seed`` (one sequence at full
-    length, one empty when the batch allows), against float64 attention over each
-    sequence's own keys."""
-    from .decode import flash_decode, paginate
-
-    dtype = DTYPES[case.dtype]
-    b, h, hk, n_new, n_max, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
-    q, k, v = _draw(((b, h, n_new, d), (b, hk, n_max, d), (b, hk, n_max, d)), dtype, seed, device)
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, n_max + 1, (b,), generator=gen)
-    lengths[0] = n_max
-    if b > 2:
-        lengths[1] = 0
-    caches = (k, v) if not case.page_size else paginate(k, v, case.page_size, generator=gen, spare=3)
-    table = {} if not case.page_size else {"block_table": caches[2]}
-    with poisoned_outputs():
-        o = flash_decode(q, caches[0], caches[1], cache_seqlens=lengths.to(device), causal=case.causal, **table)
+    """``flash_decode`` on ragged cache lengths drawn from ``seed``, against float64
+    attention over each sequence's own keys."""
+    (q, k, v), lengths, (o,) = _launch(case, seed, device)
     problems = []
-    for i, n in enumerate(lengths.tolist()):
+    for i, n in enumerate(lengths):
         ks, vs = k[i:i + 1, :, :n], v[i:i + 1, :, :n]
         truth = checks.torch_attention(q[i:i + 1].double(), ks.double(), vs.double(), causal=case.causal)
         yardstick = checks.torch_attention(q[i:i + 1], ks, vs, causal=case.causal)
         problems += [f"sequence {i} (length {n}): {p}"
-                     for p in _compare(("o",), (o[i:i + 1],), (truth,), (yardstick,), d)]
+                     for p in _compare(("o",), (o[i:i + 1],), (truth,), (yardstick,), case.head_dim)]
     return problems
 
 
@@ -155,31 +164,7 @@ def launch_only(case: Case, seed: int, device) -> list:
     """The kernels of ``case`` alone, on poisoned outputs, with no reference computed (for
     compute-sanitizer, which should see nothing but the library's kernels): a problem only
     if an output holds NaN or inf."""
-    from . import autograd
-    from .decode import flash_decode, paginate
-
-    dtype = DTYPES[case.dtype]
-    b, h, hk, nq, nk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
-    q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
-    with poisoned_outputs():
-        if case.kernel == "decode":
-            gen = torch.Generator().manual_seed(seed)
-            lengths = torch.randint(0, nk + 1, (b,), generator=gen)
-            table = {}
-            if case.page_size:
-                k, v, pages = paginate(k, v, case.page_size, generator=gen)
-                table = {"block_table": pages}
-            outs = [flash_decode(q, k, v, cache_seqlens=lengths.to(device), causal=case.causal, **table)]
-        else:
-            leaves = [x.requires_grad_() for x in (q, k, v)]
-            if case.kernel == "gluon":
-                from .hopper import gluon_attention
-
-                o = gluon_attention(*leaves, causal=case.causal)
-            else:
-                o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode)
-            o.backward(do)
-            outs = [o, *(x.grad for x in leaves)]
+    _, _, outs = _launch(case, seed, device)
     return [f"{name}: not finite" for name, x in zip(GRADS, outs) if not bool(torch.isfinite(x).all())]
 
 
