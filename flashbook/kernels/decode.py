@@ -50,7 +50,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..validation import check_choice, check_count, check_flag
-from .autograd import LOG2E, last_dim_contiguous, check_inputs, dot_precision, new_buffer
+from .autograd import LOG2E, check_inputs, check_shapes, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
 from .forward import MAIN, MASKED, _fwd_inner, attend, for_lengths, load_tile, normalised_rows
 
@@ -293,15 +293,16 @@ def _check_paged(q, k_cache, v_cache, block_table):
     page_size = k_cache.shape[2]
     if page_size not in PAGE_SIZES:
         raise ValueError(f"k_cache's page_size (axis 2) must be one of {PAGE_SIZES}, got {page_size}")
+    check_shapes(q, q, q, names=("q", "q", "q"))   # q first: the table is checked against its batch
+    batch, device = q.shape[0], q.device
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
         raise ValueError(f"block_table must be a 2-D tensor (batch, pages per sequence), got "
                          f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
-    _check_index_tensor(block_table, "block_table", (q.shape[0], block_table.shape[1]), q.device,
+    _check_index_tensor(block_table, "block_table", (batch, block_table.shape[1]), device,
                         "batch, pages per sequence")
     if block_table.shape[1] == 0:
         raise ValueError("block_table must list at least one page per sequence, got shape "
                          f"{tuple(block_table.shape)}")
-    batch = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
     as_dense = tuple(x[:1].expand(batch, -1, -1, -1) for x in (k_cache, v_cache))
     return as_dense, page_size, block_table.shape[1]
 
