@@ -62,12 +62,13 @@ from flashbook.kernels.autograd import flash_attention  # noqa: E402  (the Trito
 HEADS, KV_HEADS, HEAD_DIM, N_NEW = 32, 8, 128, 1
 BATCHES = (1, 8, 64)
 SEQS = tuple(1024 * 2**i for i in range(8))            # 1K ... 128K
-IMPLS = ("flash_decode", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flash_attention")
+IMPLS = ("flash_decode", "flash_decode-paged", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flash_attention")
 SPLIT_SHAPES = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 8192))
 SPLIT_COUNTS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128)
 TILE_SHAPES = ((1, 32768), (8, 32768), (64, 16384))
 TILE_GRID = [(bn, w, s) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
 BYTES = 2                                              # bf16
+PAGE_SIZE = 64                                         # tokens per page of the paged cache
 COPY_BYTES = 4 * 2**30
 
 
@@ -148,7 +149,13 @@ def implementations():
     def forward_kernel(q, k, v):
         return (lambda: flash_attention(q, k, v, causal=True)), "kernel indexes the KV head"
 
-    found = {"flash_decode": ours, "flash_attention": forward_kernel}
+    def paged(q, k, v):
+        gen = torch.Generator().manual_seed(0)
+        k_pages, v_pages, table = decode.paginate(k, v, PAGE_SIZE, generator=gen)
+        table = table.to(q.device)
+        return (lambda: flash_decode(q, k_pages, v_pages, block_table=table)), f"pages of {PAGE_SIZE}, shuffled"
+
+    found = {"flash_decode": ours, "flash_decode-paged": paged, "flash_attention": forward_kernel}
     for backend in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"):
         found[backend] = _sdpa(backend)
     return found
@@ -191,7 +198,7 @@ def run_shape(batch, seq, impls, timer, copy_tb_s, deadline) -> list[Row]:
             tiles = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)
             row.num_splits = decode.choose_num_splits(batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device),
                                                       block_n=tiles[1])
-        if time.time() > deadline and name not in ("flash_decode", "sdpa-flash"):
+        if time.time() > deadline and name not in ("flash_decode", "flash_decode-paged", "sdpa-cudnn"):
             row.status = "skipped-time"
             rows.append(row)
             continue

@@ -27,6 +27,10 @@ pytestmark = [pytest.mark.gpu,
 
 RUNS = int(os.environ.get("FLASHBOOK_STRESS_RUNS", "60"))
 
+# Under `pytest -n auto` each worker is one process on the one GPU; the host-side work per run
+# is small, and a CPU thread pool per worker (16 x 16 threads on 16 cores) only oversubscribes.
+torch.set_num_threads(1)
+
 
 def _kernels():
     from flashbook.kernels import hopper

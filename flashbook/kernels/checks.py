@@ -53,13 +53,14 @@ def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32):
 
 def max_error(got, want) -> tuple[float, tuple]:
     """Largest |got - want| and where it is (an index tuple); NaN counts as infinite."""
-    diff = (got.detach().cpu().double() - want.detach().cpu().double()).abs()
+    # on got's device: a GPU check then copies two numbers to the host, not whole tensors
+    diff = (got.detach().double() - want.detach().to(got.device).double()).abs()
     if diff.numel() == 0:
         return 0.0, ()
-    diff = torch.nan_to_num(diff, nan=float("inf"))
+    diff = torch.nan_to_num(diff, nan=float("inf")).reshape(-1)
     flat = int(diff.argmax())
-    where = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
-    return float(diff.reshape(-1)[flat]), where
+    where = tuple(int(i) for i in np.unravel_index(flat, got.shape))
+    return float(diff[flat]), where
 
 
 def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int, factor: float = 2.0) -> str | None:
