@@ -42,6 +42,7 @@ keys are hidden from any row: they fall in the masked last tile.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -199,6 +200,7 @@ def _decode_combine(O_PART, LSE, O, stride_ob, stride_oh, stride_om, kv_heads, n
 
 # ------------------------------------------------------------------ choices
 
+@functools.lru_cache(maxsize=4096)   # a decoding loop asks the same question every step: answer it once
 def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, block_n: int,
                       programs_per_sm: int = 2, min_tiles_per_split: int = 2,
                       max_splits: int = MAX_SPLITS) -> int:
