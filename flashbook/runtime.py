@@ -9,7 +9,6 @@ It also holds the facts about real chips that the book's figures and explorers u
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import warnings
@@ -50,7 +49,6 @@ def _version_tuple(v: str) -> tuple:
     return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
 
 
-@functools.lru_cache(maxsize=None)   # asked on every kernel call on the CPU: read the versions once
 def interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run the kernels here, or None if it can.
 
