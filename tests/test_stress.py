@@ -51,6 +51,9 @@ def test_every_class_has_the_runs_it_asks_for():
     assert sum(len(cases) for _, cases in classes) >= 9_000
     square = [c for name, cases in classes if name == "attention-bf16-1x1-causal" for c in cases]
     assert {(c.kv_heads, c.head_dim) for c in square} >= {(8, 128), (2, 128)}   # GQA 1 and 4 at d=128
+    fp32 = [c for name, cases in classes if name.startswith("attention-fp32") for c in cases]
+    assert {c.head_dim for c in fp32} == set(stress.HEAD_DIMS)    # one head_dim per pair, all five met
+    assert {(c.seq_q, c.seq_k) for c in fp32} == set(stress.LENGTH_PAIRS)
 
 
 # (seq_q, seq_k): where tile edges, one-row tiles and rows that see no key meet

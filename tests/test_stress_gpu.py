@@ -47,7 +47,9 @@ def _group(cases) -> str:
     rather than the ones its neighbours compile at the same time. On the H200 the suite
     is bound by compilation (a class took 0.3 to 100 s), so it wants one CPU per group."""
     case = cases[0]
-    return f"{case.kernel}-{case.dtype}-{'causal' if case.causal else 'full'}"
+    group = f"{case.kernel}-{case.dtype}-{'causal' if case.causal else 'full'}"
+    # float32 compiles slowly (IEEE dot products): one group per head_dim spreads it out
+    return group + (f"-d{case.head_dim}" if case.dtype == "fp32" and case.kernel == "attention" else "")
 
 
 @pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.xdist_group(_group(cases)), id=name)
