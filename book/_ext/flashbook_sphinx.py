@@ -5,9 +5,9 @@ one (``gpu_outputs``, next to this file). ``static/flashbook.css``: wide equatio
 code, tables and figures scroll inside their own box on small screens; the style of
 the recorded-on-a-GPU box.
 
-The explorers: ``flashbook/static/*.js`` is copied into ``_static``, and every page loads
+The explorers: ``flashbook/explorers/*.js`` is copied into ``_static``, and every page loads
 ``flashbook_mount.js``, which mounts ``flashbook_explorers.js`` on the explorer
-cells' placeholders (``flashbook.live``). Widget state that nothing on the page
+cells' placeholders (``flashbook.explorers``). Widget state that nothing on the page
 uses (the executed notebooks' ``application/vnd.jupyter.widget-state+json``) is
 left out.
 
@@ -50,11 +50,11 @@ def _copy_explorers(app, exception):
     static copy keeps a stale file after an incremental build)."""
     if exception is not None or app.builder.format != "html":
         return
-    import flashbook.live
+    import flashbook.explorers
 
     static = os.path.join(app.outdir, "_static")
     os.makedirs(static, exist_ok=True)
-    for path in sorted(flashbook.live.STATIC.glob("*.js")):
+    for path in sorted(flashbook.explorers.STATIC.glob("*.js")):
         shutil.copyfile(path, os.path.join(static, path.name))
 
 
