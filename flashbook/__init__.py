@@ -11,7 +11,9 @@ One module per idea, in the order the book teaches them:
                  ``flash_decode`` (dense or paged KV cache); ``stress`` (many seeds, poisoned outputs)
 - ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
 - ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
-- ``widgets``, ``bench``, ``plots``: explorers, benchmarks (a package), shared figures
+- ``explorers``: the explorers, their Python and their JavaScript side by side (a package;
+                 ``widgets`` and ``live`` are its older names)
+- ``bench``, ``plots``: benchmarks (a package), shared figures
 - ``timing``:    the one GPU timer (below both ``kernels`` and ``bench``)
 - ``validation``, ``display``: shared argument checks; showing source in a chapter
 """

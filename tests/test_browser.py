@@ -159,7 +159,7 @@ BLOCKSIZE_GRID = [  # (setting, value) applied in turn: each changes what is sho
 
 
 def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
-    from flashbook import plots, widgets
+    from flashbook import explorers, plots
 
     page, root, external, errors = open_explorer(browser, server, "04_tiled_forward", "blocksize")
     before, _ = shown(root)
@@ -169,7 +169,7 @@ def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
         assert now != before, f"nothing changed after {name} = {value}"
         before = now
         assert s[name] == value or name == "step", (name, value, s)   # step: clipped
-        state = widgets.explorer_state(widgets.Settings(**s))
+        state = explorers.explorer_state(explorers.Settings(**s))
         traffic = {o: state.traffic[plots.ORDER_NAMES[o]] for o in ("fa2", "fa1")}
         expect = {"tiles": state.n_tiles, "skipped": state.n_skipped,
                   "partial": int((state.kinds == "partial").sum()),
@@ -199,7 +199,7 @@ def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
 
 
 def test_chapter_2_editor_updates_every_table(server, browser):
-    from flashbook import live
+    from flashbook import explorers
 
     page, root, external, errors = open_explorer(browser, server, "02_four_tokens", "qkv")
     note = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.5, 0.5]]           # the chapter's X
@@ -217,7 +217,7 @@ def test_chapter_2_editor_updates_every_table(server, browser):
         before = now
         if m != "token":
             assert s[m][i][c] == value
-        want = live.qkv_state(s, scale)
+        want = explorers.qkv_state(s, scale)
         text = shown(root, "text")[0]
         for table in ("S", "P", "O", "trace"):
             for (r, col), x in np.ndenumerate(want[table]):

@@ -1,5 +1,5 @@
-"""flashbook.widgets and flashbook.live: the explorer's pure functions, the configs
-the live explorers carry, and the anywidget widget.
+"""flashbook.explorers: the explorer's pure functions, the configs the live explorers
+carry, and the anywidget widget.
 
 The state must agree with the closed-form counts in flashbook.tiled and with the
 chip facts in flashbook.runtime; the figure must draw for every chip and for the
@@ -17,8 +17,8 @@ import pytest  # noqa: E402
 from conftest import require  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from flashbook import live, plots, runtime, tiled, widgets  # noqa: E402
-from flashbook.widgets import Settings, explorer_state, render  # noqa: E402
+from flashbook import explorers, plots, runtime, tiled  # noqa: E402
+from flashbook.explorers import Settings, explorer_state, render  # noqa: E402
 
 
 def draws(state):
@@ -26,7 +26,7 @@ def draws(state):
     before = plt.get_fignums()
     fig = render(state)
     assert isinstance(fig, Figure) and len(fig.axes) >= 4
-    assert widgets.figure_png(fig).startswith(b"\x89PNG")
+    assert explorers.figure_png(fig).startswith(b"\x89PNG")
     assert plt.get_fignums() == before
     return fig
 
@@ -36,8 +36,8 @@ def test_every_chip(chip):
     state = explorer_state(Settings(chip=chip, n=192, d=64, block_q=32, block_k=64))
     limit = runtime.chip(chip).smem_per_block_kib * 1024
     assert state.smem_per_block == limit
-    assert state.onchip_total == tiled.onchip_bytes(32, 64, 64, widgets.DTYPE_BYTES,
-                                                    acc_bytes=widgets.ACC_BYTES)
+    assert state.onchip_total == tiled.onchip_bytes(32, 64, 64, explorers.DTYPE_BYTES,
+                                                    acc_bytes=explorers.ACC_BYTES)
     assert state.fits == (state.onchip_total <= limit)
     assert state.ran and state.max_error < 1e-12      # float64 against float64: rounding only
     assert chip in state.summary()
@@ -106,7 +106,7 @@ def test_tile_grid_draws_alone():
                                                                              causal=True))))
 
 
-# ----------------------------------------------------------------- the live explorers (flashbook.live)
+# ----------------------------------------------------------------- the live explorers
 
 def _anywidget():
     try:
@@ -128,26 +128,26 @@ def _hash32_reference(x: int) -> int:
 
 def test_example_inputs_are_the_documented_hash(rng):
     n, d = int(rng.integers(2, 300)), int(rng.integers(1, 200))
-    q, k, v = widgets.example_qkv(n, d)
+    q, k, v = explorers.example_qkv(n, d)
     assert q.shape == k.shape == v.shape == (n, d) and q.dtype == np.float64
     for _ in range(20):
         a, r, c = int(rng.integers(3)), int(rng.integers(n)), int(rng.integers(d))
-        key = (widgets.EXAMPLE_SEED + (a * 65536 + r) * 512 + c) & 0xFFFFFFFF
-        want = widgets.EXAMPLE_LOW + widgets.EXAMPLE_WIDTH * _hash32_reference(key) / 2**32
+        key = (explorers.EXAMPLE_SEED + (a * 65536 + r) * 512 + c) & 0xFFFFFFFF
+        want = explorers.EXAMPLE_LOW + explorers.EXAMPLE_WIDTH * _hash32_reference(key) / 2**32
         assert (q, k, v)[a][r, c] == want            # exact: the browser recomputes it
     x = np.concatenate([q.ravel(), k.ravel(), v.ravel()])
     assert -2 <= x.min() and x.max() < 2 and abs(x.mean()) < 0.2 and x.std() > 0.9
     with pytest.raises(ValueError, match="n must be"):
-        widgets.example_qkv(70000, 4)
+        explorers.example_qkv(70000, 4)
 
 
 def test_blocksize_config_exports_the_library_constants():
-    cfg = live.blocksize_config(Settings(n=100, block_q=16, causal=True))
+    cfg = explorers.blocksize_config(Settings(n=100, block_q=16, causal=True))
     json.dumps(cfg, allow_nan=False)                   # what the page and the widget carry
     assert cfg["chips"] == {n: {"name": c.name, "smem_per_block": c.smem_per_block_kib * 1024,
                                 "smem_per_sm": c.smem_per_sm_kib * 1024}
                             for n, c in runtime.CHIPS.items()}
-    assert (cfg["dtype_bytes"], cfg["acc_bytes"]) == (widgets.DTYPE_BYTES, widgets.ACC_BYTES)
+    assert (cfg["dtype_bytes"], cfg["acc_bytes"]) == (explorers.DTYPE_BYTES, explorers.ACC_BYTES)
     # the byte rules the browser applies give the library's on-chip bytes
     elements = tiled.onchip_elements(16, 64, 64)
     assert sum(n * (cfg["dtype_bytes"] if b in cfg["input_buffers"] else cfg["acc_bytes"])
@@ -159,17 +159,17 @@ def test_blocksize_config_exports_the_library_constants():
 
 def test_qkv_config_and_state_match_the_reference(rng):
     q, k, v = rng.standard_normal((3, 5, 3))
-    cfg = live.qkv_config(q, k, v, token=4)
+    cfg = explorers.qkv_config(q, k, v, token=4)
     json.dumps(cfg, allow_nan=False)
     assert cfg["scale"] == 1 / np.sqrt(3) and np.array_equal(cfg["settings"]["K"], k)
-    st = live.qkv_state(cfg["settings"], cfg["scale"])
+    st = explorers.qkv_state(cfg["settings"], cfg["scale"])
     from flashbook import reference
     # float64 against float64: a few ulps of outputs of size <= max|v|
     assert np.allclose(st["O"], reference.attention(q, k, v), rtol=0, atol=1e-13)
     assert np.allclose(st["P"].sum(axis=1), 1, rtol=0, atol=1e-15)
     assert st["trace"].shape == (5, 6 + 2 * 3) and st["error"] < 1e-13
     with pytest.raises(ValueError, match="token"):
-        live.qkv_config(q, k, v, token=5)
+        explorers.qkv_config(q, k, v, token=5)
 
 
 def test_sweep_config_holds_the_librarys_lookups():
@@ -182,35 +182,35 @@ def test_sweep_config_holds_the_librarys_lookups():
     d0 = int(frame["head_dim"].max())
     part = frame[(frame["head_dim"] == d0) & (frame["num_stages"] == frame["num_stages"].min())]
     first = part.iloc[0]
-    start = {k: int(first[k]) for k in live._SWEEP_KEYS}
-    cfg = live.sweep_config(part, start=start, measured_arch="sm_90", gpu="H200")
+    start = {k: int(first[k]) for k in explorers.sweep._SWEEP_KEYS}
+    cfg = explorers.sweep_config(part, start=start, measured_arch="sm_90", gpu="H200")
     json.dumps(cfg, allow_nan=False)
     assert cfg["settings"] == start
     for key, view in cfg["views"].items():
         d, bm, bn, w, s = map(int, key.split(","))
         state = bench.block_state(part, d, bm, bn, w, s, measured_arch="sm_90")
-        assert view == live.sweep_view(state)
+        assert view == explorers.sweep_view(state)
         assert view["fits"] == state.fits and view["rank"] == state.rank
         if view["status"] == "ok":
             assert view["tflops"] == state.tflops
     with pytest.raises(ValueError, match="start"):
-        live.sweep_config(part, start={"head_dim": d0})
+        explorers.sweep_config(part, start={"head_dim": d0})
 
 
 def test_placeholder_carries_the_config():
-    cfg = live.blocksize_config()
-    html = live.placeholder_html("blocksize", cfg)
+    cfg = explorers.blocksize_config()
+    html = explorers.placeholder_html("blocksize", cfg)
     body = html.split('<script type="application/json">')[1].split("</script>")[0]
     assert json.loads(body) == cfg and 'data-kind="blocksize"' in html
     with pytest.raises(ValueError, match="kind"):
-        live.placeholder_html("nope", cfg)
+        explorers.placeholder_html("nope", cfg)
 
 
 def test_explorer_widget_is_the_one_front_end():
     require(_anywidget(), "anywidget is not installed (it is in requirements.txt)")
-    w = widgets.explorer(n=128, block_q=32, block_k=32)
-    assert w._esm == live.ESM.read_text()             # the same file the static book serves
-    assert w.kind == "blocksize" and w.config == live.blocksize_config(
+    w = explorers.explorer(n=128, block_q=32, block_k=32)
+    assert w._esm == explorers.ESM.read_text()             # the same file the static book serves
+    assert w.kind == "blocksize" and w.config == explorers.blocksize_config(
         Settings(n=128, block_q=32, block_k=32))
     assert w.state.settings.block_q == 32 and w.state.n_tiles == 16
 
@@ -224,9 +224,9 @@ def test_explorer_widget_is_the_one_front_end():
     bundle = w._repr_mimebundle_()
     data = bundle[0] if isinstance(bundle, tuple) else bundle
     assert "application/vnd.jupyter.widget-view+json" in data
-    assert data["text/html"] == live.placeholder_html("blocksize", w.config)
+    assert data["text/html"] == explorers.placeholder_html("blocksize", w.config)
 
-    q = live.explorer_widget("qkv", live.qkv_config(np.eye(3), np.eye(3), np.eye(3) * 2))
+    q = explorers.explorer_widget("qkv", explorers.qkv_config(np.eye(3), np.eye(3), np.eye(3) * 2))
     assert q._esm == w._esm and q.state["O"].shape == (3, 3)
     q.settings = {**q.settings, "token": 2}
     assert q.state["trace"][-1][-1] == pytest.approx(q.state["O"][2, 2], abs=1e-15)
@@ -235,13 +235,21 @@ def test_explorer_widget_is_the_one_front_end():
 def test_without_anywidget_the_explorer_is_the_placeholder(monkeypatch):
     import sys
 
-    live.widget_class.cache_clear()
+    explorers.widget_class.cache_clear()
     monkeypatch.setitem(sys.modules, "anywidget", None)      # as where it is not installed
     try:
-        w = widgets.explorer(n=64)
-        assert isinstance(w, live.StaticExplorer)
+        w = explorers.explorer(n=64)
+        assert isinstance(w, explorers.StaticExplorer)
         bundle = w._repr_mimebundle_()
-        assert bundle["text/html"] == live.placeholder_html("blocksize", w.config)
+        assert bundle["text/html"] == explorers.placeholder_html("blocksize", w.config)
         assert "anywidget" in bundle["text/plain"]
     finally:
-        live.widget_class.cache_clear()
+        explorers.widget_class.cache_clear()
+
+
+def test_the_first_names_are_the_same_explorers():
+    """Chapters 2, 4 and 9 import flashbook.live and flashbook.widgets: the same objects."""
+    from flashbook import live, widgets
+
+    for name in explorers.__all__:
+        assert getattr(live, name) is getattr(explorers, name) is getattr(widgets, name), name
