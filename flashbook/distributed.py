@@ -30,37 +30,18 @@ import math
 import os
 import pickle
 import socket
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-LAYOUTS = ("contiguous", "zigzag")
+from .ring import (DIAGONAL, FULL, LAYOUTS, SKIP, Block, causal_work, check_layout,  # noqa: F401
+                   chunk_ids, num_chunks, pair_kind, step_blocks)
+
+# The schedule (layouts, which blocks each ring step computes) is plain arithmetic in
+# flashbook.ring, named here too.
 
 
-# ----------------------------------------------------------------- layouts
-
-def _check_layout(layout) -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return layout
-
-
-def chunk_ids(rank: int, world_size: int, layout: str = "contiguous") -> tuple[int, ...]:
-    """Which chunks of the sequence rank ``rank`` holds, in order.
-
-    contiguous: W chunks, rank r holds chunk r.
-    zigzag:     2W chunks, rank r holds chunks r and 2W - 1 - r.
-    """
-    _check_layout(layout)
-    if layout == "contiguous":
-        return (rank,)
-    return (rank, 2 * world_size - 1 - rank)
-
-
-def _num_chunks(world_size: int, layout: str) -> int:
-    return world_size if layout == "contiguous" else 2 * world_size
-
+# ----------------------------------------------------------------- shards
 
 def _check_rank(rank, world_size):
     for name, value in (("world_size", world_size), ("rank", rank)):
@@ -79,7 +60,7 @@ def shard(x: torch.Tensor, rank: int, world_size: int, *, layout: str = "contigu
     if x.dim() < 2:
         raise ValueError(f"x must have a sequence axis (-2), got shape {tuple(x.shape)}")
     _check_rank(rank, world_size)
-    chunks = _num_chunks(world_size, _check_layout(layout))
+    chunks = num_chunks(world_size, check_layout(layout))
     n = x.shape[-2]
     if n % chunks:
         raise ValueError(f"the sequence length {n} must divide into {chunks} equal chunks "
@@ -90,7 +71,7 @@ def shard(x: torch.Tensor, rank: int, world_size: int, *, layout: str = "contigu
 
 def unshard(shards, *, layout: str = "contiguous") -> torch.Tensor:
     """The full sequence back from every rank's shard (``shards[r]`` from rank r)."""
-    _check_layout(layout)
+    check_layout(layout)
     shards = list(shards)
     if not shards or not all(isinstance(s, torch.Tensor) for s in shards):
         raise TypeError("shards must be a non-empty sequence of torch.Tensor, one per rank")
@@ -103,81 +84,11 @@ def unshard(shards, *, layout: str = "contiguous") -> torch.Tensor:
         raise ValueError(f"a {layout} shard holds {per_rank} equal chunks, but its length {n} "
                          f"does not divide by {per_rank}")
     c = n // per_rank
-    pieces = [None] * _num_chunks(w, layout)
+    pieces = [None] * num_chunks(w, layout)
     for r, s in enumerate(shards):
         for j, i in enumerate(chunk_ids(r, w, layout)):
             pieces[i] = s[..., j * c:(j + 1) * c, :]
     return torch.cat(pieces, dim=-2)
-
-
-# ----------------------------------------------------------------- which blocks see what
-
-FULL, DIAGONAL, SKIP = "full", "diagonal", "skip"
-
-
-def pair_kind(q_chunk: int, k_chunk: int, causal: bool) -> str:
-    """How a chunk of queries sees a chunk of keys (equal-sized chunks of one sequence).
-
-    Without a mask every pair is full. Causal: earlier keys are fully visible, the
-    same chunk is the usual lower triangle, later keys are invisible (skipped: no
-    work, no contribution to the merge).
-    """
-    if not causal or k_chunk < q_chunk:
-        return FULL
-    return DIAGONAL if k_chunk == q_chunk else SKIP
-
-
-@dataclass(frozen=True)
-class Block:
-    """One attention call of a ring step: local query rows against local key rows."""
-
-    q_rows: slice
-    k_rows: slice
-    causal: bool
-
-
-def step_blocks(rank: int, source: int, world_size: int, *, layout: str = "contiguous",
-                causal: bool = False, chunk: int = 1) -> list[Block]:
-    """The attention calls rank ``rank`` makes on the K/V shard of rank ``source``.
-
-    Rows are counted in local shard coordinates with ``chunk`` rows per chunk.
-    Query chunks that see the same run of key chunks share one call; the diagonal
-    case (the rank's own shard) is one causal call, since a layout keeps the chunks
-    of a shard in sequence order.
-    """
-    q_ids, k_ids = chunk_ids(rank, world_size, layout), chunk_ids(source, world_size, layout)
-    if source == rank:
-        return [Block(slice(0, len(q_ids) * chunk), slice(0, len(k_ids) * chunk), causal)]
-    blocks = []
-    for i, qc in enumerate(q_ids):
-        seen = [j for j, kc in enumerate(k_ids) if pair_kind(qc, kc, causal) == FULL]
-        if not seen:
-            continue
-        assert seen == list(range(seen[0], seen[-1] + 1))   # a layout keeps chunks in order
-        k_rows = slice(seen[0] * chunk, (seen[-1] + 1) * chunk)
-        if blocks and blocks[-1].k_rows == k_rows and blocks[-1].q_rows.stop == i * chunk:
-            blocks[-1] = Block(slice(blocks[-1].q_rows.start, (i + 1) * chunk), k_rows, False)
-        else:
-            blocks.append(Block(slice(i * chunk, (i + 1) * chunk), k_rows, False))
-    return blocks
-
-
-def causal_work(world_size: int, layout: str = "contiguous", causal: bool = True) -> list[list[float]]:
-    """work[r][t]: the attention rank r computes at ring step t, in units of one
-    (N/W) x (N/W) block of scores (a zigzag chunk pair is a quarter of one; a
-    diagonal pair, half masked, counts half)."""
-    per_rank = len(chunk_ids(0, world_size, layout))
-    weight = {FULL: 1.0, DIAGONAL: 0.5, SKIP: 0.0}
-    rows = []
-    for r in range(world_size):
-        row = []
-        for t in range(world_size):
-            s = (r - t) % world_size
-            pairs = sum(weight[pair_kind(i, j, causal)] for i in chunk_ids(r, world_size, layout)
-                        for j in chunk_ids(s, world_size, layout))
-            row.append(pairs / per_rank ** 2)
-        rows.append(row)
-    return rows
 
 
 # ----------------------------------------------------------------- per block: attention and merge
@@ -320,7 +231,7 @@ def _check_inputs(q, k, v, causal, scale, layout):
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    _check_layout(layout)
+    check_layout(layout)
     per_rank = 1 if layout == "contiguous" else 2
     if q.shape[2] % per_rank:
         raise ValueError(f"a zigzag shard holds two equal chunks: its length must be even, "

@@ -256,11 +256,11 @@ def split_grid(ax, n_q: int, n_k: int, num_splits: int, *, causal: bool = False,
 
 def ring_schedule(ax, world_size: int, layout: str = "contiguous", *, causal: bool = True, title: str = ""):
     """Who holds which K/V shard at each ring step (rows: ranks, columns: steps), shaded by
-    the causal work of that step (``distributed.causal_work``: chunk pairs, a diagonal
-    pair counting one half); the total per rank at the right."""
-    from . import distributed
+    the causal work of that step (``ring.causal_work``: chunk pairs, a diagonal pair
+    counting one half); the total per rank at the right."""
+    from . import ring
 
-    work = np.array(distributed.causal_work(world_size, layout, causal))
+    work = np.array(ring.causal_work(world_size, layout, causal))
     top = max(work.max(), 1)
     for r in range(world_size):
         for t in range(world_size):
@@ -268,7 +268,7 @@ def ring_schedule(ax, world_size: int, layout: str = "contiguous", *, causal: bo
             w = work[r, t]
             shade = "#E6E6E6" if w == 0 else _mix("#FFFFFF", "#4C72B0", 0.25 + 0.75 * w / top)
             ax.add_patch(Rectangle((t, r), 1, 1, facecolor=shade, edgecolor="white", lw=2))
-            chunks = ",".join(map(str, distributed.chunk_ids(s, world_size, layout)))
+            chunks = ",".join(map(str, ring.chunk_ids(s, world_size, layout)))
             ax.text(t + 0.5, r + 0.5, f"K/V {chunks}\n{w:g}" if w else f"K/V {chunks}\nskip",
                     ha="center", va="center", fontsize=7, color="white" if w / top > 0.6 else "black")
         ax.text(world_size + 0.1, r + 0.5, f"total {work[r].sum():g}", va="center", fontsize=8)
@@ -276,7 +276,7 @@ def ring_schedule(ax, world_size: int, layout: str = "contiguous", *, causal: bo
     ax.set_ylim(world_size, 0)
     ax.set_xticks([t + 0.5 for t in range(world_size)], [f"step {t}" for t in range(world_size)], fontsize=8)
     ax.set_yticks([r + 0.5 for r in range(world_size)],
-                  [f"rank {r}: Q {','.join(map(str, distributed.chunk_ids(r, world_size, layout)))}"
+                  [f"rank {r}: Q {','.join(map(str, ring.chunk_ids(r, world_size, layout)))}"
                    for r in range(world_size)], fontsize=8)
     ax.tick_params(length=0)
     for side in ax.spines.values():
