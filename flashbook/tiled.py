@@ -35,6 +35,7 @@ import numpy as np
 
 from .io_counter import IOCounter, IOStats, as_counter, buffer_bytes, merge_counts, nonzero_counts
 from .reference import check_array, check_qkv
+from .smem import TILE_DS, largest_tile, smem_bytes, tile_d  # noqa: F401
 from .validation import check_choice, check_count, check_flag
 
 ORDERS = ("fa2", "fa1")                       # forward loop orders
@@ -429,65 +430,9 @@ def onchip_bytes(block_q: int, block_k: int, d: int, dtype_bytes: int = 2, *,
 
 # ----------------------------------------------------------------- what fits a real chip
 #
-# ``onchip_bytes`` is the algorithm's footprint: every buffer one program holds, as
-# the paper's model puts all of it in on-chip SRAM. A GPU kernel splits it: the
-# input tiles sit in shared memory, the fp32 accumulators (S/P, O, m, l) in
-# registers. ``smem_bytes`` is that kernel's shared memory, the one model every
-# chapter uses to say which tiles fit a chip. It is compared with the chip's limit
-# *per program* (``runtime.Chip.smem_per_block_kib``: 163 KiB on an A100), which is
-# 1 KiB less than the shared memory *per SM* (164 KiB) because the SM keeps 1 KiB for
-# itself (CUDA guide); several programs share one SM's 164 KiB.
-
-#: The tile widths the kernels use for the head dimension (d is padded up to one).
-TILE_DS = (16, 32, 64, 128, 256)
-
-
-def tile_d(d: int) -> int:
-    """The head dimension rounded up to the tile width the kernels load (a power of two)."""
-    d = check_count(d, "d")
-    for width in TILE_DS:
-        if d <= width:
-            return width
-    raise ValueError(f"d must be at most {TILE_DS[-1]}, got {d}")
-
-
-def smem_bytes(block_q: int, block_k: int, d: int, *, num_stages: int = 2,
-               dtype_bytes: int = 2, arch: str = "sm_80") -> int:
-    """Shared memory one program of the book's forward kernel needs, in bytes.
-
-    From sm_80 on: the Q tile stays (B_r x d) and ``num_stages`` copies of the K and
-    V tiles (B_c x d each) stream through, in the input dtype: the asynchronous
-    copies of one stage overlap the arithmetic on another. On sm_75 Triton has no
-    tensor-core path: ``tl.dot`` stages its fp32 operands in shared memory with no
-    pipeline, max((B_r + B_c) d, B_r B_c + max(B_r, B_c) d) fp32 values (fp32 inputs
-    keep one more copy of a tile and of P), a fit to what Triton allocates there.
-    ``d`` is the tile width (``tile_d``). The compile-target tests compare the model
-    with the compiled kernels' real numbers. ``kernels.configs.smem_estimate("forward",
-    ...)`` gives the same bytes (a test checks).
-    """
-    bq, bk = check_count(block_q, "block_q"), check_count(block_k, "block_k")
-    d, stages = check_count(d, "d"), max(check_count(num_stages, "num_stages"), 1)
-    elt = check_count(dtype_bytes, "dtype_bytes")
-    if not (isinstance(arch, str) and arch.startswith("sm_") and arch[3:].isdigit()):
-        raise ValueError(f"arch must look like 'sm_80', got {arch!r}")
-    if int(arch[3:]) < 80:
-        fp32 = max((bq + bk) * d, bq * bk + max(bq, bk) * d)
-        if elt == 4:
-            fp32 += bq * bk + max(bq, bk) * d
-        return 4 * fp32
-    return elt * (bq * d + stages * 2 * bk * d)
-
-
-def largest_tile(chip, d: int, *, num_stages: int = 2, dtype_bytes: int = 2):
-    """The largest power of two B (16 to 256) with B_r = B_c = B whose ``smem_bytes``
-    fit one program on ``chip`` (a ``runtime.Chip``), or None if not even 16 fits."""
-    width = tile_d(d)
-    best = None
-    for b in TILE_DS:
-        if smem_bytes(b, b, width, num_stages=num_stages, dtype_bytes=dtype_bytes,
-                      arch=chip.arch) <= chip.smem_per_block_bytes:
-            best = b
-    return best
+# ``onchip_bytes`` is the algorithm's footprint; which tiles fit a real chip is the
+# kernel's shared memory, one model for the whole book in ``flashbook.smem`` (named
+# here too): ``smem_bytes``, ``largest_tile``, ``tile_d``, ``TILE_DS``.
 
 
 def io_naive(n_q: int, n_k: int, d: int, d_v: int | None = None, *, batch: int = 1) -> IOStats:

@@ -1,4 +1,5 @@
-"""One on-chip memory model for the whole book: tiled.smem_bytes / tiled.largest_tile."""
+"""One on-chip memory model for the whole book: flashbook.smem (tiled.smem_bytes and
+tiled.largest_tile for the chapters, kernels.configs.smem_estimate for the kernels)."""
 import csv
 import re
 from pathlib import Path

@@ -8,10 +8,11 @@ A kernel configuration is four numbers:
 
 They must fit the chip: each stage of the pipeline holds a K and a V tile (or a Q
 and a dO tile) in shared memory, so ``smem_estimate`` adds up the tiles a kernel
-keeps there, and ``keep`` drops every configuration that cannot fit, or that makes
-no sense. ``default`` picks, for a chip and a head_dim, the first configuration
-of a short preference list that ``keep`` allows; ``candidates`` lists what an
-autotuner may try instead (``flashbook.kernels.set_autotune(True)``).
+keeps there (``flashbook.smem``: the model the chapters use too), and ``keep`` drops
+every configuration that cannot fit, or that makes no sense. ``default`` picks, for a
+chip and a head_dim, the first configuration of a short preference list that ``keep``
+allows; ``candidates`` lists what an autotuner may try instead
+(``flashbook.kernels.set_autotune(True)``).
 
 The compile-target tests compile every default for sm_75 (T4), sm_80 (A100) and
 sm_90 (H100/H200) and check that the shared memory Triton really allocates
@@ -22,13 +23,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .. import runtime
+from .. import runtime, smem
+from ..smem import KERNELS  # noqa: F401  (the kernels that take a configuration)
 
-#: The kernels that take a configuration (the delta preprocess is too small to care).
-KERNELS = ("forward", "backward_dkdv", "backward_dq")
-
-#: head_dim is padded up to one of these (a power of two, >= 16 for the tensor cores).
-BLOCK_DS = (16, 32, 64, 128, 256)
+#: head_dim is padded up to one of these (``smem.TILE_DS``: powers of two, >= 16 for the
+#: tensor cores).
+BLOCK_DS = smem.TILE_DS
 MAX_HEAD_DIM = BLOCK_DS[-1]
 
 
@@ -45,10 +45,7 @@ class Config:
 
 def block_d(head_dim: int) -> int:
     """head_dim rounded up to the tile width the kernels use (loads are masked past head_dim)."""
-    for bd in BLOCK_DS:
-        if head_dim <= bd:
-            return bd
-    raise ValueError(f"head_dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
+    return smem.tile_d(head_dim, "head_dim")
 
 
 # ------------------------------------------------------------------ what fits
@@ -56,35 +53,13 @@ def block_d(head_dim: int) -> int:
 def smem_estimate(kernel: str, config: Config, block_d: int, elem_bytes: int, cc: int = 80) -> int:
     """Bytes of shared memory a configuration needs, roughly (chapter 9's explorer shows it).
 
-    On sm_80 and newer (tensor cores, asynchronous copies), per kernel the tile
-    that stays resident plus, for each pipeline stage, the tiles that stream:
-
-    * forward and dQ: the query-side tile stays, K and V stream;
-    * dK/dV: K and V stay, Q and dO stream.
-
-    Below sm_80 Triton has no tensor-core path: ``tl.dot`` stages its operands in
-    shared memory as fp32 (a fit to what Triton 3.9 allocates on sm_75).
-
-    The compiler may reuse or add buffers; the compile-target tests check the real
-    number (``compiled.metadata.shared``) against each chip's limit.
+    The book's one model of it, ``flashbook.smem.smem_bytes`` (``tiled.smem_bytes`` in
+    chapters 4 and 6): per kernel, the tile that stays resident plus, per pipeline stage,
+    the tiles that stream (forward and dQ: the query side stays, K and V stream; dK/dV:
+    K and V stay, Q and dO stream); below sm_80, fp32 operand tiles and no pipeline.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    bm, bn, stages = config.block_m, config.block_n, max(config.num_stages, 1)
-    if cc < 80:
-        # fp32 operand tiles (rows x block_d): Q and K (forward); Q, K and V or dO (backward)
-        rows = bm + bn if kernel == "forward" else bm + bn + max(bm, bn)
-        smem = 4 * max(rows * block_d, bm * bn + max(bm, bn) * block_d)
-        if elem_bytes == 4:  # float32 inputs keep one more copy of a tile and of P
-            smem += 4 * (bm * bn + max(bm, bn) * block_d)
-        return smem
-    if kernel == "forward":
-        resident, streamed = bm * block_d, 2 * bn * block_d
-    elif kernel == "backward_dq":
-        resident, streamed = 2 * bm * block_d, 2 * bn * block_d
-    else:
-        resident, streamed = 2 * bn * block_d, 2 * bm * block_d
-    return elem_bytes * (resident + stages * streamed)
+    return smem.smem_bytes(config.block_m, config.block_n, block_d, num_stages=config.num_stages,
+                           dtype_bytes=elem_bytes, arch=f"sm_{cc}", kernel=kernel)
 
 
 def keep(kernel: str, config: Config, *, cc: int, block_d: int, elem_bytes: int,
