@@ -78,6 +78,15 @@ def test_naive_steps_are_measured_and_drawn():
         plots.measure_naive_steps(0)
 
 
+def test_naive_steps_take_the_timer_they_are_given():
+    """benchmarks/naive_breakdown.py passes flashbook.timing.time_ms on a GPU."""
+    calls = []
+    m = plots.measure_naive_steps(32, 8, batch_heads=1, timer=lambda fn: calls.append(fn()) or 2.0)
+    assert len(calls) == 4 and m["repeats"] is None
+    assert m["ms"] == {"Q K^T (matmul)": 2.0, "softmax: moving S in and P out": 2.0,
+                       "softmax: max, exp, sum": 0.0, "P V (matmul)": 2.0}
+
+
 def test_saturation_is_measured_and_the_scale_removes_it(rng):
     st = plots.saturation_stats([4, 64, 1024], n_keys=128, rows=128, rng=rng)
     # unit-variance q, k: q.k has standard deviation sqrt(d); 128 x 128 samples give

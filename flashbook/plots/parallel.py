@@ -1,0 +1,76 @@
+"""Chapter 11's figures: the keys cut into splits (split-K, ``split_grid``) and the ring's
+schedule over several GPUs (``ring_schedule``), drawn from ``flashbook.split`` and
+``flashbook.ring``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.patches import Rectangle
+
+from .. import ring
+from ..reference import causal_mask
+from ..split import split_bounds
+
+SPLIT_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#CCB974"]
+
+
+def split_grid(ax, n_q: int, n_k: int, num_splits: int, *, causal: bool = False, title: str = ""):
+    """The score matrix cut into key splits (``flashbook.split.split_bounds``), one colour
+    per split; masked scores are white and hatched. Under each split: which rows see
+    none of its keys (those get (o_s, lse_s) = (0, -inf), merge's identity)."""
+    bounds = split_bounds(n_k, num_splits)
+    allowed = causal_mask(n_q, n_k) if causal else np.ones((n_q, n_k), dtype=bool)
+    for s, keys in enumerate(bounds):
+        color = SPLIT_COLORS[s % len(SPLIT_COLORS)]
+        if len(keys):
+            ax.add_patch(Rectangle((keys.start, 0), len(keys), n_q, facecolor=color, alpha=0.8,
+                                   edgecolor="white", lw=2))
+        blind = int((~allowed[:, keys.start:keys.stop].any(axis=1)).sum()) if len(keys) else n_q
+        label = f"split {s}\n{len(keys)} keys" + (f"\n{blind} rows see none" if blind else "")
+        ax.text(keys.start + max(len(keys), 1) / 2, n_q + 0.4, label, ha="center", va="top", fontsize=7)
+    masked = ~allowed
+    for i, j in zip(*np.nonzero(masked)):
+        ax.add_patch(Rectangle((j, i), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///", lw=0.3))
+    ax.set_xlim(0, n_k)
+    ax.set_ylim(n_q + 3.2, 0)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel("keys")
+    ax.set_ylabel("queries")
+    ax.set_title(title or f"{num_splits} splits of {n_k} keys" + (" (causal)" if causal else ""), fontsize=9)
+    return ax
+
+
+def ring_schedule(ax, world_size: int, layout: str = "contiguous", *, causal: bool = True, title: str = ""):
+    """Who holds which K/V shard at each ring step (rows: ranks, columns: steps), shaded by
+    the causal work of that step (``ring.causal_work``: chunk pairs, a diagonal pair
+    counting one half); the total per rank at the right."""
+    work = np.array(ring.causal_work(world_size, layout, causal))
+    top = max(work.max(), 1)
+    for r in range(world_size):
+        for t in range(world_size):
+            s = (r - t) % world_size
+            w = work[r, t]
+            shade = "#E6E6E6" if w == 0 else _mix("#FFFFFF", "#4C72B0", 0.25 + 0.75 * w / top)
+            ax.add_patch(Rectangle((t, r), 1, 1, facecolor=shade, edgecolor="white", lw=2))
+            chunks = ",".join(map(str, ring.chunk_ids(s, world_size, layout)))
+            ax.text(t + 0.5, r + 0.5, f"K/V {chunks}\n{w:g}" if w else f"K/V {chunks}\nskip",
+                    ha="center", va="center", fontsize=7, color="white" if w / top > 0.6 else "black")
+        ax.text(world_size + 0.1, r + 0.5, f"total {work[r].sum():g}", va="center", fontsize=8)
+    ax.set_xlim(0, world_size + 1.1)
+    ax.set_ylim(world_size, 0)
+    ax.set_xticks([t + 0.5 for t in range(world_size)], [f"step {t}" for t in range(world_size)], fontsize=8)
+    ax.set_yticks([r + 0.5 for r in range(world_size)],
+                  [f"rank {r}: Q {','.join(map(str, ring.chunk_ids(r, world_size, layout)))}"
+                   for r in range(world_size)], fontsize=8)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(title or f"{layout} layout, {world_size} ranks" + (", causal" if causal else ""), fontsize=9)
+    return ax
+
+
+def _mix(a: str, b: str, t: float) -> tuple:
+    """The colour a fraction t of the way from hex colour a to b."""
+    ca, cb = (np.array([int(c[i:i + 2], 16) for i in (1, 3, 5)]) / 255 for c in (a, b))
+    return tuple((1 - t) * ca + t * cb)
