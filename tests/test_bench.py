@@ -1156,8 +1156,10 @@ def _hopper_rows():
 
 
 def test_hopper_experiment_table_picks_the_best_variant_per_shape(tmp_path):
-    (tmp_path / bench.HOPPER_EXPERIMENT).write_text(json.dumps({"environment": {"gpu": "test"},
-                                                               "rows": _hopper_rows()}))
+    (tmp_path / "hopper.json").write_text(json.dumps({"environment": {"gpu": "test"}, "rows": _hopper_rows()}))
+    assert bench.load_hopper_experiment(tmp_path) == (None, {})      # a run is found by its name in the index
+    (tmp_path / bench.INDEX).write_text(json.dumps(
+        {"runs": {bench.HOPPER_EXPERIMENT: {"path": "hopper.json", "about": "synthetic"}}}))
     rows, env = bench.load_hopper_experiment(tmp_path)
     assert env == {"gpu": "test"}
     table = bench.hopper_experiment_table(rows).set_index("causal")
@@ -1178,7 +1180,7 @@ def test_recorded_hopper_experiment_agrees_with_its_raw_rows():
     assert rows is not None and env["gpu"] == "NVIDIA H200"
     table = bench.hopper_experiment_table(rows)
     assert len(table) == 6 and set(table["seq"]) == {4096, 8192, 16384}
-    with open(bench.results_root() / bench.HOPPER_EXPERIMENT) as f:
+    with open(bench.run_path(bench.HOPPER_EXPERIMENT)) as f:
         raw = json.load(f)["rows"]
     for r in table.itertuples():
         same = [x for x in raw if (x["seq"], x["head_dim"], x["causal"]) == (r.seq, r.head_dim, r.causal)]
@@ -1194,7 +1196,7 @@ def test_variant_tables_are_the_recorded_rows():
     import json
 
     table = bench.variant_table(bench.LAZY_EXPERIMENT, "lazy")
-    data = json.load(open(bench.results_root() / bench.LAZY_EXPERIMENT))
+    data = json.load(open(bench.run_path(bench.LAZY_EXPERIMENT)))
     assert len(table) == len({(r["dtype"], r["seq"], r["causal"]) for r in data["rows"]}) == 12
     for row in table.itertuples():
         mine = [r for r in data["rows"] if (r["dtype"], r["seq"], r["causal"]) == (row.dtype, row.seq, row.causal)]
@@ -1217,7 +1219,7 @@ def test_short_sweeps_are_the_recorded_rows():
 
     table = bench.short_sweep_table()
     for run, name in enumerate(bench.GLUON_SHORT_SWEEPS, start=1):
-        data = json.load(open(bench.results_root() / name))
+        data = json.load(open(bench.run_path(name)))
         assert data["environment"]["timing"]["replay"].startswith("a CUDA graph")   # the GPU's time alone
         mine = table[table["run"] == run]
         assert len(mine) == len({(r["seq"], r["causal"]) for r in data["rows"]}) == 6
@@ -1242,7 +1244,7 @@ def test_schedule_pairs_and_the_persistent_verdict():
 
     pairs = bench.schedule_pairs(bench.GLUON_SHORT_SWEEPS[1], "persistent", "overlap")
     raw = {(r["seq"], r["causal"], r["variant"]): r["tflops"]
-           for r in json.load(open(bench.results_root() / bench.GLUON_SHORT_SWEEPS[1]))["rows"]}
+           for r in json.load(open(bench.run_path(bench.GLUON_SHORT_SWEEPS[1])))["rows"]}
     assert len(pairs) == 18
     for r in pairs.itertuples():
         shape = (r.seq, r.causal)

@@ -298,7 +298,7 @@ def test_recorded_peer_runs_read_back_with_independent_ratios():
         frame, prov = bench.load_peer_run(name)
         assert frame is not None and prov["peer"]["sha256"], name
         table = bench.peer_ratio_table(frame)
-        raw = list(csv.DictReader(open(bench.results_root() / bench.PEER_RUNS[name] / "peer.csv")))
+        raw = list(csv.DictReader(open(bench.run_path(bench.PEER_RUNS[name]) / "peer.csv")))
         for _, row in table.iterrows():
             pick = {r["impl"]: r for r in raw if (int(r["seq"]), int(r["head_dim"]), r["causal"] == "True")
                     == (row["seq"], row["head_dim"], row["causal"])}

@@ -9,7 +9,10 @@ importable from ``flashbook.bench``:
 - ``harness``:      one implementation on one shape: the timer, memory, the check, the sweep
 - ``sweeps``:       block sizes of the forward kernel; chapter 10's performance ladder
 - ``records``:      CSV rows and provenance, where results live, text tables
-- ``readback``:     the recorded runs read back: ratios, targets, roofline, block explorer
+- ``runs``:         the recorded runs by name: the index beside them (``index.json``)
+- ``readback``:     the recorded runs read back: the newest of a kind, ratios, targets, roofline
+- ``blocks``:       the recorded block sweep: shared memory, fits per chip, the explorer's state
+- ``experiments``:  chapter 10's recorded experiments: descriptors, Gluon schedules, host overhead
 - ``peer``:         a peer's kernel file (Triton's tutorial, supplied by the user) timed beside ours
 - ``cli``:          ``python -m flashbook.bench`` (``--quick``, ``--sweep-blocks``, ``--ladder``,
                     ``--peer``)
@@ -41,16 +44,23 @@ from .records import (  # noqa: F401
     gpu_info, match_chip, command_line, collect_provenance, write_csv, read_csv,
     write_provenance, default_out_dir, format_table, format_block_table, format_ladder_table,
 )
+from .runs import (  # noqa: F401
+    INDEX, load_index, list_runs, run_paths, run_path, csv_runs, recorded_file, load_recorded_json,
+)
 from .readback import (  # noqa: F401
     SHAPE_KEYS, provenance_for, provenance_summary, run_date, find_runs, latest_results,
     latest_blocks, latest_ladder, LADDER_KEYS, ladder_speedups, load_results, results_frame,
     speedup_table, Target, PERFORMANCE_TARGETS, target_table, target_summary,
-    roofline_points, roofline_ceilings, seed_shape_rows, block_shared_bytes, block_fits,
-    best_blocks, BlockState, block_state, HOPPER_EXPERIMENT, AUTOTUNE_RUN,
-    load_recorded_json, load_hopper_experiment, hopper_experiment_table, LAZY_EXPERIMENT,
-    STATIC_SHAPE_EXPERIMENT, variant_table, GLUON_EXPERIMENTS, GLUON_SCHEDULES, gluon_schedule_table,
-    GLUON_EXP2_EXPERIMENTS, fma_share_table, HOST_OVERHEAD_RUN, host_overhead_tables, GLUON_SHORT_SWEEPS,
-    SHORT_FAMILIES, short_sweep_table, schedule_pairs,
+    roofline_points, roofline_ceilings, seed_shape_rows,
+)
+from .blocks import (  # noqa: F401
+    block_shared_bytes, block_fits, best_blocks, BlockState, block_state,
+)
+from .experiments import (  # noqa: F401
+    HOPPER_EXPERIMENT, AUTOTUNE_RUN, load_hopper_experiment, hopper_experiment_table,
+    LAZY_EXPERIMENT, STATIC_SHAPE_EXPERIMENT, variant_table, GLUON_EXPERIMENTS, GLUON_SCHEDULES,
+    gluon_schedule_table, GLUON_EXP2_EXPERIMENTS, fma_share_table, HOST_OVERHEAD_RUN,
+    host_overhead_tables, GLUON_SHORT_SWEEPS, SHORT_FAMILIES, short_sweep_table, schedule_pairs,
 )
 from .peer import (  # noqa: F401
     DEFAULT_FUNC, PEER_ROWS, PEER_SEQS, PEER_HEAD_DIMS, PEER_DTYPE, COMPARED, PeerSpec, split_peer,

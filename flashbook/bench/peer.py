@@ -30,7 +30,8 @@ from .harness import (ShapeRow, Shape, check_slice, classify_error, make_inputs,
                       progress_bar, reference_slice, rel_err, run_tools)
 from .impls import resolve_impl
 from .readback import load_results
-from .records import format_cell, results_root
+from .records import format_cell
+from .runs import run_path
 from .costs import tflops
 
 #: The peer's function when ``--peer PATH`` names none (the tutorial's).
@@ -328,17 +329,12 @@ def format_peer_table(results) -> str:
 
 # ------------------------------------------------------------------ recorded peer runs
 
-#: Recorded ``--peer`` runs on the H200, under the results root (chapter 10 reads them).
-PEER_RUNS = {"tutorial": "peer-tutorial-h200", "tutorial-d128": "peer-tutorial-h200-d128",
-             "cudnn": "peer-cudnn-h200", "tutorial-gluon": "peer-tutorial-gluon-h200",
-             "tutorial-gluon-2": "peer-tutorial-gluon-h200-2", "tutorial-gluon-3": "peer-tutorial-gluon-h200-3",
-             "tutorial-gluon-4": "peer-tutorial-gluon-h200-4", "tutorial-gluon-5": "peer-tutorial-gluon-h200-5",
-             "cudnn-bf16-gluon": "peer-cudnn-bf16-gluon-h200",
-             "tutorial-gluon-graph": "peer-tutorial-gluon-graph-h200",
-             "tutorial-gluon-graph-2": "peer-tutorial-gluon-graph-h200-2",
-             "tutorial-gluon-graph-3": "peer-tutorial-gluon-graph-h200-3",
-             "tutorial-gluon-graph-4": "peer-tutorial-gluon-graph-h200-4",
-             "tutorial-gluon-graph-5": "peer-tutorial-gluon-graph-h200-5"}
+#: Recorded ``--peer`` runs on the H200 (chapter 10 reads them): each key's run of the index
+#: is named ``peer_`` and the key with "_" for "-" ("tutorial-gluon-2": "peer_tutorial_gluon_2").
+PEER_RUNS = {key: "peer_" + key.replace("-", "_") for key in (
+    "tutorial", "tutorial-d128", "cudnn", "tutorial-gluon", "tutorial-gluon-2", "tutorial-gluon-3",
+    "tutorial-gluon-4", "tutorial-gluon-5", "cudnn-bf16-gluon", "tutorial-gluon-graph",
+    "tutorial-gluon-graph-2", "tutorial-gluon-graph-3", "tutorial-gluon-graph-4", "tutorial-gluon-graph-5")}
 #: the runs of the tutorial beside flashbook-gluon, each call timed as Python makes it
 #: (chapter 10 reads them together)
 GLUON_PEER_RUNS = ("tutorial-gluon", "tutorial-gluon-2", "tutorial-gluon-3", "tutorial-gluon-4", "tutorial-gluon-5")
@@ -355,8 +351,8 @@ def load_peer_run(name: str, root=None):
     or ``(None, {})`` when it is not recorded."""
     if name not in PEER_RUNS:
         raise ValueError(f"name must be one of {sorted(PEER_RUNS)}, got {name!r}")
-    base = results_root(root)
-    path = base / PEER_RUNS[name] / "peer.csv" if base is not None else None
+    run = run_path(PEER_RUNS[name], root)
+    path = run / "peer.csv" if run is not None else None
     if path is None or not path.is_file():
         return None, {}
     return load_results(path)

@@ -1,9 +1,11 @@
-"""Reading what was recorded (chapters 9 and 10): the newest run and its provenance,
-our kernel's ratios to the SDPA backends judged against ``PERFORMANCE_TARGETS``,
-roofline points and ceilings, the block-size explorer's state, the Hopper experiment.
+"""Reading what was recorded (chapters 9 and 10): the newest run of a kind and its
+provenance, typed frames, the ladder's speedups, our kernel's ratios to the SDPA
+backends judged against ``PERFORMANCE_TARGETS``, roofline points and ceilings.
 
 Chapters draw every figure from the files that ``records`` wrote, never from the
-machine that builds the book. These functions need pandas, and no GPU.
+machine that builds the book. These functions need pandas, and no GPU. The block
+sweep's explorer is in ``blocks``, chapter 10's experiments in ``experiments``, and
+``runs`` finds a recorded run by its name in the index.
 """
 from __future__ import annotations
 
@@ -19,14 +21,9 @@ from .. import runtime
 from .costs import attention_flops, attention_hbm_bytes
 from .harness import RESULT_FIELDS, shape_label
 from .records import match_chip, results_root
+from .runs import csv_runs
 from .source_check import SEED_SHAPE
 from .sweeps import BLOCK_FIELDS
-
-#
-# Chapter 9 draws every figure from the files that Part 7 wrote, never from the
-# machine that builds the book. These functions find the newest run, read it back
-# with its provenance, and turn its rows into the ratios, targets and roofline
-# points the chapter shows. They need pandas, and no GPU.
 
 #: The columns that name one shape: a row is one implementation on one shape.
 SHAPE_KEYS = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
@@ -95,11 +92,15 @@ def run_date(csv_path) -> str:
 
 
 def find_runs(root=None, csv_name: str = "results.csv") -> list:
-    """Every ``csv_name`` under the results root (at any depth), newest first."""
+    """Every recorded ``csv_name``, newest first: in the runs the results root's index
+    lists for that file (``runs.csv_runs``), or, in a root without an index, anywhere
+    under it at any depth."""
     root = results_root(root)
     if root is None:
         return []
-    found = [p for p in root.rglob(csv_name) if p.is_file()]
+    listed = csv_runs(csv_name, root)
+    found = root.rglob(csv_name) if listed is None else [run / csv_name for run in listed]
+    found = [p for p in found if p.is_file()]
     return sorted(found, key=lambda p: (run_date(p), str(p)), reverse=True)
 
 
@@ -417,356 +418,3 @@ def seed_shape_rows(df, shape=None):
             else f"the seed's {same[0]}" if same else "none of the seed's sizes")
     return rows, (f"{here}, the closest measured shape: {kept}, but "
                   + ", ".join(f"{k}={got[k]} instead of {want[k]}" for k in differ))
-
-
-def block_shared_bytes(row) -> float:
-    """Shared memory a swept config used, bytes: the compiled kernel's number, or
-    for a config that did not fit, the number the compiler's error gives. NaN if
-    neither was recorded."""
-    try:
-        value = float(row.get("shared_bytes"))
-    except (TypeError, ValueError):
-        value = float("nan")
-    if math.isfinite(value):
-        return value
-    found = re.search(r"Required:\s*(\d+)", str(row.get("note") or ""))
-    return float(found.group(1)) if found else float("nan")
-
-
-def block_fits(block_m: int, block_n: int, num_warps: int, num_stages: int, head_dim: int, *,
-               dtype_bytes: int = 2, shared_bytes=None, measured_arch: str | None = None) -> dict:
-    """Whether one forward-kernel config fits each chip of ``runtime.CHIPS``.
-
-    Per chip: ``bytes`` of shared memory one program needs, the chip's ``limit``
-    per program, ``fits``, and ``how`` the bytes were found: "measured" (the
-    compiled kernel's ``shared_bytes``, on a chip of ``measured_arch``) or
-    "model" (``kernels.configs.smem_estimate`` for that chip's architecture).
-    """
-    from ..kernels import configs
-
-    cfg = configs.Config(int(block_m), int(block_n), int(num_warps), int(num_stages))
-    tile_d = configs.block_d(int(head_dim))
-    have = shared_bytes is not None and math.isfinite(float(shared_bytes))
-    out = {}
-    for name, c in runtime.CHIPS.items():
-        if have and c.arch == measured_arch:
-            need, how = int(shared_bytes), "measured"
-        else:
-            cc = int(c.arch.split("_")[1])
-            need, how = configs.smem_estimate("forward", cfg, tile_d, dtype_bytes, cc), "model"
-        out[name] = {"bytes": need, "limit": c.smem_per_block_bytes,
-                     "fits": need <= c.smem_per_block_bytes, "how": how}
-    return out
-
-
-def best_blocks(blocks):
-    """For each shape and (B_r, B_c): the measured config with the most TFLOP/s
-    (over warps and stages). Configs that did not run are left out."""
-    ok = blocks[(blocks["status"] == "ok") & blocks["fwd_tflops"].notna()]
-    keys = ["head_dim", "seq", "causal", "block_m", "block_n"]
-    best = ok.loc[ok.groupby(keys)["fwd_tflops"].idxmax()]
-    return best.sort_values(keys).reset_index(drop=True)
-
-
-@dataclass(frozen=True)
-class BlockState:
-    """What the chapter-9 explorer shows for one config of the recorded sweep."""
-
-    head_dim: int
-    seq: int
-    config: tuple               # (block_m, block_n, num_warps, num_stages)
-    row: dict | None            # the measured row, None if the sweep lacks it
-    rank: int | None            # 1 = fastest of the configs that ran
-    n_ran: int                  # configs of this shape that ran
-    n_configs: int              # configs of this shape in the sweep
-    best: dict | None           # the fastest row
-    shared_bytes: float         # measured (or from the compiler's error), NaN if unknown
-    fits: dict                  # block_fits(...) per chip
-    ranking: tuple = ()         # ((config, TFLOP/s), ...) fastest first
-
-    @property
-    def tflops(self):
-        return None if self.row is None else self.row.get("fwd_tflops")
-
-    def summary(self) -> str:
-        bm, bn, w, s = self.config
-        head = f"B_r={bm}, B_c={bn}, {w} warps, {s} stages (d={self.head_dim}, N={self.seq})"
-        if self.row is None:
-            return f"{head}: not in the recorded sweep"
-        r = self.row
-        if r["status"] != "ok":
-            return f"{head}: {r['status']} ({r['note'][:90]})"
-        best = self.best
-
-        def count(value):
-            return "?" if value is None or not math.isfinite(value) else f"{int(value)}"
-
-        return (f"{head}: {r['fwd_tflops']:.0f} TFLOP/s, number {self.rank} of {self.n_ran} "
-                f"(best {best['fwd_tflops']:.0f}: B_r={int(best['block_m'])}, "
-                f"B_c={int(best['block_n'])}, {int(best['num_warps'])} warps, "
-                f"{int(best['num_stages'])} stages); {count(r.get('n_regs'))} registers per "
-                f"thread, {count(r.get('n_spills'))} spilled; "
-                f"{count(self.shared_bytes / 1024)} KiB of shared memory")
-
-
-def block_state(blocks, head_dim: int, block_m: int, block_n: int, num_warps: int,
-                num_stages: int, *, seq: int | None = None, measured_arch: str | None = None,
-                dtype_bytes: int = 2) -> BlockState:
-    """The explorer's state for one config of a recorded block sweep (``blocks.csv``):
-    its measured row, its rank, the best config, and whether it fits each chip.
-    ``seq`` picks the shape when the sweep has several (default: the longest)."""
-    rows = blocks[blocks["head_dim"] == head_dim]
-    if rows.empty:
-        raise ValueError(f"head_dim must be one of {sorted(set(blocks['head_dim']))}, "
-                         f"got {head_dim!r}")
-    seq = int(rows["seq"].max()) if seq is None else int(seq)
-    rows = rows[rows["seq"] == seq]
-    if rows["causal"].nunique() > 1:      # the sweep's default is without a mask
-        rows = rows[~rows["causal"]]
-    config = (int(block_m), int(block_n), int(num_warps), int(num_stages))
-    mine = rows[(rows["block_m"] == block_m) & (rows["block_n"] == block_n)
-                & (rows["num_warps"] == num_warps) & (rows["num_stages"] == num_stages)]
-    ran = rows[(rows["status"] == "ok") & rows["fwd_tflops"].notna()].sort_values(
-        "fwd_tflops", ascending=False)
-    keys = ["block_m", "block_n", "num_warps", "num_stages"]
-    ranking = tuple((tuple(int(x) for x in r[keys]), float(r["fwd_tflops"]))
-                    for _, r in ran.iterrows())
-    order = [c for c, _ in ranking]
-    row = mine.iloc[0].to_dict() if not mine.empty else None
-    shared = block_shared_bytes(row) if row is not None else float("nan")
-    fits = block_fits(*config, head_dim, dtype_bytes=dtype_bytes,
-                      shared_bytes=shared if math.isfinite(shared) else None,
-                      measured_arch=measured_arch)
-    return BlockState(head_dim=int(head_dim), seq=seq, config=config, row=row,
-                      rank=order.index(config) + 1 if config in order else None,
-                      n_ran=len(ran), n_configs=len(rows),
-                      best=ran.iloc[0].to_dict() if not ran.empty else None,
-                      shared_bytes=shared, fits=fits, ranking=ranking)
-
-
-#: Where ``benchmarks/hopper_fwd_experiment.py``'s recorded run lives, under the results root.
-HOPPER_EXPERIMENT = "hopper_fwd_h200.json"
-
-
-#: ``benchmarks/gpu_check.py --autotune``'s recorded run, under the results root.
-AUTOTUNE_RUN = "autotune_h200.json"
-
-
-def load_recorded_json(name: str, root=None):
-    """One recorded JSON file of the results root (a dict), or None when it is not there."""
-    base = results_root(root)
-    path = base / name if base is not None else None
-    if path is None or not path.is_file():
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def load_hopper_experiment(root=None):
-    """``(DataFrame, environment dict)`` of the recorded Hopper forward experiment
-    (tensor descriptors and automatic warp specialisation; chapter 10), or
-    ``(None, {})`` when none is recorded. One row per shape and variant, with
-    ``tma`` and ``ws`` flags and ``tflops`` (NaN where the variant failed)."""
-    import pandas as pd
-
-    data = load_recorded_json(HOPPER_EXPERIMENT, root)
-    if data is None:
-        return None, {}
-    df = pd.DataFrame(data["rows"])
-    if "tflops" not in df:  # no variant ran at all
-        df["tflops"] = float("nan")
-    df["tma"] = df["variant"].str.startswith("tma ")
-    df["ws"] = df["variant"].str.endswith(" ws")
-    return df, data.get("environment", {})
-
-
-def hopper_experiment_table(rows):
-    """Per shape: the library kernel's and cuDNN's TFLOP/s, the best descriptor (TMA)
-    variant without and with warp specialisation, each over the library kernel, and how
-    many variants failed to compile. ``rows`` is ``load_hopper_experiment``'s frame."""
-    import pandas as pd
-
-    out = []
-    for (seq, d, causal), g in rows.groupby(["seq", "head_dim", "causal"], sort=True):
-        lib = g.loc[g["variant"] == "flashbook", "tflops"]
-        cudnn = g.loc[g["variant"] == "cudnn", "tflops"]
-        if lib.empty or not lib.notna().all():
-            raise ValueError(f"rows must hold a timed 'flashbook' variant for every shape; "
-                             f"none at seq={seq}, head_dim={d}, causal={causal}")
-        lib = float(lib.iloc[0])
-        row = {"seq": int(seq), "head_dim": int(d), "causal": bool(causal), "flashbook": lib,
-               "cudnn": float(cudnn.iloc[0]) if len(cudnn) else float("nan")}
-        for key, pick in (("tma", g["tma"] & ~g["ws"]), ("tma_ws", g["tma"] & g["ws"])):
-            ran = g[pick & g["tflops"].notna()]
-            if ran.empty:
-                row[f"best_{key}"], row[f"best_{key}_tflops"], row[f"{key}_vs_flashbook"] = None, float("nan"), float("nan")
-            else:
-                best = ran.loc[ran["tflops"].idxmax()]
-                row[f"best_{key}"] = best["variant"]
-                row[f"best_{key}_tflops"] = float(best["tflops"])
-                row[f"{key}_vs_flashbook"] = float(best["tflops"]) / lib
-        row["failed"] = int((g["tma"] & g["tflops"].isna()).sum())
-        row["tried"] = int(g["tma"].sum())
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-#: ``benchmarks/lazy_rescale_experiment.py``'s and ``static_shape_experiment.py``'s recorded
-#: runs, under the results root (chapter 10 reads them with ``variant_table``).
-LAZY_EXPERIMENT = "lazy_rescale_h200/lazy_rescale.json"
-STATIC_SHAPE_EXPERIMENT = "static_shape_h200.json"
-#: benchmarks/gluon_experiment.py's runs on the H200, by head_dim (chapter 10's Gluon kernel)
-GLUON_EXPERIMENTS = {128: "gluon_h200/gluon_d128.json", 64: "gluon_h200/gluon_d64.json"}
-GLUON_SCHEDULES = ("overlap", "producer", "pingpong")
-#: benchmarks/gluon_exp2_experiment.py's runs on the H200, by head_dim: part of the exponentials on the FMA units
-GLUON_EXP2_EXPERIMENTS = {64: "gluon_exp2_h200/gluon_exp2_d64.json", 128: "gluon_exp2_h200/gluon_exp2_d128.json"}
-#: benchmarks/host_overhead.py's run on the H200
-HOST_OVERHEAD_RUN = "host_overhead_h200/host_overhead.json"
-#: benchmarks/gluon_experiment.py --graph at d=64, fp16: every configuration at 1K-3K, then
-#: 1K, 2K and 4K with the persistent schedule beside the others (chapter 10)
-GLUON_SHORT_SWEEPS = ("gluon_h200/gluon_d64_short_graph.json", "gluon_h200/gluon_d64_persistent_graph.json")
-#: the kinds of configuration ``short_sweep_table`` compares: (column, variant-name prefix)
-SHORT_FAMILIES = (("old default", "gluon overlap m64 n128 s2"), ("64 rows", "gluon overlap m64 "),
-                  ("192 rows", "gluon producer m192 "), ("persistent", "gluon persistent "))
-
-
-def variant_table(name: str, prefix: str, root=None):
-    """Per dtype, length and mask of a recorded forward experiment (``name``, e.g.
-    ``LAZY_EXPERIMENT``): the library kernel's and cuDNN's TFLOP/s, the fastest variant
-    whose name starts with ``prefix`` and its speed over the library kernel, and its
-    largest error against float64 beside the library's. None when nothing is recorded."""
-    data = load_recorded_json(name, root)
-    return None if data is None else best_variants(data["rows"], prefix, name)
-
-
-def best_variants(rows, prefix: str, name: str = "the run"):
-    """``variant_table`` for rows already read (a recorded experiment's ``"rows"``)."""
-    import pandas as pd
-
-    rows = pd.DataFrame(rows)
-    out = []
-    for (dtype, seq, causal), g in rows.groupby(["dtype", "seq", "causal"], sort=True):
-        by = g.set_index("variant")
-        mine = g[g["variant"].str.startswith(prefix)]
-        if mine.empty:
-            raise ValueError(f"prefix must start a variant's name in {name}, got {prefix!r}")
-        best = mine.sort_values("tflops", ascending=False).iloc[0]
-        out.append({"dtype": dtype, "seq": int(seq), "causal": bool(causal),
-                    "flashbook": float(by.loc["flashbook", "tflops"]), "cudnn": float(by.loc["cudnn", "tflops"]),
-                    "best": best["variant"], "best_tflops": float(best["tflops"]),
-                    "best_vs_flashbook": float(best["tflops"]) / float(by.loc["flashbook", "tflops"]),
-                    "best_err": float(best["max_abs_err_head0_vs_float64"]),
-                    "flashbook_err": float(by.loc["flashbook", "max_abs_err_head0_vs_float64"])})
-    return pd.DataFrame(out)
-
-
-def short_sweep_table(root=None):
-    """The two ``GLUON_SHORT_SWEEPS``, one row per run (1, 2), length and mask: cuDNN's and
-    the chapter-7 kernel's TFLOP/s and, per ``SHORT_FAMILIES`` column, the fastest such
-    configuration's TFLOP/s and its name (``<column> config``); NaN where a run did not
-    time that kind. None when either run is not recorded."""
-    import pandas as pd
-
-    out = []
-    for run, name in enumerate(GLUON_SHORT_SWEEPS, start=1):
-        data = load_recorded_json(name, root)
-        if data is None:
-            return None
-        keys = ["dtype", "seq", "causal"]
-        table = None
-        for column, prefix in SHORT_FAMILIES:
-            if not any(r["variant"].startswith(prefix) for r in data["rows"]):
-                continue
-            best = best_variants(data["rows"], prefix, name)
-            best = best[keys + ["flashbook", "cudnn", "best", "best_tflops"]].rename(
-                columns={"best": f"{column} config", "best_tflops": column})
-            table = best if table is None else table.merge(best.drop(columns=["flashbook", "cudnn"]), on=keys)
-        out.append(table.assign(run=run))
-    table = pd.concat(out, ignore_index=True)
-    for column, _ in SHORT_FAMILIES:   # a kind one run did not time
-        if column not in table:
-            table[column] = float("nan")
-    return table
-
-
-def schedule_pairs(name: str, first: str, second: str, root=None):
-    """Configurations a recorded experiment (``name``) timed under two schedules: per length,
-    mask and tiles (``m64 n128 s2``), the TFLOP/s under ``first`` and ``second`` and their
-    ratio (``first_over_second``). None when the run is not recorded."""
-    import pandas as pd
-
-    data = load_recorded_json(name, root)
-    if data is None:
-        return None
-    rows = pd.DataFrame(data["rows"])
-    keys = ["dtype", "seq", "causal", "tiles"]
-    picked = []
-    for schedule in (first, second):
-        part = rows[rows["variant"].str.startswith(f"gluon {schedule} ")]
-        picked.append(part.assign(tiles=part["variant"].str.split(f"gluon {schedule} ").str[1])[keys + ["tflops"]]
-                      .rename(columns={"tflops": schedule}))
-    both = picked[0].merge(picked[1], on=keys)
-    if both.empty:
-        raise ValueError(f"{name} has no configuration timed under both {first!r} and {second!r}")
-    return both.assign(first_over_second=both[first] / both[second]).reset_index(drop=True)
-
-
-def fma_share_table(head_dim: int, root=None):
-    """Chapter 10's exponentials on the FMA units at one head_dim: per dtype, length and
-    mask, the kernel's TFLOP/s with none there (``share0``, its first timing), the same
-    kernel timed again at the end of the shape's variants (``again``, over ``share0``: the
-    run's noise), and each ``fma{share} deg{degree}`` variant's TFLOP/s over ``share0``.
-    Errors against float64 are ``*_err`` columns. None when the run is not recorded."""
-    import pandas as pd
-
-    data = load_recorded_json(GLUON_EXP2_EXPERIMENTS[head_dim], root)
-    if data is None:
-        return None
-    rows = pd.DataFrame(data["rows"])
-    rows = rows[rows["variant"].str.startswith("gluon ")]
-    out = []
-    for (dtype, seq, causal), g in rows.groupby(["dtype", "seq", "causal"], sort=True):
-        tail = g["variant"].str.split(" fma").str[1]
-        by = dict(zip(tail, g["tflops"]))
-        err = dict(zip(tail, g["max_abs_err_head0_vs_float64"]))
-        row = {"dtype": dtype, "seq": int(seq), "causal": bool(causal), "share0": float(by["0"]),
-               "again": float(by["0 again"]) / float(by["0"]), "share0_err": float(err["0"])}
-        for name in tail:
-            if not name.startswith("0"):
-                row[f"fma{name}"] = float(by[name]) / float(by["0"])
-                row[f"fma{name}_err"] = float(err[name])
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-def host_overhead_tables(root=None):
-    """``benchmarks/host_overhead.py``'s recorded run: (``host``: CPU microseconds per call
-    of each implementation and of the Gluon wrapper's parts, ``shapes``: per implementation
-    and shape, the benchmark's timer on the call and on its CUDA graph, in ms and TFLOP/s,
-    and ``inflation``, timer over graph), or None when it is not recorded."""
-    import pandas as pd
-
-    data = load_recorded_json(HOST_OVERHEAD_RUN, root)
-    if data is None:
-        return None
-    shapes = pd.DataFrame(data["shapes"])
-    return pd.DataFrame(data["host"]), shapes.assign(inflation=shapes["timer_ms"] / shapes["graph_ms"])
-
-
-def gluon_schedule_table(head_dim: int, root=None):
-    """Chapter 10's Gluon kernel at one head_dim: per dtype, length and mask, the library
-    kernel's and cuDNN's TFLOP/s and, for each schedule, its fastest configuration's
-    TFLOP/s (columns ``overlap``, ``producer``, ``pingpong``), that configuration's name
-    (``*_config``) and its largest error against float64 (``*_err``). None when the run
-    is not recorded."""
-    data = load_recorded_json(GLUON_EXPERIMENTS[head_dim], root)
-    if data is None:
-        return None
-    tables = [best_variants(data["rows"], f"gluon {schedule} ", GLUON_EXPERIMENTS[head_dim])
-              for schedule in GLUON_SCHEDULES]
-    keys = ["dtype", "seq", "causal"]
-    out = tables[0][keys + ["flashbook", "cudnn", "flashbook_err"]].copy()
-    for schedule, t in zip(GLUON_SCHEDULES, tables):
-        out = out.merge(t[keys + ["best", "best_tflops", "best_err"]].rename(columns={
-            "best": f"{schedule}_config", "best_tflops": schedule, "best_err": f"{schedule}_err"}), on=keys)
-    return out
