@@ -279,7 +279,7 @@ def tiles_fixed(block_n, num_warps, num_stages):
     """flash_decode with other key tiles, warps and stages (for the sweep only)."""
     original = decode.decode_tiles
 
-    def fixed(head_dim, elem_bytes, n_rows, *, interpreter=None):
+    def fixed(head_dim, elem_bytes, n_rows, *, page_size=0, interpreter=None):
         return original(head_dim, elem_bytes, n_rows)[0], block_n, num_warps, num_stages
     decode.decode_tiles = fixed
     try:

@@ -170,8 +170,8 @@ def decode_jobs(cc: int) -> list[dict]:
     for dtype, n_new, splits in (("bf16", 1, True), ("fp16", 16, False)):
         config = configs.Config(*decode_tiles(128, 2, 4 * n_new, interpreter=False))
         jobs.append(dict(_job("decode", cc, 128, dtype, config), n_new=n_new, splits=splits))
-    # a paged cache of 16-token pages (vLLM's default): key tiles of 16 inside each page
-    config = configs.Config(*decode_tiles(128, 2, 4, interpreter=False)[:1], 16, 4, 3)
+    # a paged cache of 16-token pages (vLLM's default): key tiles gathered across pages
+    config = configs.Config(*decode_tiles(128, 2, 4, page_size=16, interpreter=False))
     jobs.append(dict(_job("decode", cc, 128, "bf16", config), n_new=1, splits=True, page_size=16))
     jobs.append(_job("decode_combine", cc, 128, "bf16", configs.Config(1, MAX_SPLITS, 4, 1)))
     return jobs

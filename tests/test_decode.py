@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashbook import reference, runtime
-from flashbook.kernels import checks, flash_decode
+from flashbook.kernels import checks, decode, flash_decode
 from flashbook.kernels.decode import MAX_SPLITS, PAGE_SIZES, choose_num_splits, paginate
 
 DEVICE = runtime.device()
@@ -296,6 +296,22 @@ def test_paged_cache_gives_the_dense_result(page_size, causal):
                                         causal=causal, num_splits=3)
     assert torch.equal(dense, paged)
     want, yard = truth_and_yardstick(q, k, v, lengths, causal)
+    assert checks.within_twice_yardstick("o", paged.cpu(), want, yard, head_dim=16) is None
+
+
+@pytest.mark.parametrize("block_n", [32, 64])
+def test_a_key_tile_may_span_several_pages(monkeypatch, block_n):
+    """On a GPU a tile holds 64 keys at d = 128, so 16-token pages put four pages in one
+    tile: each row of the tile is gathered from its own page. The interpreter's tiles are
+    16 keys, so here they are widened to span 2 and 4 pages, with ragged lengths that end
+    inside a page and inside a tile."""
+    real = decode.decode_tiles
+    monkeypatch.setattr(decode, "decode_tiles",
+                        lambda *a, **kw: (real(*a, **kw)[0], block_n, 4, 1))
+    lengths = [70, 0, 9, 37]
+    q, k, v, dense, paged = _paged_case(4, 4, 2, 2, 70, lengths, 16, 16, seed=block_n, num_splits=2)
+    want, yard = truth_and_yardstick(q, k, v, lengths, True)
+    assert torch.equal(dense, paged)
     assert checks.within_twice_yardstick("o", paged.cpu(), want, yard, head_dim=16) is None
 
 

@@ -52,7 +52,7 @@ def test_every_class_has_the_runs_it_asks_for():
     square = [c for name, cases in classes if name == "attention-bf16-1x1-causal" for c in cases]
     assert {(c.kv_heads, c.head_dim) for c in square} >= {(8, 128), (2, 128)}   # GQA 1 and 4 at d=128
     fp32 = [c for name, cases in classes if name.startswith("attention-fp32") for c in cases]
-    assert {c.head_dim for c in fp32} == set(stress.HEAD_DIMS)    # one head_dim per pair, all five met
+    assert {c.head_dim for c in fp32} == set(stress.FP32_HEAD_DIMS)    # one head_dim per pair, each met
     assert {(c.seq_q, c.seq_k) for c in fp32} == set(stress.LENGTH_PAIRS)
 
 
