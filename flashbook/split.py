@@ -37,6 +37,16 @@ def split_bounds(n_k: int, num_splits: int) -> list[range]:
     return [range(min(s * size, n_k), min((s + 1) * size, n_k)) for s in range(num_splits)]
 
 
+def tile_split_bounds(n_k: int, num_splits: int, block: int) -> list[range]:
+    """The key range of each split as ``flash_decode``'s kernel cuts them: like
+    ``split_bounds``, but each split's length rounded up to whole key tiles of ``block``
+    keys, so that only a sequence's last tile is ragged (some last splits may be empty)."""
+    n_k, num_splits, block = (check_count(n_k, "n_k", 0), check_count(num_splits, "num_splits"),
+                              check_count(block, "block"))
+    size = -(-(-(-n_k // num_splits)) // block) * block
+    return [range(min(s * size, n_k), min((s + 1) * size, n_k)) for s in range(num_splits)]
+
+
 def split_partials(q, k, v, *, num_splits: int, causal: bool = False, scale=None):
     """Each split's own (o_s, lse_s), float64: the attention of every query over that
     split's keys alone (o_s = 0 and lse_s = -inf for a row that sees none of them)."""

@@ -115,3 +115,30 @@ def test_bad_inputs(rng):
         tiled.split_forward(q, k.astype(int), v, num_splits=2)
     with pytest.raises(TypeError, match="num_splits"):
         tiled.split_forward(q, k, v)  # keyword-only and required
+
+
+def test_tile_split_bounds_are_whole_tiles_that_cover_the_keys_once():
+    """flash_decode's cut: each split a whole number of key tiles (only the sequence's last
+    tile ragged), the splits in order, every key in exactly one."""
+    for n_k in (0, 1, 31, 32, 33, 200, 1000):
+        for num_splits in (1, 3, 8):
+            for block in (16, 32, 64):
+                bounds = split.tile_split_bounds(n_k, num_splits, block)
+                assert len(bounds) == num_splits
+                assert [k for r in bounds for k in r] == list(range(n_k))
+                assert all(r.start % block == 0 for r in bounds if len(r))
+                assert all(len(r) % block == 0 for r in bounds if len(r) and r.stop < n_k)
+    assert [len(r) for r in split.tile_split_bounds(200, 3, 32)] == [96, 96, 8]
+
+
+def test_paged_reads_give_each_key_of_a_sequence_to_one_split():
+    from flashbook import plots
+
+    table = [[5, 2, 9, 0], [5, 2, 7, 3], [4, 8, 1, 6]]
+    lengths = [256, 200, 90]
+    reads = plots.paged_reads(table, lengths, 64, 3, 32)
+    for b, row in enumerate(reads):
+        assert [page for page, _ in row] == table[b]
+        assert sum(k for _, by_split in row for k in by_split.values()) == lengths[b]
+    assert reads[0][1][1] == {0: 32, 1: 32}     # seq 0's second page: half split 0's, half split 1's
+    assert reads[2][2][1] == {}                  # seq 2 has no keys in its third page yet

@@ -1,6 +1,6 @@
-"""Chapter 11's figures: the keys cut into splits (split-K, ``split_grid``) and the ring's
-schedule over several GPUs (``ring_schedule``), drawn from ``flashbook.split`` and
-``flashbook.ring``.
+"""Chapter 11's figures: the keys cut into splits (split-K, ``split_grid``), a paged KV
+cache and which program reads which page (``paged_cache``), and the ring's schedule over
+several GPUs (``ring_schedule``), drawn from ``flashbook.split`` and ``flashbook.ring``.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from matplotlib.patches import Rectangle
 
 from .. import ring
 from ..reference import causal_mask
-from ..split import split_bounds
+from ..split import split_bounds, tile_split_bounds
 
 SPLIT_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#CCB974"]
 
@@ -39,6 +39,81 @@ def split_grid(ax, n_q: int, n_k: int, num_splits: int, *, causal: bool = False,
     ax.set_ylabel("queries")
     ax.set_title(title or f"{num_splits} splits of {n_k} keys" + (" (causal)" if causal else ""), fontsize=9)
     return ax
+
+
+def paged_reads(block_table, lengths, page_size: int, num_splits: int, block_n: int) -> list[list]:
+    """For each sequence b and logical page p of ``block_table``: (physical page, {split:
+    keys of the page it reads}), as ``flash_decode`` cuts sequence b's ``lengths[b]`` keys
+    into ``num_splits`` ranges of whole tiles (``split.tile_split_bounds``). A page past the
+    sequence's length is read by no split (an empty dict)."""
+    table = np.asarray(block_table)
+    out = []
+    for b, n in enumerate(lengths):
+        bounds = tile_split_bounds(int(n), num_splits, block_n)
+        row = []
+        for p, page in enumerate(table[b]):
+            lo, hi = p * page_size, (p + 1) * page_size
+            reads = {s: min(r.stop, hi) - max(r.start, lo) for s, r in enumerate(bounds)
+                     if len(r) and r.start < hi and r.stop > lo}
+            row.append((int(page), reads))
+        out.append(row)
+    return out
+
+
+def paged_cache(ax_table, ax_pages, block_table, lengths, page_size: int, num_splits: int, block_n: int,
+                num_pages: int | None = None):
+    """Two panels of a paged KV cache. Left, the block table: one row per sequence, one box
+    per logical page holding the physical page's number, filled from the left by the
+    split (program) that reads each part of it, grey where the sequence has no keys yet.
+    Right, the pool of physical pages in memory order, each labelled with the (sequence,
+    logical page) that points at it; hatched where two sequences share it (a common
+    prefix), white where it is free."""
+    reads = paged_reads(block_table, lengths, page_size, num_splits, block_n)
+    n_pages = num_pages if num_pages is not None else int(np.asarray(block_table).max()) + 1
+    owners: dict = {}
+    for b, row in enumerate(reads):
+        for p, (page, by_split) in enumerate(row):
+            ax_table.add_patch(Rectangle((p, b), 1, 1, facecolor="#DDDDDD", edgecolor="white", lw=2))
+            x = p
+            for split, keys in by_split.items():
+                ax_table.add_patch(Rectangle((x, b), keys / page_size, 1, lw=0, alpha=0.85,
+                                             facecolor=SPLIT_COLORS[split % len(SPLIT_COLORS)]))
+                x += keys / page_size
+            ax_table.add_patch(Rectangle((p, b), 1, 1, facecolor="none", edgecolor="white", lw=2))
+            filled = sum(by_split.values())
+            ax_table.text(p + 0.5, b + 0.5, f"page {page}" + ("" if filled else "\nno keys yet"),
+                          ha="center", va="center", fontsize=8, color="black" if filled else "#555555")
+            owners.setdefault(page, []).append((b, p, bool(filled)))
+    width = max(len(r) for r in reads)
+    ax_table.set_xlim(0, width)
+    ax_table.set_ylim(len(reads), 0)
+    ax_table.set_xticks([p + 0.5 for p in range(width)],
+                        [f"{p * page_size}-{(p + 1) * page_size - 1}" for p in range(width)], fontsize=7)
+    ax_table.set_yticks([b + 0.5 for b in range(len(reads))],
+                        [f"seq {b}: {int(n)} keys" for b, n in enumerate(lengths)], fontsize=8)
+    ax_table.set_xlabel("logical page (its key positions); colour: the split that reads it", fontsize=8)
+    ax_table.set_title(f"block_table, {num_splits} splits of whole {block_n}-key tiles", fontsize=9)
+    cols = min(n_pages, 8)
+    for page in range(n_pages):
+        x, y = page % cols, page // cols
+        users = owners.get(page, [])
+        used = any(filled for _, _, filled in users)
+        ax_pages.add_patch(Rectangle((x, y), 1, 1, facecolor="#8DA0CB" if used else "white", edgecolor="#888888",
+                                     lw=1, hatch="//" if len(users) > 1 else None))
+        who = "\n".join(f"seq {b} p{p}" for b, p, _ in users) or "free"
+        ax_pages.text(x + 0.5, y + 0.5, f"{page}\n{who}", ha="center", va="center", fontsize=7,
+                      color="black" if used else "#555555")
+    ax_pages.set_xlim(0, cols)
+    ax_pages.set_ylim(-(-n_pages // cols), 0)
+    ax_pages.set_title(f"the cache in memory: {n_pages} pages of {page_size} tokens (hatched: shared)",
+                       fontsize=9)
+    for ax in (ax_table, ax_pages):
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+    ax_pages.set_xticks([])
+    ax_pages.set_yticks([])
+    return ax_table, ax_pages
 
 
 def ring_schedule(ax, world_size: int, layout: str = "contiguous", *, causal: bool = True, title: str = ""):
