@@ -172,6 +172,11 @@ def test_qkv_config_and_state_match_the_reference(rng):
         explorers.qkv_config(q, k, v, token=5)
 
 
+def _arch(chip):
+    from flashbook import runtime
+    return runtime.chip(chip).arch
+
+
 def test_sweep_config_holds_the_librarys_lookups():
     from flashbook import bench
 
@@ -189,8 +194,13 @@ def test_sweep_config_holds_the_librarys_lookups():
     for key, view in cfg["views"].items():
         d, bm, bn, w, s = map(int, key.split(","))
         state = bench.block_state(part, d, bm, bn, w, s, measured_arch="sm_90")
-        assert view == explorers.sweep_view(state)
-        assert view["fits"] == state.fits and view["rank"] == state.rank
+        assert view == explorers.sweep_view(state, "H200")
+        assert view["rank"] == state.rank
+        for chip, f in state.fits.items():   # the library's fits; "measured" only on the H200
+            shown = view["fits"][chip]
+            assert {k: shown[k] for k in ("bytes", "limit", "fits")} == {k: f[k] for k in ("bytes", "limit", "fits")}
+            assert shown["how"] == (f"measured on the H200 (same {_arch(chip)} code)"
+                                    if f["how"] == "measured" and chip != "H200" else f["how"])
         if view["status"] == "ok":
             assert view["tflops"] == state.tflops
     with pytest.raises(ValueError, match="start"):

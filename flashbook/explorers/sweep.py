@@ -21,15 +21,31 @@ def _finite(x):
     return x if math.isfinite(x) else None
 
 
-def sweep_view(state) -> dict:
-    """What the explorer shows for one ``bench.BlockState`` (JSON-ready)."""
+def labelled_fits(fits: dict, gpu: str = "") -> dict:
+    """``bench.block_fits``'s per-chip fits, with "measured" kept for the GPU that ran the
+    sweep (``gpu``, its name as the provenance records it). Other chips of its
+    architecture run the same compiled kernel, so they get its bytes, labelled as
+    measured on that GPU: nothing was run on them."""
+    ran_on = next((name for name in fits if gpu and name in gpu), None)
+    out = {}
+    for name, f in fits.items():
+        f = dict(f)
+        if f["how"] == "measured" and ran_on is not None and name != ran_on:
+            f["how"] = f"measured on the {ran_on} (same {runtime.chip(name).arch} code)"
+        out[name] = f
+    return out
+
+
+def sweep_view(state, gpu: str = "") -> dict:
+    """What the explorer shows for one ``bench.BlockState`` (JSON-ready); ``gpu`` is the
+    GPU that ran the sweep (see ``labelled_fits``)."""
     row = state.row or {}
     return {"found": state.row is not None, "status": row.get("status"),
-            "note": str(row.get("note") or "")[:120] if state.row is not None else "",
+            "note": str(row.get("note") or "") if state.row is not None else "",
             "tflops": _finite(row.get("fwd_tflops")), "rank": state.rank, "n_ran": state.n_ran,
             "regs": _finite(row.get("n_regs")), "spills": _finite(row.get("n_spills")),
             "shared_bytes": _finite(state.shared_bytes), "seq": state.seq,
-            "fits": {name: dict(f) for name, f in state.fits.items()}}
+            "fits": labelled_fits(state.fits, gpu)}
 
 
 def sweep_config(blocks, *, start: dict, measured_arch: str | None = None,
@@ -49,7 +65,7 @@ def sweep_config(blocks, *, start: dict, measured_arch: str | None = None,
                     for s in options["num_stages"]:
                         state = bench.block_state(blocks, d, bm, bn, w, s,
                                                   measured_arch=measured_arch)
-                        views[f"{d},{bm},{bn},{w},{s}"] = sweep_view(state)
+                        views[f"{d},{bm},{bn},{w},{s}"] = sweep_view(state, gpu)
         ranking[str(d)] = [[",".join(map(str, c)), t] for c, t in state.ranking]
     return {"options": options, "views": views, "ranking": ranking, "gpu": gpu,
             "chips": list(runtime.CHIPS),
