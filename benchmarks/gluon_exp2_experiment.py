@@ -4,7 +4,7 @@
 
 At d = 64 one exponential costs the special-function unit as long as the 256
 multiply-adds of its score and weight cost the tensor cores, so the softmax, not
-the matrix products, sets the pace. ``hopper.exp2_fma`` computes 2**x with a
+the matrix products, sets the pace. ``gluon_lab.exp2_fma`` computes 2**x with a
 polynomial on the FMA units instead (FlashAttention-4's trick); ``fma_share`` 2
 gives it half of every score tile, 4 a quarter, 0 none; the polynomial has degree 3
 or 4. This times the kernel's
@@ -20,7 +20,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton is imported)
-from flashbook.kernels.hopper import default_config, gluon_forward  # noqa: E402
+from flashbook.kernels.hopper import default_config  # noqa: E402
+from gluon_lab import gluon_forward  # noqa: E402  (beside this script: share 0 is the library's kernel)
 from hopper_fwd_experiment import run_tutorial_shapes  # noqa: E402  (beside this script)
 
 

@@ -4,7 +4,8 @@
 
 ``flashbook.kernels.hopper`` issues the next tile's Q K^T and the previous tile's
 P V as asynchronous warpgroup MMAs and runs the softmax while they compute, with K/V
-arriving by TMA into a ring of ``stages`` slots. This times it with key tiles of 64
+arriving by TMA into a ring of ``stages`` slots. This times its schedules and those of
+the lab (``gluon_lab.py``: "pingpong", "persistent") with key tiles of 64
 and 128 and rings of 2 and 3 slots at the tutorial comparison's shapes (batch 1,
 heads = 262144 / N, causal or not), each checked against the library's output and
 float64 on one head. Needs a Hopper GPU.
@@ -19,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton is imported)
-from flashbook.kernels.hopper import gluon_forward  # noqa: E402
+from gluon_lab import gluon_forward  # noqa: E402  (beside this script: the library's schedules and the lab's)
 from hopper_fwd_experiment import run_tutorial_shapes  # noqa: E402  (beside this script)
 
 #: (block_m, block_n, stages, schedule) of the Gluon kernel by head_dim: 128 rows are two warpgroups

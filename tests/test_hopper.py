@@ -1,14 +1,22 @@
-"""The Gluon kernel's input checks (``flashbook.kernels.hopper``), on any machine.
+"""The Gluon kernel's input checks (``flashbook.kernels.hopper``), on any machine, and
+its lab's (``benchmarks/gluon_lab.py``: the variants chapter 10 measured slower).
 
 Each wrong input gets an error that names the argument and what was expected,
-before anything is launched; the kernel itself runs in ``test_hopper_gpu.py``.
+before anything is launched; both compile for sm_90 here, and the kernels themselves
+run in ``test_hopper_gpu.py``.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
+from conftest import ROOT, benchmark_script
 from flashbook.kernels import hopper
+
+lab = benchmark_script("gluon_lab")
+LAB = os.path.join(ROOT, "benchmarks", "gluon_lab.py")
 
 
 def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
@@ -33,6 +41,18 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
     (dict(n_q=320), dict(block_m=192, schedule="overlap"), ValueError, "schedule='overlap' takes block_m 64 or 128"),
     ({}, dict(block_m=64, schedule="producer"), ValueError, "schedule='producer' takes block_m 128 or 192"),
     ({}, dict(schedule="fast"), ValueError, "schedule must be one of"),
+    ({}, dict(schedule="pingpong"), ValueError, "schedule must be one of ('overlap', 'producer'), got 'pingpong'"),
+])
+def test_bad_input_is_named(change, kwargs, error, words):
+    q, k, v = qkv(**change)
+    with pytest.raises(error) as info:
+        hopper.gluon_forward(q, k, v, **kwargs)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("change,kwargs,error,words", [
+    ({}, dict(schedule="fast"), ValueError,
+     "schedule must be one of ('overlap', 'producer', 'pingpong', 'persistent')"),
     ({}, dict(schedule="pingpong", block_m=64), ValueError, "block_m must be 128"),
     ({}, dict(fma_share=3), ValueError, "fma_share must be one of (0, 2, 4), got 3"),
     ({}, dict(fma_share=False), TypeError, "fma_share must be one of (0, 2, 4), got False"),
@@ -41,11 +61,17 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
     ({}, dict(programs=4), ValueError, "schedule='producer' launches one per query tile"),
     ({}, dict(schedule="persistent", block_m=64, programs=0), ValueError, "programs must be a positive int"),
     ({}, dict(schedule="persistent", block_m=64, programs=2.0), ValueError, "programs must be a positive int"),
+    # then the library's checks, with the limits of the schedule each variant builds on
+    ({}, dict(schedule="pingpong", block_m=128, block_n=32), ValueError, "block_n must be one of (64, 128), got 32"),
+    (dict(n_q=128), dict(schedule="persistent", block_m=128, block_n=64, stages=5), ValueError,
+     "stages must be one of"),
+    (dict(n_q=200), dict(fma_share=2), ValueError, "seq_q a multiple of 64"),
+    (dict(d=80), dict(schedule="persistent", block_m=64), ValueError, "head_dim must be one of (64, 128)"),
 ])
-def test_bad_input_is_named(change, kwargs, error, words):
+def test_lab_bad_input_is_named(change, kwargs, error, words):
     q, k, v = qkv(**change)
     with pytest.raises(error) as info:
-        hopper.gluon_forward(q, k, v, **kwargs)
+        lab.gluon_forward(q, k, v, **kwargs)
     assert words in str(info.value)
 
 
@@ -68,13 +94,18 @@ def test_good_input_off_hopper_says_where_it_runs():
         hopper.gluon_forward(q, k, v)
     with pytest.raises((ValueError, RuntimeError), match="flash_attention"):
         hopper.gluon_attention(q, k, v, causal=True)
+    for kwargs in (dict(schedule="persistent", block_m=64), dict(schedule="pingpong", block_m=128),
+                   dict(fma_share=2), {}):
+        with pytest.raises((ValueError, RuntimeError), match="flash_attention"):
+            lab.gluon_forward(q, k, v, **kwargs)
     assert hopper.available() is False
 
 
 def test_without_gluon_the_module_imports_and_says_so(monkeypatch):
     """An older Triton (no ``triton.experimental.gluon``): the chapter can still show the
-    kernel's source, and a call says what is missing and what to use instead."""
+    kernel's source and the lab's, and a call says what is missing and what to use instead."""
     import importlib
+    import inspect
     import sys
 
     before = hopper.HAS_GLUON
@@ -84,21 +115,27 @@ def test_without_gluon_the_module_imports_and_says_so(monkeypatch):
     try:
         plain = importlib.reload(hopper)
         assert plain.HAS_GLUON is False and plain.available() is False
-        assert callable(plain.attend_tiles) and "warpgroup_mma" in __import__("inspect").getsource(plain.attend_tiles)
+        assert callable(plain.attend_tiles) and "warpgroup_mma" in inspect.getsource(plain.attend_tiles)
         q, k, v = qkv()
         with pytest.raises(RuntimeError, match="needs Triton's Gluon.*flash_attention"):
             plain.gluon_forward(q, k, v)
+        plain_lab = importlib.reload(lab)
+        assert "take_turn" in inspect.getsource(plain_lab.attend_tiles)
+        assert "ROUNDER" in inspect.getsource(plain_lab.exp2_fma) and callable(plain_lab.refill)
+        with pytest.raises(RuntimeError, match="needs Triton's Gluon.*flash_attention"):
+            plain_lab.gluon_forward(q, k, v, schedule="persistent", block_m=64)
     finally:
         monkeypatch.undo()
         importlib.reload(hopper)
-    assert hopper.HAS_GLUON is before
+        importlib.reload(lab)
+    assert hopper.HAS_GLUON is before and lab.HAS_GLUON is before
 
 
 def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
     """Every configuration the library launches by default, and each schedule, compiled for
     sm_90 here (no GPU needed): it fits an H100/H200's shared memory and uses what the
     chapter says it uses: warpgroup products, TMA copies, and for the warp-specialised
-    schedules the register reallocation (setmaxnreg)."""
+    schedule the register reallocation (setmaxnreg)."""
     from flashbook import runtime
     from flashbook.kernels import targets
 
@@ -108,12 +145,10 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
             for causal in (False, True):
                 jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=head_dim, dtype=dtype, causal=causal,
                                  schedule=schedule, config=[block_m, block_n, 4, stages]))
-    for block_m, block_n, stages, schedule in ((128, 128, 3, "pingpong"), (128, 128, 3, "overlap"),
-                                               (64, 64, 3, "overlap"), (128, 64, 4, "producer"), hopper.SHORT_DEFAULT):
+    for block_m, block_n, stages, schedule in ((128, 128, 3, "overlap"), (64, 64, 3, "overlap"),
+                                               (128, 64, 4, "producer"), hopper.SHORT_DEFAULT):
         jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True,
                          schedule=schedule, config=[block_m, block_n, 4, stages]))
-    jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=64, dtype="fp16", causal=True,
-                     schedule="persistent", config=[64, 128, 4, 2]))
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
     limit = runtime.chip("H200").smem_per_block_bytes
@@ -122,28 +157,52 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
         assert r["error"] is None, f"{what}: {r['error'][:600]}"
         assert 0 < r["shared"] <= limit, f"{what}: shared {r['shared']} B, limit {limit} B"
         assert r["tensor_core_ops"] > 0 and r["tma_copies"] > 0, what
-        assert (r["register_moves"] > 0) == (r["schedule"] in ("producer", "pingpong")), what
-        if r["schedule"] == "persistent":   # capped so that three 4-warp programs share an SM's registers...
-            h200 = runtime.chip("H200")
-            assert r["register_cap"] == hopper.PERSISTENT_REGS, what
-            assert 3 * 128 * r["register_cap"] * 4 <= h200.regs_per_sm_kib * 1024, what   # 4-byte registers
-            assert 3 * (r["shared"] + 1024) <= h200.smem_per_sm_kib * 1024, what   # ...and its shared memory
+        assert (r["register_moves"] > 0) == (r["schedule"] == "producer"), what
+
+
+def test_lab_schedules_compile_for_sm90_and_fit(request):
+    """The lab's schedules compiled for sm_90 (``benchmarks/gluon_lab.py`` compiles them as
+    ``targets`` does the library's): ping-pong moves registers as the producer schedule
+    does, and the persistent schedule's 64-row programs are capped so that three share an SM."""
+    from flashbook import runtime
+    from flashbook.kernels import targets
+
+    jobs = [dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True, schedule="pingpong",
+                 config=[128, 128, 4, 3]),
+            dict(kernel="gluon_forward", cc=90, head_dim=64, dtype="fp16", causal=True, schedule="persistent",
+                 config=[64, 128, 4, 2]),
+            dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="bf16", causal=False, schedule="persistent",
+                 config=[128, 64, 4, 2])]
+    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+    results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900, script=LAB)
+    h200 = runtime.chip("H200")
+    for r in results:
+        what = f"{r['schedule']} d={r['head_dim']} {r['dtype']} causal={r['causal']} config={r['config']}"
+        assert r["error"] is None, f"{what}: {r['error'][:600]}"
+        assert 0 < r["shared"] <= h200.smem_per_block_bytes, what
+        assert r["tensor_core_ops"] > 0 and r["tma_copies"] > 0, what
+        assert (r["register_moves"] > 0) == (r["schedule"] == "pingpong"), what
+    persistent = results[1]   # capped so that three 4-warp programs share an SM's registers...
+    assert persistent["register_cap"] == lab.PERSISTENT_REGS, persistent
+    assert 3 * 128 * persistent["register_cap"] * 4 <= h200.regs_per_sm_kib * 1024   # 4-byte registers
+    assert 3 * (persistent["shared"] + 1024) <= h200.smem_per_sm_kib * 1024   # ...and its shared memory
+    assert results[2]["register_cap"] is None   # two warpgroups: one program per SM anyway
 
 
 def test_fma_shares_move_exponentials_and_no_data(request):
-    """``fma_share`` compiled for sm_90: the special-function unit's exp2 instructions fall
+    """The lab's ``fma_share`` compiled for sm_90: the special-function unit's exp2 instructions fall
     by the share (a half, a quarter), and the split of each score tile moves no data
     through shared memory (the columns it hands over are the same thread's registers)."""
     from flashbook.kernels import targets
 
     jobs = [dict(kernel="gluon_forward", cc=90, head_dim=64, dtype="fp16", causal=False, schedule="overlap",
-                 config=[64, 128, 4, 2], fma_share=share, degree=degree)
+                 config=[64, 128, 4, 2], options=dict(fma_share=share, degree=degree))
             for share, degree in ((0, 4), (2, 4), (4, 4), (4, 3))]
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
-    results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
+    results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900, script=LAB)
     for r in results:
         assert r["error"] is None, r["error"][:600]
-    plain = results[0]
+    plain = results[0]   # share 0: the library's own kernel
     assert plain["exponentials"] > 0
     for r in results[1:]:
         assert r["shared_accesses"] == plain["shared_accesses"], r
@@ -156,22 +215,22 @@ def test_fma_shares_move_exponentials_and_no_data(request):
 
 
 def test_exp2_polynomial_is_exact_at_zero_and_within_its_stated_error():
-    """The polynomial behind ``exp2_fma``: 2**0 = 1 exactly (the row's largest score keeps
+    """The polynomial behind the lab's ``exp2_fma``: 2**0 = 1 exactly (the row's largest score keeps
     weight 1), and its relative error on [-1/2, 1/2], measured independently on random points
     in float64, stays within ``exp2_fma_error`` and below float16's half-ulp."""
     import numpy as np
 
     rng = np.random.default_rng()
     f = rng.uniform(-0.5, 0.5, 200_000)
-    for degree in hopper.EXP2_DEGREES:
-        coeffs = hopper.exp2_polynomial(degree)
+    for degree in lab.EXP2_DEGREES:
+        coeffs = lab.exp2_polynomial(degree)
         assert len(coeffs) == degree
         value = 1.0 + sum(c * f ** (i + 1) for i, c in enumerate(coeffs))
         err = np.abs(value / 2.0 ** f - 1.0).max()
-        assert err <= hopper.exp2_fma_error(degree) * (1 + 1e-6)   # the grid may miss the peak by 1e-10
-        assert hopper.exp2_fma_error(degree) < float(torch.finfo(torch.float16).eps) / 2
+        assert err <= lab.exp2_fma_error(degree) * (1 + 1e-6)   # the grid may miss the peak by 1e-10
+        assert lab.exp2_fma_error(degree) < float(torch.finfo(torch.float16).eps) / 2
     # each degree more buys at least an order of magnitude
-    assert hopper.exp2_fma_error(4) < hopper.exp2_fma_error(3) / 10
+    assert lab.exp2_fma_error(4) < lab.exp2_fma_error(3) / 10
 
 
 def test_default_configuration_follows_head_dim_length_and_mask():

@@ -1,12 +1,13 @@
-"""Chapter 10's Gluon kernel (``flashbook.kernels.hopper``) on a Hopper GPU: ``pytest -m gpu``.
+"""Chapter 10's Gluon kernel (``flashbook.kernels.hopper``) and its lab's variants
+(``benchmarks/gluon_lab.py``) on a Hopper GPU: ``pytest -m gpu``.
 
 Every case runs forward and backward (the backward is chapter 8's, from the o and lse
 the Gluon kernel saved) against the float64 truth, with the book's yardstick: at most
 twice the error of plain PyTorch attention computed in the input dtype. Shapes cover
 batch > 1, GQA and MQA, seq_q != seq_k (causal, diagonal bottom-right), both head dims,
-both key tiles, ring depths of 2 to 4, each schedule (``hopper.SCHEDULES``) with one to three
-warpgroups per program, sequence lengths that are not whole tiles, float16 and bfloat16, with
-fresh random inputs.
+both key tiles, ring depths of 2 to 4, each schedule (the library's ``hopper.SCHEDULES`` and the
+lab's ``gluon_lab.SCHEDULES``) with one to three warpgroups per program, sequence lengths that are
+not whole tiles, float16 and bfloat16, with fresh random inputs; the lab's FMA exponentials too.
 """
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import benchmark_script
 from flashbook import reference
 from flashbook.kernels import checks, hopper
+
+lab = benchmark_script("gluon_lab")
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not hopper.available(), reason="needs a Hopper GPU and Triton's Gluon")]
@@ -35,7 +39,7 @@ CASES = {
     "ragged-mqa-causal-d128": (1, 2, 1, 320, 384, 128, True),
 }
 #: (block_m, block_n, stages, schedule): every schedule, both key tiles, ring depths 2 to 4,
-#: one to three warpgroups per program (one: the overlap schedule only)
+#: one to three warpgroups per program (one: the overlap schedule only); "pingpong" is the lab's
 CONFIGS = [(64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (128, 128, 3, "overlap"), (128, 64, 4, "overlap"),
            (128, 128, 2, "producer"), (128, 64, 3, "producer"), (128, 128, 3, "pingpong"), (128, 64, 2, "pingpong"),
            (192, 128, 4, "producer"), (192, 64, 3, "producer")]
@@ -79,8 +83,8 @@ def test_gluon_against_float64(case, config, dtype):
     block_m, block_n, stages, schedule = config
     seed, (q, k, v, do) = random_inputs(case, dtype)
     causal, d = CASES[case][6], CASES[case][5]
-    o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
-                                  schedule=schedule)
+    forward = hopper.gluon_forward if schedule in hopper.SCHEDULES else lab.gluon_forward
+    o, lse = forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages, schedule=schedule)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     o_ag = hopper.gluon_attention(*leaves, causal=causal)
     o_ag.backward(do)
@@ -102,21 +106,21 @@ def test_gluon_against_float64(case, config, dtype):
 @pytest.mark.parametrize("block_m,block_n,stages,schedule", [(64, 128, 2, "overlap"), (128, 128, 3, "producer")])
 @pytest.mark.parametrize("case", list(CASES)[:5])
 def test_fma_exponentials_against_float64(case, block_m, block_n, stages, schedule, fma_share, degree, dtype):
-    """Part of the exponentials on the FMA units (``hopper.exp2_fma``): the output stays
+    """Part of the exponentials on the FMA units (the lab's ``exp2_fma``): the output stays
     within the yardstick, and lse within the polynomial's relative error of the truth."""
     seed, (q, k, v, do) = random_inputs(case, dtype)
     causal, d = CASES[case][6], CASES[case][5]
-    o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
-                                  schedule=schedule, fma_share=fma_share, degree=degree)
+    o, lse = lab.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
+                               schedule=schedule, fma_share=fma_share, degree=degree)
     want = checks.reference_grads(q, k, v, do, causal=causal)[0]
     yardstick = checks.torch_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal=causal, dtype=dtype)[0]
     problem = checks.within_twice_yardstick("o", o.cpu(), want, yardstick, head_dim=d)
     assert not problem, f"seed {seed}: {problem}"
     # each weight is off by at most the polynomial's relative error, so each row sum and lse too
-    check_lse(lse, q, k, causal, atol=1e-4 + hopper.exp2_fma_error(degree))
+    check_lse(lse, q, k, causal, atol=1e-4 + lab.exp2_fma_error(degree))
 
 
-#: the persistent schedule's configurations: both key tiles, ring depths 2 to 4, one and two warpgroups
+#: the lab's persistent schedule's configurations: both key tiles, ring depths 2 to 4, one and two warpgroups
 PERSISTENT = [(64, 128, 2), (64, 64, 3), (64, 64, 4), (128, 64, 2)]
 PERSISTENT_PAIRS = [(case, config) for case in CASES for config in PERSISTENT if runs(case, config)]
 
@@ -133,8 +137,8 @@ def test_persistent_walks_every_tile(case, config, programs, dtype):
     block_m, block_n, stages = config
     seed, (q, k, v, do) = random_inputs(case, dtype)
     causal, d = CASES[case][6], CASES[case][5]
-    o, lse = hopper.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
-                                  schedule="persistent", programs=programs)
+    o, lse = lab.gluon_forward(q, k, v, causal=causal, block_m=block_m, block_n=block_n, stages=stages,
+                               schedule="persistent", programs=programs)
     want = checks.reference_grads(q, k, v, do, causal=causal)[0]
     yardstick = checks.torch_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal=causal, dtype=dtype)[0]
     problem = checks.within_twice_yardstick("o", o.cpu(), want, yardstick, head_dim=d)

@@ -118,19 +118,21 @@ def plan(kernels=configs.KERNELS, archs=ARCHS, head_dims=configs.BLOCK_DS, dtype
     return jobs
 
 
-def run_job(job: dict) -> dict:
-    """Compile one job from ``plan``; report shared memory (bytes) and registers if known."""
+def run_job(job: dict, compile_gluon=None) -> dict:
+    """Compile one job from ``plan``; report shared memory (bytes) and registers if known.
+
+    ``compile_gluon`` compiles the "gluon_forward" jobs (by default ``hopper.compile_for``;
+    benchmarks/gluon_lab.py passes its own), with the job's ``options`` as keywords."""
     config = Config(*job["config"])
     out = dict(job)
     try:
         if job["kernel"] == "gluon_forward":   # chapter 10's Gluon kernel (hopper.py): config = [m, n, warps, stages]
-            from . import hopper
+            if compile_gluon is None:
+                from .hopper import compile_for as compile_gluon
 
-            compiled = hopper.compile_for(job["cc"], head_dim=job["head_dim"], block_m=config.block_m,
-                                          block_n=config.block_n, stages=config.num_stages,
-                                          schedule=job["schedule"], causal=job.get("causal", True),
-                                          dtype=job["dtype"], fma_share=job.get("fma_share", 0),
-                                          degree=job.get("degree", 4))
+            compiled = compile_gluon(job["cc"], head_dim=job["head_dim"], block_m=config.block_m,
+                                     block_n=config.block_n, stages=config.num_stages, schedule=job["schedule"],
+                                     causal=job.get("causal", True), dtype=job["dtype"], **job.get("options", {}))
         else:
             compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
                                       dtype=job["dtype"], causal=job.get("causal", True),
@@ -159,11 +161,13 @@ def run_job(job: dict) -> dict:
 
 
 def compile_elsewhere(jobs: list[dict], *, workers: int = 1, cache_dir: str | None = None,
-                      timeout: float = 1800) -> list[dict]:
+                      timeout: float = 1800, script: str | None = None) -> list[dict]:
     """Run ``run_job`` for each job in a fresh Python process with TRITON_INTERPRET=0.
 
     ``cache_dir`` becomes Triton's cache (TRITON_CACHE_DIR): a second call with the
-    same jobs then takes seconds. Returns ``run_job``'s results, in order.
+    same jobs then takes seconds. ``script``: a Python file that reads the jobs as
+    ``main`` does (benchmarks/gluon_lab.py, for its kernels) instead of this module.
+    Returns ``run_job``'s results, in order.
     """
     import os
     import subprocess
@@ -176,7 +180,8 @@ def compile_elsewhere(jobs: list[dict], *, workers: int = 1, cache_dir: str | No
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.json")
         proc = subprocess.run(
-            [sys.executable, "-m", "flashbook.kernels.targets", "--workers", str(workers), "--out", out],
+            [sys.executable, *([script] if script else ["-m", "flashbook.kernels.targets"]), "--workers", str(workers),
+             "--out", out],
             input=json.dumps(jobs), text=True, capture_output=True, env=env, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"compilation process failed ({proc.returncode}):\n"
@@ -185,11 +190,12 @@ def compile_elsewhere(jobs: list[dict], *, workers: int = 1, cache_dir: str | No
             return json.load(f)
 
 
-def main(argv=None) -> int:
+def main(argv=None, run=run_job) -> int:
     """``python -m flashbook.kernels.targets [--workers N] [--all] [--out FILE]``.
 
     Reads compile jobs (a JSON list of dicts like ``plan()``'s) on stdin, or takes
     the whole ``plan()`` with ``--all``, and writes the results as JSON on stdout.
+    ``run`` compiles one job (``run_job``, or a script's own: ``compile_elsewhere``).
     """
     import argparse
     import os
@@ -206,9 +212,9 @@ def main(argv=None) -> int:
     jobs = plan() if args.all else json.load(sys.stdin)
     if args.workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(args.workers) as pool:
-            results = list(pool.map(run_job, jobs))
+            results = list(pool.map(run, jobs))
     else:
-        results = [run_job(job) for job in jobs]
+        results = [run(job) for job in jobs]
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f)
