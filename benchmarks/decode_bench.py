@@ -9,6 +9,8 @@ and cache lengths N = 1K, 2K, ..., 128K. Every implementation gets the same
 fresh standard-normal q and cache and is timed as
 
 * ``flash_decode``: this book's split-K kernel, the split count its own choice;
+* ``flash_decode-paged``: the same call on the same cache cut into shuffled pages of
+  ``PAGE_SIZE`` tokens (``decode.paginate``, not timed) read through ``block_table``;
 * ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math``: torch's
   ``scaled_dot_product_attention`` held to one backend, with ``enable_gqa=True``
   where the backend takes it, else with K/V repeated to 32 heads beforehand (the
