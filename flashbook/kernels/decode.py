@@ -53,7 +53,8 @@ from .. import runtime
 from ..validation import check_choice, check_count, check_flag
 from .autograd import LOG2E, check_inputs, check_shapes, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
-from .forward import MAIN, MASKED, attend, for_lengths, load_tile, normalised_rows, shifted_scores
+from .forward import (MAIN, MASKED, attend, fold_values, for_lengths, load_tile, normalised_rows,
+                      shifted_scores)
 
 MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
 MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
@@ -65,31 +66,6 @@ PAGED_EXTRA_STAGES = 2   # the page indices take pipeline stages of their own (d
 # ------------------------------------------------------------------ the kernels
 
 @triton.jit
-def _page_rows(head, table, cols, stride_p, stride_n, seq_k, offs_d, HEAD_DIM: tl.constexpr,
-               PAGE_SIZE: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """The rows of keys (or values) at absolute positions ``cols`` of a paged cache:
-    position n lives in row n % PAGE_SIZE of page ``table[n // PAGE_SIZE]``. A gather,
-    one page index per row, so a tile may span pages. Rows at or past seq_k (only in
-    the masked stage) read as 0 and read no page index."""
-    in_seq = cols < seq_k
-    if MASK_ROWS:
-        page = tl.load(table + cols // PAGE_SIZE, mask=in_seq, other=0)
-    else:
-        page = tl.load(table + cols // PAGE_SIZE)
-    offsets = page.to(tl.int64) * stride_p + (cols % PAGE_SIZE) * stride_n
-    ptrs = head + offsets[:, None] + offs_d[None, :]
-    if MASK_ROWS and MASK_COLS:
-        x = tl.load(ptrs, mask=in_seq[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    elif MASK_ROWS:
-        x = tl.load(ptrs, mask=in_seq[:, None], other=0.0)
-    elif MASK_COLS:
-        x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    else:
-        x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
 def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, stride_vp, stride_kn, stride_vn,
                  rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale, PAGE_SIZE: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
@@ -97,26 +73,31 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
     """``_fwd_inner`` over a paged cache: key tiles [lo, hi) of a sequence whose
     positions [p * PAGE_SIZE, (p + 1) * PAGE_SIZE) live in physical page ``table[p]``.
 
-    The same online-softmax step as ``_fwd_inner`` (``shifted_scores``, exp2, the
-    rescale), in one flat loop over key tiles whose rows are gathered page by page
-    (``_page_rows``): the page indices are loads of the loop like K and V, so Triton
-    pipelines all three across page boundaries, and a tile of BLOCK_N keys may span
-    several small pages. (A loop over pages around a loop over a page's tiles has an
-    inner loop of one tile at 64-token pages, which is not pipelined: 1.0-1.3x the
-    dense cache's time, benchmarks/results/decode_paged_h200.)"""
+    The same loop and the same online-softmax step as ``_fwd_inner``; only the tiles'
+    rows are gathered: key position n is row n % PAGE_SIZE of page table[n // PAGE_SIZE],
+    so each row of a tile gets its own address (a pointer per row, passed to
+    ``load_tile`` with a row stride of 0), and a tile of BLOCK_N keys may span several
+    small pages. The page indices are loads of the loop like K and V, so Triton pipelines
+    all three across page boundaries. (A loop over pages around a loop over a page's
+    tiles has an inner loop of one tile at 64-token pages, which is not pipelined: 1.0-1.3x
+    the dense cache's time, benchmarks/results/decode_paged_h200.)"""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = _page_rows(k_head, table, cols, stride_kp, stride_kn, seq_k, offs_d, HEAD_DIM, PAGE_SIZE,
-                       STAGE == MASKED, not EVEN_D)
+        if STAGE == MASKED:   # positions past the sequence read no page index (and load 0)
+            page = tl.load(table + cols // PAGE_SIZE, mask=cols < seq_k, other=0).to(tl.int64)
+        else:
+            page = tl.load(table + cols // PAGE_SIZE).to(tl.int64)
+        slot = cols % PAGE_SIZE
+        k_rows = k_head + (page * stride_kp + slot * stride_kn)[:, None]
+        k = load_tile(k_rows, cols, 0, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
         p = tl.exp2(qk)
         alpha = tl.exp2(row_max - new_max)
-        row_sum = row_sum * alpha + tl.sum(p, 1)
-        v = _page_rows(v_head, table, cols, stride_vp, stride_vn, seq_k, offs_d, HEAD_DIM, PAGE_SIZE,
-                       STAGE == MASKED, not EVEN_D)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        v_rows = v_head + (page * stride_vp + slot * stride_vn)[:, None]
+        acc, row_sum = fold_values(acc, row_sum, p, alpha, v_rows, cols, 0, seq_k, offs_d,
+                                   HEAD_DIM, STAGE == MASKED, EVEN_D, DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
 
