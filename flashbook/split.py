@@ -31,19 +31,20 @@ from .validation import check_count, check_flag
 
 def split_bounds(n_k: int, num_splits: int) -> list[range]:
     """The key range of each split: ``num_splits`` contiguous ranges of
-    ``ceil(n_k / num_splits)`` keys, the last ones shorter or empty."""
-    n_k, num_splits = check_count(n_k, "n_k", 0), check_count(num_splits, "num_splits")
-    size = max(1, -(-n_k // num_splits))
-    return [range(min(s * size, n_k), min((s + 1) * size, n_k)) for s in range(num_splits)]
+    ``ceil(n_k / num_splits)`` keys, the last ones shorter or empty (``tile_split_bounds``
+    with tiles of one key)."""
+    return tile_split_bounds(n_k, num_splits, 1)
 
 
 def tile_split_bounds(n_k: int, num_splits: int, block: int) -> list[range]:
-    """The key range of each split as ``flash_decode``'s kernel cuts them: like
-    ``split_bounds``, but each split's length rounded up to whole key tiles of ``block``
-    keys, so that only a sequence's last tile is ragged (some last splits may be empty)."""
+    """The key range of each split as ``flash_decode``'s kernel cuts them: ``num_splits``
+    contiguous ranges of ``ceil(n_k / num_splits)`` keys rounded up to whole key tiles of
+    ``block`` keys, so that only a sequence's last tile is ragged (some last splits may be
+    empty)."""
     n_k, num_splits, block = (check_count(n_k, "n_k", 0), check_count(num_splits, "num_splits"),
                               check_count(block, "block"))
-    size = -(-(-(-n_k // num_splits)) // block) * block
+    per_split = -(-n_k // num_splits)          # ceil(n_k / num_splits)
+    size = -(-per_split // block) * block      # rounded up to whole tiles
     return [range(min(s * size, n_k), min((s + 1) * size, n_k)) for s in range(num_splits)]
 
 
