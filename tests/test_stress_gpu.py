@@ -27,9 +27,17 @@ pytestmark = [pytest.mark.gpu,
 
 RUNS = int(os.environ.get("FLASHBOOK_STRESS_RUNS", "60"))
 
-# Under `pytest -n auto` each worker is one process on the one GPU; the host-side work per run
-# is small, and a CPU thread pool per worker (16 x 16 threads on 16 cores) only oversubscribes.
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True, scope="module")
+def one_cpu_thread():
+    """Under `pytest -n auto` each worker is one process on the one GPU; the host-side work
+    per run is small, and a CPU thread pool per worker (16 x 16 threads on 16 cores) only
+    oversubscribes. Set for this module's tests alone (they run only on a GPU), not at
+    import, where it would also hold every other test collected in the same process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _kernels():
