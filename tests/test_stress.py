@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashbook import runtime
-from flashbook.kernels import autograd, stress
+from flashbook.kernels import autograd, checks, stress
 
 DEVICE = runtime.device()
 
@@ -78,3 +78,22 @@ def test_interpreter_decode_few_seeds(n_new, page_size):
                                 page_size=page_size)
     result = stress.run_class(f"decode-{n_new}", cases, DEVICE, first_seed=n_new)
     assert result.passed, stress.report(result)
+
+
+def test_a_key_seen_alone_lets_dk_sum_the_roundings_of_an_exact_zero():
+    """One key, no mask: P = 1 in every row, so dK = 0 exactly, while the kernel's dS is
+    dP (a dot product) minus delta (a row sum in another order): a few float32 ulps per
+    row, summed over the rows of a KV head. The floor counts those rows, no more."""
+    full = stress.Case("attention", 2, 8, 2, 64, 1, 80, False, "fp32")
+    assert stress.alone_rows(full) == 4 * 64
+    assert stress.alone_rows(stress.Case("attention", 2, 8, 2, 64, 1, 80, True, "fp32")) == 4
+    assert stress.alone_rows(stress.Case("attention", 2, 8, 8, 17, 17, 80, False, "fp32")) == 1
+    for seed in range(3):
+        assert stress.run_case(full, seed, DEVICE) == []
+    zero = torch.zeros(2, 2, 1, 80, dtype=torch.float64)
+    floor = 8 * torch.finfo(torch.float32).eps * (80 * 256) ** 0.5     # 1.36e-4
+    near, off = (zero + 0.5 * floor).float(), (zero + 1.5 * floor).float()
+    assert checks.within_twice_yardstick("dk", near, zero, zero, head_dim=80, terms=256) is None
+    assert "dk: max error" in checks.within_twice_yardstick("dk", off, zero, zero, head_dim=80, terms=256)
+    assert "dk: max error" in checks.within_twice_yardstick("dk", near, zero, zero, head_dim=80)
+

@@ -49,19 +49,56 @@ def _kernels():
 CLASSES = stress.all_classes(_kernels() if runtime.device() == "cuda" else ("attention", "decode"), RUNS)
 
 
-def _group(cases) -> str:
-    """One xdist group per kernel, dtype and mask (``pytest -n auto --dist loadgroup``): the
-    mask is a compile-time constant, so each of the 16 groups compiles kernels of its own
-    rather than the ones its neighbours compile at the same time. On the H200 the suite
-    is bound by compilation (a class took 0.3 to 100 s), so it wants one CPU per group."""
+def _family(cases) -> str:
+    """Classes that compile the same kernels: one kernel, dtype and mask (the mask is a
+    compile-time constant); float32 attention also by head_dim, as its IEEE dot products
+    compile slowest (100 to 220 s for the first class of a head_dim on the H200's host)."""
     case = cases[0]
-    group = f"{case.kernel}-{case.dtype}-{'causal' if case.causal else 'full'}"
-    # float32 compiles slowly (IEEE dot products): one group per head_dim spreads it out
-    return group + (f"-d{case.head_dim}" if case.dtype == "fp32" and case.kernel == "attention" else "")
+    family = f"{case.kernel}-{case.dtype}-{'causal' if case.causal else 'full'}"
+    return family + (f"-d{case.head_dim}" if case.dtype == "fp32" and case.kernel == "attention" else "")
 
 
-@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.xdist_group(_group(cases)), id=name)
-                                   for i, (name, cases) in enumerate(CLASSES)])
+def _cost_s(cases) -> float:
+    """A class's seconds on the H200 suite (the per-class test times of the run of
+    benchmarks/results/stress_h200/7_*: float32 attention by head_dim, then by kernel)."""
+    case = cases[0]
+    if case.kernel == "attention" and case.dtype == "fp32":
+        return {16: 12, 64: 70, 80: 95, 128: 95}.get(case.head_dim, 150)
+    return {("decode", "fp32"): 50, ("decode", "fp16"): 17, ("decode", "bf16"): 17,
+            ("gluon", "fp16"): 7, ("gluon", "bf16"): 7}.get((case.kernel, case.dtype), 12)
+
+
+def _bins(classes, workers: int) -> dict[str, str]:
+    """Each compile family's xdist group: one of ``workers`` bins, packed slowest family
+    first onto the least loaded bin, a family of more than ~200 s cut in two first.
+    xdist (``--dist loadgroup``) runs a group on one worker and hands each worker two
+    groups at the start, so one group per worker, balanced, is what finishes soonest: by
+    family alone (23 groups on 16 workers), the slow float32 groups queued behind others
+    and the suite took 476 s where its tests summed to 3,967 s."""
+    families: dict[str, list[int]] = {}
+    for i, (_, cases) in enumerate(classes):
+        families.setdefault(_family(cases), []).append(i)
+    units = []
+    for family, members in families.items():
+        cost = sum(_cost_s(classes[i][1]) for i in members)
+        parts = 2 if cost > 200 and len(members) > 1 else 1
+        units += [(cost / parts, f"{family}/{p}", members[p::parts]) for p in range(parts)]
+    load, where = [0.0] * max(1, workers), {}
+    for cost, unit, members in sorted(units, key=lambda u: -u[0]):
+        b = load.index(min(load))
+        load[b] += cost
+        where.update({classes[i][0]: f"bin{b:02d}" for i in members})
+        where.setdefault(unit.split("/")[0], f"bin{b:02d}")
+    return where
+
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+BIN = _bins(CLASSES, WORKERS)
+
+
+@pytest.mark.parametrize("index", sorted(
+    (pytest.param(i, marks=pytest.mark.xdist_group(BIN[name]), id=name) for i, (name, _) in enumerate(CLASSES)),
+    key=lambda p: p.marks[0].args[0]))
 def test_class_many_seeds(index):
     name, cases = CLASSES[index]
     result = stress.run_class(name, cases, "cuda", first_seed=10_000 * index)
@@ -69,7 +106,7 @@ def test_class_many_seeds(index):
     assert result.passed, stress.report(result)
 
 
-@pytest.mark.xdist_group("attention-bf16-causal")
+@pytest.mark.xdist_group(BIN["attention-bf16-causal"])
 @pytest.mark.parametrize("group", [1, 4])
 def test_the_intermittent_dv_class_500_times_per_group(group):
     """bf16, head_dim 128, one query and one key, causal, 8 query heads: the class that once
