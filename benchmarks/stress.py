@@ -1,7 +1,7 @@
 """Correctness under repetition on a GPU: every shape class, many seeds, outputs poisoned.
 
     PYTHONPATH=. python3 benchmarks/stress.py --out DIR [--repro N] [--classes] [--runs R]
-                                              [--kernels attention,decode,gluon] [--subset K]
+                                              [--kernels attention,decode,gluon] [--subset K] [--repeat N]
 
 --repro N   the class of the intermittent dV (bf16, head_dim 128, seq_q = seq_k = 1, causal,
             batch 2, 8 query heads, GQA groups 1 and 4): N seeded runs per group, each
@@ -11,7 +11,9 @@
             named by --variants;
 --classes   every class of ``flashbook.kernels.stress`` for the kernels named, R runs each
             (fresh inputs, NaN-poisoned outputs, float64 references);
---subset K  only the first K cases of each class (for compute-sanitizer, which is slow).
+--subset K  only the first K cases of each class (for compute-sanitizer, which is slow);
+--repeat N  each case N times in a row with fresh inputs (the second call of a decode
+            signature takes ``flash_decode``'s short path: the compiled kernels' launchers).
 
 DIR/stress.json holds the counts, every failure with its seed, and the provenance.
 """
@@ -142,6 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=60)
     p.add_argument("--kernels", default="attention,decode,gluon")
     p.add_argument("--subset", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="classes: each case this many times in a row, fresh inputs (a decode call whose "
+                        "signature was seen takes flash_decode's short path)")
     p.add_argument("--launch-only", action="store_true",
                    help="classes: the kernels alone, no references (for compute-sanitizer)")
     p.add_argument("--specialised", type=int, default=0,
@@ -194,6 +199,7 @@ def main(argv=None) -> int:
         for name, cases in stress.all_classes(kernels, args.runs):
             if args.subset:
                 cases = cases[:args.subset]
+            cases = [case for case in cases for _ in range(args.repeat)]
             res = stress.run_class(name, cases, "cuda", first_seed=1000 * len(results), check=not args.launch_only)
             total += res.runs
             failed += len(res.failures)

@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashbook import reference, runtime
-from flashbook.kernels import checks, decode, flash_decode
+from flashbook.kernels import autograd, checks, decode, flash_decode
 from flashbook.kernels.decode import MAX_SPLITS, PAGE_SIZES, choose_num_splits, paginate
 
 DEVICE = runtime.device()
@@ -211,6 +211,64 @@ GPU_CASES = {  # (batch, heads, kv_heads, n_new, n_max, lengths, head_dim, causa
 @pytest.mark.parametrize("case", list(GPU_CASES))
 def test_gpu_realistic_sizes(case, dtype):
     run_case(*GPU_CASES[case], dtype)
+
+
+def test_a_call_signature_fixes_everything_the_checks_and_the_compiled_kernel_read(monkeypatch):
+    """The host's short path: a call whose signature matches an earlier call's skips the
+    checks and Triton's lookup. So the signature must differ wherever a check or Triton's
+    specialisation could answer differently, and be None (the checked path) where it
+    cannot be trusted."""
+    monkeypatch.setattr(decode.runtime, "INTERPRET", False)   # the short path is for GPUs; the key is not
+    q, k, v = (torch.randn(s) for s in ((2, 8, 1, 16), (2, 2, 40, 16), (2, 2, 40, 16)))
+    lengths = torch.tensor([40, 7], dtype=torch.int32)
+
+    def key(q=q, k=k, v=v, lengths=lengths, table=None, splits=None, causal=True, scale=None, check=False):
+        return decode._signature(q, k, v, lengths, table, splits, causal, scale, check)
+
+    base = key()
+    assert base is not None and key() == base and hash(key()) == hash(base)
+    assert key(lengths=torch.tensor([3, 3], dtype=torch.int32)) == base        # values are read on the GPU
+    buf = torch.randn(2 * 8 * 16 + 1)
+    shifted = buf[1:].view(2, 8, 1, 16)                     # 4 bytes off a 16-byte boundary
+    different = [key(q=q.half()), key(q=q.transpose(0, 1).contiguous().transpose(0, 1)), key(q=shifted),
+                 key(k=k[:, :, :39]), key(v=v.transpose(2, 3).contiguous().transpose(2, 3)),
+                 key(lengths=lengths.long()), key(lengths=None), key(splits=3), key(causal=False),
+                 key(scale=0.5), key(q=torch.nn.Parameter(q))]
+    assert all(d is not None and d != base for d in different)
+    assert len(set(different)) == len(different)
+    for trusted_not in (dict(check=True), dict(check=None), dict(causal=1), dict(splits=2.0),
+                        dict(scale=torch.tensor(0.5)), dict(scale=True), dict(q=q.numpy())):
+        assert key(**trusted_not) is None, trusted_not
+    monkeypatch.setattr(decode.runtime, "INTERPRET", True)
+    assert key() is None                                    # the interpreter always takes the checked path
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_short_path_gives_the_checked_paths_bits(paged):
+    """The second call of a signature launches from the compiled kernels' own launchers; it
+    must give bit for bit what Triton's launch gives, with fresh inputs and poisoned
+    outputs, and must still refuse what the checks refuse (a new signature)."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for seed in range(5):
+        q, k, v = (torch.randn(s, generator=gen, device="cuda").to(torch.bfloat16)
+                   for s in ((3, 32, 2, 128), (3, 8, 3000, 128), (3, 8, 3000, 128)))
+        lengths = torch.tensor([3000, 1, 1777], device="cuda", dtype=torch.int32)
+        kwargs = dict(cache_seqlens=lengths, num_splits=4)
+        if paged:
+            k, v, table = decode.paginate(k, v, 64, generator=torch.Generator().manual_seed(seed))
+            kwargs["block_table"] = table
+        decode._PLANS.clear()
+        with autograd.poisoned_outputs():
+            checked = flash_decode(q, k, v, **kwargs)      # Triton's launch; the plan is kept
+            assert len(decode._PLANS) == 1
+            plan = next(iter(decode._PLANS.values()))
+            assert plan.split.launcher is not None and plan.combine.launcher is not None
+            short = flash_decode(q, k, v, **kwargs)        # the compiled kernels' launchers
+        assert torch.equal(checked, short) and not short.isnan().any()
+    with pytest.raises(ValueError, match="cache_seqlens must have shape"):
+        flash_decode(q, k, v, **{**kwargs, "cache_seqlens": lengths[:2]})
 
 
 # ------------------------------------------------------------ the GPU benchmark's CPU-checkable part

@@ -27,6 +27,7 @@ twice the error of PyTorch's FlashAttention (SDPA flash backend) against float64
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Callable
 
@@ -190,13 +191,21 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
         if q.device.type != "cpu":
             raise ValueError(f"{qn}, {kn} and {vn} must be CPU tensors here (the kernels run in Triton's "
                              f"interpreter), got device {q.device}")
-        problem = runtime.interpreter_problem()
+        problem = _interpreter_problem()
         if problem:
             raise RuntimeError(problem)
         if q.dtype == torch.bfloat16:
             raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
                             "correctly; use float16 or float32 here, or run on a CUDA GPU")
     return resolve_scale(scale, head_dim)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_problem() -> str | None:
+    """``runtime.interpreter_problem()``, asked once: it reads the installed packages'
+    metadata (0.4 ms a call, more than a small kernel takes in the interpreter), and
+    what is installed does not change under a running process (its fix says to restart)."""
+    return runtime.interpreter_problem()
 
 
 def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:

@@ -395,6 +395,113 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
     Returns:
         o, (batch, heads, n_new, head_dim), q's dtype, contiguous.
     """
+    key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values)
+        if plan is None:   # nobody attending: an empty output, nothing launched
+            return torch.zeros_like(q)
+        if key is not None:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+
+
+# ------------------------------------------------------------------ the launch of a call signature
+
+MAX_PLANS = 1024   # call signatures remembered (a model has a few per layer); forgotten all at once past it
+_PLANS: dict = {}
+
+
+def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values):
+    """Everything the checks and the launch of a call depend on, as a dict key; None when
+    the call must take the checked path (a value check asked for, an argument that is
+    not a tensor, a scale that is not a plain number, or no GPU).
+
+    A call whose signature matches one that passed the checks would pass them again:
+    each property they read (types, shapes, strides, dtypes, devices, the flags) is in
+    the key, with what Triton specialises the compiled kernels on (16-byte alignment of
+    each pointer; the integers come from the shapes and strides) and the float32 dot
+    precision. The values in ``cache_seqlens`` and ``block_table`` are not: they are read
+    on the GPU, never by the host."""
+    if (check_values is not False or runtime.INTERPRET or (causal is not True and causal is not False)
+            or not (num_splits is None or type(num_splits) is int)
+            or not (scale is None or type(scale) is float or type(scale) is int)):
+        return None
+    try:
+        tensors = tuple((x.__class__, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0)
+                        if x is not None else None
+                        for x in (q, k_cache, v_cache, cache_seqlens, block_table))
+        return tensors + (num_splits, causal, scale, dot_precision(q.dtype))
+    except (AttributeError, TypeError):
+        return None
+
+
+class _Launch:
+    """One kernel launch of a call signature: the kernel as Triton specialises it for the
+    call, its grid, every argument but the tensors (whose places are ``slots``), and after
+    the first launch on a GPU, the compiled kernel's own launcher.
+
+    Triton's ``kernel[grid](...)`` binds the arguments and looks up the compiled kernel on
+    every call (about 45 us on the H200's host for the split kernel, ``benchmarks/
+    decode_host.py``); the compiled kernel's launcher takes the arguments as they are
+    (about 12 us). The signature (``_signature``) fixes what the lookup would find."""
+
+    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "launcher", "constexprs")
+
+    def __init__(self, kernel, grid, args, kwargs, slots):
+        self.kernel, self.grid, self.args, self.kwargs, self.slots = kernel, grid, args, kwargs, slots
+        self.launcher, self.constexprs = None, ()
+
+    def __call__(self, *tensors):
+        args = list(self.args)
+        for slot, x in zip(self.slots, tensors):
+            args[slot] = x
+        if self.launcher is not None:
+            self.launcher(*args, *self.constexprs)
+            return
+        compiled = self.kernel[self.grid](*args, **self.kwargs)
+        if not runtime.INTERPRET and hasattr(compiled, "launch_metadata"):   # a CompiledKernel (Triton >= 3.2)
+            self.constexprs = tuple(self.kwargs[name] for name in self.kernel.arg_names[len(args):])
+            self.launcher = compiled[tuple(self.grid) + (1,) * (3 - len(self.grid))]
+
+
+class _Plan:
+    """What one call signature launches: the buffers' sizes and the two kernels."""
+
+    __slots__ = ("rows", "out", "n_part", "n_lse", "split", "combine")
+
+    def __init__(self, rows, out, n_part, n_lse, split, combine):
+        self.rows, self.out, self.n_part, self.n_lse = rows, out, n_part, n_lse
+        self.split, self.combine = split, combine
+
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table):
+        q_rows = last_dim_contiguous(q.reshape(self.rows))
+        k_cache, v_cache = last_dim_contiguous(k_cache), last_dim_contiguous(v_cache)
+        o = new_buffer(self.rows, device=q.device, dtype=q.dtype)
+        # the splits' results and their lse, float32, in one allocation (one split: no o_part)
+        work = new_buffer((self.n_part + self.n_lse,), device=q.device, dtype=torch.float32)
+        o_part, lse = (work[:self.n_part] if self.combine else o), work[self.n_part:]
+        seqlens = lse if cache_seqlens is None else cache_seqlens.to(torch.int32).contiguous()
+        table = lse if block_table is None else block_table.contiguous()
+        self.split(q_rows, k_cache, v_cache, o_part, lse, seqlens, table)
+        if self.combine:
+            self.combine(o_part, lse, o)
+        return o.view(self.out)
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values):
+    """Check a call's arguments (errors name them) and decide its launch; None when there
+    is nothing to compute (no batch or no new token)."""
     names = ("q", "k_cache", "v_cache")
     page_size = 0
     if block_table is not None:
@@ -417,9 +524,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
                          "the pages of block_table hold" if page_size else "the cache's length")
     if page_size and check_values:
         _check_range(block_table, "block_table", 0, k_cache.shape[0] - 1, "pages of k_cache")
-    if batch == 0 or n_new == 0:   # nobody attending: an empty output, nothing launched
-        return torch.zeros_like(q)
-    seqlens = None if cache_seqlens is None else cache_seqlens.to(torch.int32).contiguous()
+    if batch == 0 or n_new == 0:
+        return None
     group = heads // kv_heads
     n_rows = group * n_new
     block_m, block_n, num_warps, num_stages = decode_tiles(head_dim, q.element_size(), n_rows,
@@ -430,36 +536,36 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
         raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
 
     # (batch, heads, n_new, d) -> (batch, kv_heads, group * n_new, d): a group's rows side by side
-    q_rows = last_dim_contiguous(q.reshape(batch, kv_heads, n_rows, head_dim))
+    rows = (batch, kv_heads, n_rows, head_dim)
+    q_rows = last_dim_contiguous(q.reshape(rows))
     k_cache, v_cache = last_dim_contiguous(k_cache), last_dim_contiguous(v_cache)
-    table = block_table.contiguous() if page_size else None
-    o = new_buffer((batch, kv_heads, n_rows, head_dim), device=q.device, dtype=q.dtype)
+    o_strides = _contiguous_strides(rows)
     if num_splits == 1:   # one split: the kernel writes the output itself
-        o_part = o
-        o_part_strides = (o.stride(0), o.stride(1), 0, o.stride(2))
+        n_part, part_strides = 0, (o_strides[0], o_strides[1], 0, o_strides[2])
     else:
-        o_part = new_buffer((batch, kv_heads, num_splits, n_rows, head_dim), device=q.device,
-                            dtype=torch.float32)
-        o_part_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3))
-    lse = new_buffer((batch, kv_heads, num_splits, n_rows), device=q.device, dtype=torch.float32)
-    precision = dot_precision(q.dtype)
+        part_shape = (batch, kv_heads, num_splits, n_rows, head_dim)
+        n_part, part_strides = math.prod(part_shape), _contiguous_strides(part_shape)[:4]
+    n_lse = batch * kv_heads * num_splits * n_rows
+    table_stride = block_table.contiguous().stride(0) if page_size else 0
 
     grid = (num_splits, triton.cdiv(n_rows, block_m), batch * kv_heads)
     lengths = (n_rows, n_max, num_splits)   # a length of 1 takes the unspecialised twin (forward.LENGTH_ARGS)
-    for_lengths(_decode_fwd, lengths, ("n_rows", "seq_max", "num_splits"))[grid](
-        q_rows, k_cache, v_cache, o_part, lse, seqlens if seqlens is not None else lse,
-        table if table is not None else lse,
-        q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *o_part_strides, table.stride(0) if table is not None else 0,
-        kv_heads, n_rows, n_max, num_splits, scale * LOG2E,
-        N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=causal, HAS_SEQLENS=seqlens is not None, PAGE_SIZE=page_size, DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages)
+    split = _Launch(
+        for_lengths(_decode_fwd, lengths, ("n_rows", "seq_max", "num_splits")), grid,
+        [None] * 7 + [q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
+                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                      v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                      *part_strides, table_stride, kv_heads, n_rows, n_max, num_splits, scale * LOG2E],
+        dict(N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
+             CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None, PAGE_SIZE=page_size,
+             DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages),
+        slots=range(7))
+    combine = None
     if num_splits > 1:
-        for_lengths(_decode_combine, (n_rows, num_splits), ("n_rows", "num_splits"))[(n_rows, batch * kv_heads)](
-            o_part, lse, o, o.stride(0), o.stride(1), o.stride(2), kv_heads, n_rows, num_splits,
-            HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
-            num_warps=4)
-    return o.view(batch, heads, n_new, head_dim)
+        combine = _Launch(
+            for_lengths(_decode_combine, (n_rows, num_splits), ("n_rows", "num_splits")), (n_rows, batch * kv_heads),
+            [None] * 3 + [o_strides[0], o_strides[1], o_strides[2], kv_heads, n_rows, num_splits],
+            dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
+                 num_warps=4),
+            slots=range(3))
+    return _Plan(rows, (batch, heads, n_new, head_dim), n_part, n_lse, split, combine)
