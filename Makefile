@@ -46,7 +46,7 @@ pdf: book browser
 
 # On a CUDA machine: the GPU test matrix.
 gpu-test: venv
-	$(PY) -m pytest -m gpu -n auto --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -m gpu -n auto --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 serve:
 	@test -f $(BUILD)/index.html || $(MAKE) book
