@@ -80,7 +80,9 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
     small pages. The page indices are loads of the loop like K and V, so Triton pipelines
     all three across page boundaries. (A loop over pages around a loop over a page's
     tiles has an inner loop of one tile at 64-token pages, which is not pipelined: 1.0-1.3x
-    the dense cache's time, benchmarks/results/decode_paged_h200.)"""
+    the dense cache's time, benchmarks/results/decode_paged_h200. This flat loop, in CUDA
+    graphs at 64-token pages: 1.01-1.09x at batch 1 and 8 with caches of 32K and 128K, but
+    1.20-1.21x at 2K (batch 1 and 64) and at batch 64 x 128K; decode_short_path_h200.)"""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
