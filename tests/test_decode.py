@@ -255,6 +255,8 @@ def test_the_short_path_gives_the_checked_paths_bits(paged):
         q, k, v = (torch.randn(s, generator=gen, device="cuda").to(torch.bfloat16)
                    for s in ((3, 32, 2, 128), (3, 8, 3000, 128), (3, 8, 3000, 128)))
         lengths = torch.tensor([3000, 1, 1777], device="cuda", dtype=torch.int32)
+        if seed % 2:   # inputs the kernel cannot read as they are: q (batch, n_new, heads, d) transposed, int64
+            q, lengths = q.transpose(1, 2).contiguous().transpose(1, 2), lengths.long()
         kwargs = dict(cache_seqlens=lengths, num_splits=4)
         if paged:
             k, v, table = decode.paginate(k, v, 64, generator=torch.Generator().manual_seed(seed))
@@ -265,6 +267,7 @@ def test_the_short_path_gives_the_checked_paths_bits(paged):
             assert len(decode._PLANS) == 1
             plan = next(iter(decode._PLANS.values()))
             assert plan.split.launcher is not None and plan.combine.launcher is not None
+            assert plan.as_is[0] == plan.as_is[3] == (seed % 2 == 0)
             short = flash_decode(q, k, v, **kwargs)        # the compiled kernels' launchers
         assert torch.equal(checked, short) and not short.isnan().any()
     with pytest.raises(ValueError, match="cache_seqlens must have shape"):

@@ -470,27 +470,34 @@ class _Launch:
 
 
 class _Plan:
-    """What one call signature launches: the buffers' sizes and the two kernels."""
+    """What one call signature launches: the buffers' sizes, the two kernels, and which
+    inputs the kernel can read as they are (``as_is``: q, k_cache, v_cache, cache_seqlens,
+    block_table; fixed by the signature's shapes, strides and dtypes)."""
 
-    __slots__ = ("rows", "out", "n_part", "n_lse", "split", "combine")
+    __slots__ = ("rows", "out", "n_part", "n_lse", "split", "combine", "as_is")
 
-    def __init__(self, rows, out, n_part, n_lse, split, combine):
+    def __init__(self, rows, out, n_part, n_lse, split, combine, as_is):
         self.rows, self.out, self.n_part, self.n_lse = rows, out, n_part, n_lse
-        self.split, self.combine = split, combine
+        self.split, self.combine, self.as_is = split, combine, as_is
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table):
-        q_rows = last_dim_contiguous(q.reshape(self.rows))
-        k_cache, v_cache = last_dim_contiguous(k_cache), last_dim_contiguous(v_cache)
-        o = new_buffer(self.rows, device=q.device, dtype=q.dtype)
+        q_ok, k_ok, v_ok, seqlens_ok, table_ok = self.as_is
+        # q as (batch, kv_heads, group * n_new, d): its own memory when that is a view
+        q_rows = q if q_ok else last_dim_contiguous(q.reshape(self.rows))
+        k_cache = k_cache if k_ok else last_dim_contiguous(k_cache)
+        v_cache = v_cache if v_ok else last_dim_contiguous(v_cache)
+        # (batch, heads, n_new, d) is the memory of (batch, kv_heads, group * n_new, d)
+        o = new_buffer(self.out, device=q.device, dtype=q.dtype)
         # the splits' results and their lse, float32, in one allocation (one split: no o_part)
         work = new_buffer((self.n_part + self.n_lse,), device=q.device, dtype=torch.float32)
         o_part, lse = (work[:self.n_part] if self.combine else o), work[self.n_part:]
-        seqlens = lse if cache_seqlens is None else cache_seqlens.to(torch.int32).contiguous()
-        table = lse if block_table is None else block_table.contiguous()
+        seqlens = (lse if cache_seqlens is None else cache_seqlens if seqlens_ok
+                   else cache_seqlens.to(torch.int32).contiguous())
+        table = lse if block_table is None else block_table if table_ok else block_table.contiguous()
         self.split(q_rows, k_cache, v_cache, o_part, lse, seqlens, table)
         if self.combine:
             self.combine(o_part, lse, o)
-        return o.view(self.out)
+        return o
 
 
 def _contiguous_strides(shape) -> tuple:
@@ -540,6 +547,9 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
     # (batch, heads, n_new, d) -> (batch, kv_heads, group * n_new, d): a group's rows side by side
     rows = (batch, kv_heads, n_rows, head_dim)
     q_rows = last_dim_contiguous(q.reshape(rows))
+    as_is = (q_rows.data_ptr() == q.data_ptr(), k_cache.stride(-1) == 1, v_cache.stride(-1) == 1,
+             cache_seqlens is None or (cache_seqlens.dtype == torch.int32 and cache_seqlens.is_contiguous()),
+             block_table is None or block_table.is_contiguous())
     k_cache, v_cache = last_dim_contiguous(k_cache), last_dim_contiguous(v_cache)
     o_strides = _contiguous_strides(rows)
     if num_splits == 1:   # one split: the kernel writes the output itself
@@ -570,4 +580,4 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
             dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
                  num_warps=4),
             slots=range(3))
-    return _Plan(rows, (batch, heads, n_new, head_dim), n_part, n_lse, split, combine)
+    return _Plan(rows, (batch, heads, n_new, head_dim), n_part, n_lse, split, combine, as_is)
