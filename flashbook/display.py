@@ -7,6 +7,7 @@ the rendered book.
 from __future__ import annotations
 
 import inspect
+import os
 import textwrap
 
 
@@ -43,17 +44,35 @@ def show_source(obj, *, lines: tuple[int, int] | None = None):
     display(Markdown(f"{header}```python\n{source(obj, lines=lines)}```"))
 
 
+#: Set by ``tools/run_notebooks.py`` while it records the GPU chapters: glue then stores each
+#: value in the notebook even where myst-nb is not installed (the GPU machine), so the
+#: book built elsewhere quotes the GPU's numbers, not those of the machine that built it.
+RECORD_GLUE = "FLASHBOOK_RECORD_GLUE"
+#: how myst-nb (after papermill and scrapbook) marks a glued value that is not displayed
+HIDDEN_GLUE_PREFIX = "application/papermill.record/"
+
+
 def glue(name: str, value, display: bool = True):
     """Name a computed value so the book's prose can quote it (``{glue:text}`name```).
 
     In the book build this is myst-nb's ``glue``. Where myst-nb is not installed
     (Colab, a plain Jupyter) there is no prose to fill in: the value is shown
-    when ``display`` is true, and otherwise nothing happens.
+    when ``display`` is true, and otherwise nothing happens; except while the GPU
+    chapters are recorded (``RECORD_GLUE`` set), when the value is stored in the
+    cell's outputs as myst-nb stores it (the ``scrapbook`` metadata names it).
     """
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
-        if display:
+        if os.environ.get(RECORD_GLUE):
+            from IPython.core.formatters import format_display_data
+            from IPython.display import display as show
+
+            bundle, metadata = format_display_data(value)
+            prefix = "" if display else HIDDEN_GLUE_PREFIX
+            metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+            show({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+        elif display:
             from IPython.display import display as show
 
             show(value)

@@ -124,3 +124,37 @@ def test_no_recording_is_left_without_its_cells(path):
     nb = nbformat.read(os.path.join(ROOT, "notebooks", os.path.basename(path)[:-5] + ".ipynb"), as_version=4)
     tagged = {c.id for c in nb.cells if gpu_outputs.is_gpu_cell(c)}
     assert {c["id"] for c in record["cells"]} <= tagged, "recorded cells that are no longer tagged gpu"
+
+
+def test_a_recording_keeps_the_values_its_prose_quotes_without_myst_nb(monkeypatch):
+    """The GPU machine has no myst-nb, where ``glue`` stored nothing: the recordings of
+    chapters 7, 8, 10 and 11 carried no glued value, and the prose beside their H200 tables
+    quoted the CPU build's numbers. While recording (``RECORD_GLUE``), glue stores the value
+    as myst-nb does, which myst-nb's own reader finds, and the recorded value wins."""
+    import IPython.display
+    from myst_nb.ext.glue import extract_glue_data_cell
+
+    from flashbook import display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda data, raw=False, metadata=None: shown.append((data, metadata)))
+    monkeypatch.setitem(sys.modules, "myst_nb", None)     # import myst_nb fails, as on the GPU machine
+    monkeypatch.delenv(display.RECORD_GLUE, raising=False)
+    display.glue("worst_ratio", "0.18", display=False)
+    assert shown == []                                   # a reader's Jupyter: nothing
+    monkeypatch.setenv(display.RECORD_GLUE, "1")
+    display.glue("worst_ratio", "0.18", display=False)
+    (data, metadata), = shown
+    output = {"output_type": "display_data", "data": data, "metadata": metadata}
+    monkeypatch.delitem(sys.modules, "myst_nb")
+    cell = nbformat.v4.new_code_cell("", id="c1", metadata={"tags": ["gpu"]})
+    cell.outputs = [nbformat.from_dict(json.loads(json.dumps(output)))]
+    (name, found), = extract_glue_data_cell(cell)
+    assert name == "worst_ratio" and found["data"] == {"text/plain": "'0.18'"} and cell.outputs == []
+    # the recorded value replaces the one the CPU build computed
+    recorded = notebook(gpu_cell("x", [stream("table"), output]))
+    live = notebook(gpu_cell("x", [glued("worst_ratio", "0.21")]))
+    gpu_outputs.apply(live, record_of(recorded))
+    values = [o["data"] for o in live.cells[0].outputs if gpu_outputs._glue_key(o) == "worst_ratio"]
+    assert values == [{display.HIDDEN_GLUE_PREFIX + "text/plain": "'0.18'"}]

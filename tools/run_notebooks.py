@@ -77,6 +77,10 @@ def main(out_dir: str, paths: list[str]) -> int:
     # The notebooks run with their solutions: every exercise check must say "correct".
     from flashbook.exercises import SOLUTIONS_ENV
     os.environ[SOLUTIONS_ENV] = "1"
+    # glued values are kept in the outputs even without myst-nb, so a recording carries
+    # the numbers its prose quotes (flashbook.display.glue)
+    from flashbook.display import RECORD_GLUE
+    os.environ[RECORD_GLUE] = "1"
     os.makedirs(out_dir, exist_ok=True)
     paths = paths or sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
     records = []

@@ -147,8 +147,10 @@ def apply(nb, record: dict | None) -> dict:
         status[cell.id] = "changed" if changed else "recorded"
         outputs = [nbformat.from_dict(copy.deepcopy(o)) for o in rec["outputs"]]
         have = {_glue_key(o) for o in outputs} - {None}
-        # numbers the live cell glues but the recording lacks (a newer cell) stay, so the
-        # prose never loses a value; the recorded ones win where both exist
+        # numbers the live cell glues but the recording lacks stay, so the prose never loses
+        # a value (a newer cell; or a recording made before tools/run_notebooks.py kept glued
+        # values, flashbook.display.RECORD_GLUE: those quote the build machine's numbers
+        # until the chapter is recorded again); the recorded ones win where both exist
         outputs += [o for o in cell.get("outputs", []) if _glue_key(o) and _glue_key(o) not in have]
         cell.outputs = [nbformat.from_dict(label(prov, changed))] + outputs
     return status
