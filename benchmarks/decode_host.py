@@ -32,9 +32,7 @@ import io
 import json
 import os
 import pstats
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -42,27 +40,12 @@ import torch  # noqa: E402
 
 import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
 from flashbook import bench  # noqa: E402
+from flashbook.timing import host_us  # noqa: E402
 from flashbook.kernels import decode  # noqa: E402
 from flashbook.kernels.autograd import check_inputs  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SEQS = (2048, 32768)
-
-
-def host_us(fn, calls: int, repeats: int) -> dict:
-    """Microseconds per call of ``fn`` on the host: ``calls`` calls back to back, one
-    synchronisation after them, ``repeats`` times; the median and the range."""
-    fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter() - t
-        torch.cuda.synchronize()
-        per.append(elapsed / calls * 1e6)
-    return {"median_us": statistics.median(per), "min_us": min(per), "max_us": max(per)}
 
 
 def main(argv=None) -> int:

@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import flashbook  # noqa: E402,F401
 import torch  # noqa: E402
 
-from flashbook import bench  # noqa: E402
+from flashbook import bench, timing  # noqa: E402
 from flashbook.kernels import flash_forward  # noqa: E402
 from flashbook.kernels.autograd import flash_attention  # noqa: E402  (the Triton kernels)
 from flashbook.kernels import hopper  # noqa: E402
@@ -36,16 +34,7 @@ from flashbook.kernels import hopper  # noqa: E402
 
 def host_us(fn, calls: int = 500, rounds: int = 5) -> float:
     """Median CPU time per call in microseconds while the calls are only enqueued."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    return timing.host_us(fn, calls, rounds)["median_us"]
 
 
 def implementations(peer):

@@ -103,3 +103,23 @@ def time_ms(fn, *, grad_to_none=(), warmup_ms: float = 25.0, rep_ms: float = 100
     benchmarks record (``python -m flashbook.bench`` and ``benchmarks/*.py``); ``graph``:
     replayed from a CUDA graph (the GPU's work alone)."""
     return _timer(float(warmup_ms), float(rep_ms), bool(graph))(fn, grad_to_none)
+
+
+def host_us(fn, calls: int = 500, rounds: int = 5) -> dict:
+    """CPU microseconds per call of ``fn`` while the GPU only receives work: ``calls``
+    calls back to back, one synchronisation after them, ``rounds`` times. Returns the
+    median, min and max per call (``median_us``, ``min_us``, ``max_us``)."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return {"median_us": statistics.median(per), "min_us": min(per), "max_us": max(per)}
