@@ -91,6 +91,10 @@ def test_defaults_compile_and_fit(cc, request):
             assert r["tensor_core_ops"] == 0, f"sm_75 {r['kernel']}: Triton now emits mma; update the book"
         else:
             assert r["tensor_core_ops"] > 0, f"sm_{cc} {r['kernel']} {r['dtype']}: no tensor-core instruction"
+        # chapter 10: on sm_90 the forward's products are asynchronous wgmma, each waited for
+        # with none left running (wait_group 0); leaving one running is what Gluon adds
+        if cc == 90 and r["kernel"] == "forward":
+            assert r["wgmma_waits"] == [0], f"sm_90 forward: waits {r['wgmma_waits']}; update chapter 10"
     # The estimate that ``keep`` filters with, against the compiled kernel's own number.
     # Measured over these jobs (Triton 3.9): forward and dQ 0.63-1.00 of the estimate (exact
     # on sm_90 for most), never above it; dK/dV 0.52-1.34: the estimate understates some

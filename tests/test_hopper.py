@@ -158,6 +158,7 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
         assert 0 < r["shared"] <= limit, f"{what}: shared {r['shared']} B, limit {limit} B"
         assert r["tensor_core_ops"] > 0 and r["tma_copies"] > 0, what
         assert (r["register_moves"] > 0) == (r["schedule"] == "producer"), what
+        assert max(r["wgmma_waits"]) >= 1, f"{what}: no wait leaves a product running (chapter 10)"
 
 
 def test_lab_schedules_compile_for_sm90_and_fit(request):

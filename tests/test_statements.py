@@ -296,3 +296,14 @@ def test_chapter_10_judges_rungs_against_the_larger_noise_sample():
     assert "NOISE = max(noise_ladder, noise_twin)" in code
     prose = _cell(nb, nb["cells"][13]["id"])
     assert "{glue:text}`noise_twin`" in prose and "**{glue:text}`noise`%**" in prose
+
+
+def test_chapter_10_says_what_triton_already_does_with_wgmma_and_what_gluon_adds():
+    """Issue: say that Triton lowers tl.dot to asynchronous wgmma on sm_90, and what exactly
+    the Gluon kernel adds. The chapter reads both from PTX it compiles (the compile tests
+    hold the forward's waits at 0 and the Gluon kernel's at 1 or more)."""
+    nb = _notebook("10_making_it_fast.ipynb")
+    code, prose = _cell(nb, "c10-ptx-waits"), _cell(nb, "c10-ptx-waits-md")
+    assert "targets.compile_elsewhere" in code and '"wgmma_waits"' in code
+    for name in ("ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_waits", "ptx_gl_tma", "ptx_tri_tma"):
+        assert "{glue:text}`" + name + "`" in prose, name

@@ -145,6 +145,8 @@ def run_job(job: dict, compile_gluon=None) -> dict:
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.
         ptx = compiled.asm.get("ptx", "")
         out["tensor_core_ops"] = ptx.count("mma.sync") + ptx.count("wgmma.mma_async")
+        # how many asynchronous products each wait leaves running (sm_90): 0 waits for all
+        out["wgmma_waits"] = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
         out["tma_copies"] = ptx.count("cp.async.bulk.tensor")
         out["register_moves"] = ptx.count("setmaxnreg")   # warp specialisation's register reallocation
         cap = re.search(r"\.maxnreg (\d+)", ptx)   # a register cap given at compile time
@@ -155,6 +157,7 @@ def run_job(job: dict, compile_gluon=None) -> dict:
     except Exception as e:  # reported, not raised: the caller decides what a failure means
         out["shared"] = None
         out["tensor_core_ops"] = out["tma_copies"] = out["register_moves"] = out["register_cap"] = None
+        out["wgmma_waits"] = None
         out["exponentials"] = out["shared_accesses"] = None
         out["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
     return out
