@@ -38,7 +38,7 @@ browser:
 	  else echo "install Debian's 'chromium' and 'fonts-wqy-microhei' packages to run the browser tests and make pdf"; fi; }
 
 test: book colab browser
-	$(PY) -m pytest -m "not gpu" -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -n 2 --durations=25 $(PYTEST_ARGS)
 
 # The whole book as one PDF, printed offline from the built HTML: _build/pdf/flashbook.pdf
 pdf: book browser
