@@ -307,3 +307,14 @@ def test_chapter_10_says_what_triton_already_does_with_wgmma_and_what_gluon_adds
     assert "targets.compile_elsewhere" in code and '"wgmma_waits"' in code
     for name in ("ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_waits", "ptx_gl_tma", "ptx_tri_tma"):
         assert "{glue:text}`" + name + "`" in prose, name
+
+
+def test_chapter_10_autotuning_sentence_sits_above_its_table():
+    """A newcomer found "Autotuning ... was measured the same way:" followed by the heading
+    "Lazy rescaling", its table two sections later: the sentence now heads its own section,
+    right above the cell that shows the table."""
+    cells = _notebook("10_making_it_fast.ipynb")["cells"]
+    ids = [c.get("id") for c in cells]
+    at = ids.index("autotune-md0")
+    assert "".join(cells[at]["source"]).startswith("### Autotuning") and ids[at + 1] == "autotune-code"
+    assert "Autotuning (" not in "".join(cells[ids.index("autotune-md")]["source"])
