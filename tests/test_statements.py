@@ -318,3 +318,12 @@ def test_chapter_10_autotuning_sentence_sits_above_its_table():
     at = ids.index("autotune-md0")
     assert "".join(cells[at]["source"]).startswith("### Autotuning") and ids[at + 1] == "autotune-code"
     assert "Autotuning (" not in "".join(cells[ids.index("autotune-md")]["source"])
+
+
+def test_chapter_11_says_what_a_negative_hidden_fraction_means():
+    """A newcomer met "hidden_fraction -0.118" in the ring table without a word: the prose
+    under it gives the range, what below 0 means, and that the runs do not show the overlap."""
+    nb = _notebook("11_decoding_and_many_gpus.ipynb")
+    assert "{glue:text}`ring_hidden`" in _cell(nb, "c11-45")
+    code = _cell(nb, "c11-44")
+    assert "below 0: the overlapped ring took longer" in code and "do not show the overlap" in code
