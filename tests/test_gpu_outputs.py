@@ -1,4 +1,5 @@
-"""Cells tagged `gpu` and their recorded outputs (book/_ext/gpu_outputs.py)."""
+"""Cells tagged `gpu` and their recorded outputs (book/_ext/gpu_outputs.py), and the book's
+links from quoted repository paths (book/_ext/flashbook_sphinx.py)."""
 import glob
 import json
 import os
@@ -158,3 +159,30 @@ def test_a_recording_keeps_the_values_its_prose_quotes_without_myst_nb(monkeypat
     gpu_outputs.apply(live, record_of(recorded))
     values = [o["data"] for o in live.cells[0].outputs if gpu_outputs._glue_key(o) == "worst_ratio"]
     assert values == [{display.HIDDEN_GLUE_PREFIX + "text/plain": "'0.18'"}]
+
+
+def test_repository_paths_in_the_prose_link_to_the_repository():
+    """A web reader has no checkout: a quoted path of the repository becomes a link to it
+    at this version's tag; a pattern, a path that names nothing, and code already in a
+    link stay as they are."""
+    from docutils import nodes
+
+    import flashbook_sphinx
+
+    para = nodes.paragraph()
+    for text in ("benchmarks/results/decode_host_h200", "tests/test_decode.py", "benchmarks/results/…",
+                 "benchmarks/results/nothing_here.json", "flash_decode", "tools/../README.md"):
+        para += nodes.literal(text, text)
+    inside = nodes.reference("", "", refuri="https://example.org")
+    inside += nodes.literal("tools/gpu_run.sh", "tools/gpu_run.sh")
+    para += inside
+    title = nodes.title()
+    title += nodes.literal("tests/test_decode.py", "tests/test_decode.py")
+    doc = nodes.document(None, None)
+    doc += [title, para]
+    assert flashbook_sphinx.repository_links(doc, "https://github.com/o/r/", "v9.9.9") == 2
+    links = [(r["refuri"], r.astext()) for r in doc.findall(nodes.reference)]
+    assert links == [("https://github.com/o/r/tree/v9.9.9/benchmarks/results/decode_host_h200",
+                      "benchmarks/results/decode_host_h200"),
+                     ("https://github.com/o/r/blob/v9.9.9/tests/test_decode.py", "tests/test_decode.py"),
+                     ("https://example.org", "tools/gpu_run.sh")]

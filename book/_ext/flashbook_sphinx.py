@@ -11,12 +11,62 @@ cells' placeholders (``flashbook.explorers``). Widget state that nothing on the 
 uses (the executed notebooks' ``application/vnd.jupyter.widget-state+json``) is
 left out.
 
+A path of the source repository in inline code (``benchmarks/results/...``,
+``tests/test_decode.py``) means nothing to a reader of the web page, who has no checkout:
+each one that names a file or folder of the repository becomes a link to it on the
+repository's site, at the release tag of this version (``repository_links``).
+
 Jupyter Book registers sphinx-thebe's inline configuration script twice; the second
 copy re-declares a `const` and raises a JavaScript error on every page. Keep the
 first copy of each script.
 """
 import os
+import re
 import shutil
+
+from docutils import nodes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: top-level folders of the repository whose paths the prose may quote
+REPO_DIRS = ("benchmarks", "tests", "tools", "flashbook", "book", "notebooks")
+_PATH = re.compile(r"^(?:%s)/[\w./-]*$" % "|".join(REPO_DIRS))
+
+
+def repository_links(doctree, repo_url: str, ref: str, root: str = ROOT) -> int:
+    """Wrap each inline-code repository path of ``doctree`` that exists under ``root`` in a
+    link to ``repo_url`` at ``ref`` (a folder: ``/tree/``, a file: ``/blob/``). Code
+    already inside a link, and paths that name nothing (a pattern, a file a run writes),
+    stay as they are. Returns how many were linked."""
+    linked = 0
+    for literal in list(doctree.findall(nodes.literal)):
+        parent, inside = literal.parent, False
+        while parent is not None:   # not in a link already, not in a heading (the menus repeat it)
+            inside = inside or isinstance(parent, (nodes.reference, nodes.title))
+            parent = parent.parent
+        if inside:
+            continue
+        path = literal.astext().strip().rstrip("/")
+        if not _PATH.match(path) or ".." in path:
+            continue
+        where = os.path.join(root, path)
+        if not os.path.exists(where):
+            continue
+        kind = "tree" if os.path.isdir(where) else "blob"
+        link = nodes.reference("", "", refuri=f"{repo_url.rstrip('/')}/{kind}/{ref}/{path}",
+                               classes=["repository-path"])
+        literal.replace_self(link)
+        link += literal
+        linked += 1
+    return linked
+
+
+def _link_repository_paths(app, doctree, docname):
+    repo = (app.config.html_theme_options or {}).get("repository_url")
+    if not repo:
+        return
+    import flashbook
+
+    repository_links(doctree, repo, f"v{flashbook.__version__}")
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -74,6 +124,7 @@ def setup(app):
     app.connect("config-inited", _add_static)
     app.add_css_file("flashbook.css")
     app.connect("build-finished", _copy_explorers)
+    app.connect("doctree-resolved", _link_repository_paths)
     app.add_js_file("flashbook_mount.js", type="module")
     # last: after myst-nb has added the page's own scripts
     app.connect("html-page-context", _drop_widget_state, priority=900)
