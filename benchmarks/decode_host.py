@@ -85,9 +85,7 @@ def main(argv=None) -> int:
         for name, launch in (("split", plan.split), ("combine", plan.combine)):
             if launch is None:
                 continue
-            a = list(launch.args)
-            for slot, x in zip(launch.slots, tensors[name]):
-                a[slot] = x
+            a = launch.bind(*tensors[name])
             row[f"launch_jit:{name}"] = host_us(lambda: launch.kernel[launch.grid](*a, **launch.kwargs),
                                                 args.calls, args.repeats)
             row[f"launch_compiled:{name}"] = host_us(lambda: launch.launcher(*a, *launch.constexprs),

@@ -64,17 +64,16 @@ def glue(name: str, value, display: bool = True):
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
+        from IPython.display import display as show
+
         if os.environ.get(RECORD_GLUE):
             from IPython.core.formatters import format_display_data
-            from IPython.display import display as show
 
             bundle, metadata = format_display_data(value)
             prefix = "" if display else HIDDEN_GLUE_PREFIX
             metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
             show({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
         elif display:
-            from IPython.display import display as show
-
             show(value)
         return
     myst_glue(name, value, display=display)

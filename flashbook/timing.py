@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import time
 
 
 class CudaTimer:
@@ -109,8 +110,6 @@ def host_us(fn, calls: int = 500, rounds: int = 5) -> dict:
     """CPU microseconds per call of ``fn`` while the GPU only receives work: ``calls``
     calls back to back, one synchronisation after them, ``rounds`` times. Returns the
     median, min and max per call (``median_us``, ``min_us``, ``max_us``)."""
-    import time
-
     import torch
 
     fn()

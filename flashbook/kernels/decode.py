@@ -464,10 +464,15 @@ class _Launch:
         self.kernel, self.grid, self.args, self.kwargs, self.slots = kernel, grid, args, kwargs, slots
         self.launcher, self.constexprs = None, ()
 
-    def __call__(self, *tensors):
+    def bind(self, *tensors) -> list:
+        """Every argument of the launch, ``tensors`` in their slots."""
         args = list(self.args)
         for slot, x in zip(self.slots, tensors):
             args[slot] = x
+        return args
+
+    def __call__(self, *tensors):
+        args = self.bind(*tensors)
         if self.launcher is not None:
             self.launcher(*args, *self.constexprs)
             return
