@@ -7,8 +7,10 @@ One module per idea, in the order the book teaches them:
 - ``tiled``:     FlashAttention forward/backward in NumPy, with I/O accounting (``io_counter``)
 - ``split``:     split-K: the keys cut into splits, merged (``tiled.split_forward``)
 - ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``
-                 (the front door: ``backend="auto" | "triton" | "gluon"``, ``last_backend``);
+                 (the front door: ``backend="auto" | "triton" | "gluon"``, ``last_backend``; sliding
+                 windows and soft caps); ``flash_attention_varlen`` (packed documents);
                  ``flash_decode`` (dense or paged KV cache); ``stress`` (many seeds, poisoned outputs)
+- ``masks``:     windows, soft caps, documents, prefixes in NumPy: the float64 truth, tiles skipped
 - ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
 - ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
 - ``explorers``: the explorers, their Python and their JavaScript side by side (a package;
@@ -21,7 +23,7 @@ from . import runtime  # first: it decides TRITON_INTERPRET before triton is imp
 from .display import show_source
 
 __version__ = "0.9.0"  # the one version: pyproject reads it; releases are tagged v<version>
-__all__ = ["runtime", "show_source", "flash_attention", "last_backend"]
+__all__ = ["runtime", "show_source", "flash_attention", "flash_attention_varlen", "last_backend"]
 
 
 def __getattr__(name):
@@ -30,4 +32,8 @@ def __getattr__(name):
         from .kernels import dispatch
 
         return getattr(dispatch, name)
+    if name == "flash_attention_varlen":
+        from .kernels import varlen
+
+        return varlen.flash_attention_varlen
     raise AttributeError(f"module 'flashbook' has no attribute {name!r}")

@@ -147,7 +147,7 @@ def attention_backward(q, k, v, do, *, causal: bool = False, scale=None):
 
 # ----------------------------------------------------------------- the same, in PyTorch
 
-def torch_attention(q, k, v, *, causal: bool = False, scale=None):
+def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, softcap=None):
     """The same formula as three plain PyTorch steps: S = scale Q K^T, P = softmax(S), O = P V.
 
     Differentiable, in q's dtype and on q's device: the one PyTorch reference of the
@@ -159,6 +159,9 @@ def torch_attention(q, k, v, *, causal: bool = False, scale=None):
     tensors (..., N, d); with a heads axis (..., heads, N, d), k and v may have fewer
     heads than q (GQA). Causal is
     bottom-right aligned (``causal_mask``); a row that sees no key gives zeros.
+    ``allowed``: a boolean (N_q, N_k) array or tensor of the scores kept, instead of
+    ``causal`` (``masks.allowed`` builds the windows'); ``softcap=c``: the scaled scores
+    become c * tanh(s / c) before the softmax.
     """
     import torch
 
@@ -168,11 +171,15 @@ def torch_attention(q, k, v, *, causal: bool = False, scale=None):
         k = k.repeat_interleave(group, dim=-3)
         v = v.repeat_interleave(group, dim=-3)
     s = torch.matmul(q * scale, k.transpose(-2, -1))   # scaling Q is N*d work, not N*N
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    if causal:  # the complement of causal_mask, built on q's device
+    if allowed is not None:
+        s = s.masked_fill(~torch.as_tensor(allowed, dtype=torch.bool, device=q.device), float("-inf"))
+    elif causal:  # the complement of causal_mask, built on q's device
         hidden = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(n_k - n_q + 1)
         s = s.masked_fill(hidden, float("-inf"))
     p = torch.softmax(s, dim=-1)
-    if causal and n_q > n_k:
+    if allowed is not None or (causal and n_q > n_k):
         p = p.nan_to_num(0.0)  # rows with no key: softmax of all -inf is NaN
     return torch.matmul(p, v)

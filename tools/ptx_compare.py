@@ -8,8 +8,9 @@
 the three kernels, sm_80 and sm_90, head_dim 64/80/128, fp16/bf16/fp32, causal or not,
 atomic dQ or not; each with the library's default configuration) and writes its PTX
 without debug information (file paths and line tables) or comments. ``diff`` sorts each
-pair into "identical", "same instructions, reordered" (equal as a multiset once register
-numbers and labels are erased) or "DIFFERENT". Both dumps must come from the same Triton.
+pair into "identical", "same body, more parameters" (the same instructions in the same
+order; the kernel takes arguments it does not use here, ``body``), "same instructions,
+reordered" (equal as a multiset once register numbers and labels are erased) or "DIFFERENT". Both dumps must come from the same Triton.
 """
 from __future__ import annotations
 
@@ -63,6 +64,15 @@ def dump_one(args) -> str:
     return path
 
 
+def body(lines: list[str]) -> list[str]:
+    """The instructions alone: no parameter declarations, parameters by one name, and no
+    ``$L__tmp`` labels (debug-line anchors, one per inlined call). Two kernels with equal
+    bodies run the same instructions in the same order; one may take more arguments (a
+    new run-time argument that a compile-time switch leaves unused)."""
+    kept = (re.sub(r"_param_\d+", "_param", s) for s in lines if not s.startswith(".param"))
+    return [s for s in kept if not re.fullmatch(r"\$L__tmp\d+:", s)]
+
+
 def erased(lines: list[str]) -> collections.Counter:
     return collections.Counter(re.sub(r"%[a-z]+\d+", "%r", re.sub(r"\$?L\w*\d+", "L", s)) for s in lines)
 
@@ -74,7 +84,8 @@ def diff(old_dir: str, new_dir: str) -> dict:
         if not name.endswith(".ptx") or not os.path.exists(old):
             continue
         a, b = (open(p).read().splitlines() for p in (old, os.path.join(new_dir, name)))
-        kind = "identical" if a == b else "same instructions, reordered" if erased(a) == erased(b) else "DIFFERENT"
+        kind = ("identical" if a == b else "same body, more parameters" if body(a) == body(b)
+                else "same instructions, reordered" if erased(a) == erased(b) else "DIFFERENT")
         kinds[kind] += 1
         print(f"{kind:30s} {name}")
     print(dict(kinds))

@@ -6,7 +6,9 @@
 - ``autograd``:  input checks, kernel launches (``flash_forward``, ``flash_backward``)
                  and the autograd Function around the Triton kernels
 - ``dispatch``:  the front door ``flash_attention(..., backend="auto" | "triton" | "gluon")``:
-                 which forward kernel runs a call (``last_backend``, ``explain_backend``)
+                 which forward kernel runs a call (``last_backend``, ``explain_backend``);
+                 ``window=`` and ``softcap=`` (the Triton kernels' WINDOW and SOFTCAP stages)
+- ``varlen``:    ``flash_attention_varlen``: documents packed along one sequence (cu_seqlens)
 - ``decode``:    flash-decoding: a few new tokens against a KV cache, split over the keys,
                  the splits merged with chapter 3's merge (``flash_decode``, chapter 11)
 - ``hopper``:    a second forward kernel for Hopper GPUs in Triton's Gluon dialect (TMA,
@@ -32,9 +34,10 @@ from .autograd import (
 )
 from .decode import flash_decode
 from .dispatch import BACKENDS, explain_backend, flash_attention, last_backend
+from .varlen import flash_attention_varlen
 
 __all__ = [
     "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs", "dot_precision",
     "flash_decode", "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
-    "BACKENDS", "last_backend", "explain_backend",
+    "BACKENDS", "last_backend", "explain_backend", "flash_attention_varlen",
 ]

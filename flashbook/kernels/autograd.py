@@ -39,7 +39,7 @@ try:
 except ImportError:  # older Triton kept it beside the autotuner
     from triton.runtime.autotuner import OutOfResources
 
-from .. import runtime
+from .. import masks, runtime
 from ..reference import resolve_scale
 from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq
@@ -280,20 +280,71 @@ def _seq_bucket(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
+def packed_launch(packed, n_q_tiles_of, heads: int, batch: int, length: int, block: int) -> tuple[tuple, dict]:
+    """The grid and extra launch arguments of one kernel: (cdiv(length, block), batch * heads)
+    and nothing, or, for documents packed along one sequence (``varlen.Packed``), one program
+    row per document with its longest length: (cdiv(max_seqlen, block), documents * heads)
+    and the ``cu_seqlens``. ``n_q_tiles_of``: "q" or "k", the side whose length the grid
+    walks."""
+    if packed is None:
+        return (triton.cdiv(length, block), batch * heads), {}
+    longest = packed.max_seqlen_q if n_q_tiles_of == "q" else packed.max_seqlen_k
+    return ((triton.cdiv(longest, block), packed.documents * heads),
+            dict(CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True))
+
+
+def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: float,
+                diagonal: int | None = None) -> tuple[bool, float, dict]:
+    """What the kernels are told about a mask and a soft cap: ``(causal, qk_scale, extra)``.
+
+    ``window=(left, right)`` as flash-attn: query i sees key j when
+    i + d - left <= j <= i + d + right, d = seq_k - seq_q (bottom-right aligned); -1 is
+    no limit on that side, and ``causal=True`` sets right to 0. A window with no limit
+    on either side is no window, and (-1, 0) is the causal mask: both take the kernels'
+    usual paths, so a call without a window runs exactly the kernels it ran before.
+    Otherwise the kernels get ``WINDOW`` with row i seeing keys [i + first, i + last].
+    ``softcap=c`` makes the scores c * tanh(s / c): ``qk_scale`` becomes c * log2(e) and
+    ``cap_scale`` = scale / c. ``extra`` holds the keyword arguments to add to a launch
+    (empty when there is neither). ``diagonal`` overrides seq_k - seq_q (0 for packed
+    documents, whose kernels add each document's own).
+    """
+    left, right = masks.check_window(window)
+    cap = masks.check_softcap(softcap)
+    if causal:
+        right = 0
+    extra = {}
+    if left >= 0 or right > 0:            # a real window: one limit at least, other than causal
+        far = seq_q + seq_k               # "no limit": further than any key is from any row
+        diagonal = seq_k - seq_q if diagonal is None else diagonal
+        extra = dict(first=diagonal - (left if left >= 0 else far), last=diagonal + (right if right >= 0 else far),
+                     WINDOW=True)
+        causal = False
+    elif right == 0:
+        causal = True
+    qk_scale = (cap if cap else scale) * LOG2E
+    if cap:
+        extra.update(cap_scale=scale / cap, SOFTCAP=True)
+    return causal, qk_scale, extra
+
+
 # ------------------------------------------------------------------ forward / backward
 
-def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None):
+def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
+                  window=None, softcap=None, packed=None):
     """Run the forward kernel: returns (o, lse), lse float32 of shape (batch, heads, seq_q).
 
     ``lse`` is the natural-log logsumexp of each scaled score row (-inf for a row
     that sees no key). No autograd: ``flash_attention`` is the differentiable entry.
-    ``config`` overrides the block sizes (see ``configs``).
+    ``config`` overrides the block sizes (see ``configs``). ``window`` and ``softcap``:
+    see ``kernel_mask``. ``packed``: q, k, v are (1, heads, total, head_dim) views of
+    documents packed along one sequence (``varlen.flash_attention_varlen``).
     """
-    return forward_with(_attn_fwd, q, k, v, causal=causal, scale=scale, config=config)
+    return forward_with(_attn_fwd, q, k, v, causal=causal, scale=scale, config=config, window=window,
+                        softcap=softcap, packed=packed)
 
 
 def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
-                 log2_scores: bool = True):
+                 log2_scores: bool = True, window=None, softcap=None, packed=None):
     """``flash_forward`` with another kernel that takes ``_attn_fwd``'s arguments
     (chapter 10's rungs, ``ladder.rung_kernel``). ``log2_scores``: the kernel wants
     the scale times log2(e) (exp2); False passes the plain scale (natural exp).
@@ -304,6 +355,12 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
+    causal, qk_scale, extra = kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
+                                          diagonal=0 if packed is not None else None)
+    if (extra or packed is not None) and kernel is not _attn_fwd:
+        raise ValueError("window, softcap and packed documents need the library's forward kernel (forward._attn_fwd)")
+    if not log2_scores:
+        qk_scale = scale
     bd = configs.block_d(head_dim)
     o = new_buffer(None, like=q)
     lse = new_buffer((batch, heads, seq_q), device=q.device, dtype=torch.float32)
@@ -311,23 +368,25 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     kernel = for_lengths(kernel, (seq_q, seq_k))   # a length of 1: the unspecialised twin (forward.LENGTH_ARGS)
 
     def launch(cfg: Config):
-        grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
+        grid, documents = packed_launch(packed, "q", heads, batch, seq_q, cfg.block_m)
         kernel[grid](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             o.stride(0), o.stride(1), o.stride(2),
-            heads, heads // kv_heads, seq_q, seq_k, scale * LOG2E if log2_scores else scale,
+            heads, heads // kv_heads, seq_q, seq_k, qk_scale,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **extra, **documents)
 
     _run("forward", q, bd, causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
     return o, lse
 
 
 def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_mode: str = "separate",
-             config_dkdv: Config | None = None, config_dq: Config | None = None):
+             config_dkdv: Config | None = None, config_dq: Config | None = None, window=None, softcap=None,
+             packed=None):
     """Run the backward kernels: returns (dq, dk, dv) for upstream gradient ``do``.
 
     ``dq_mode="separate"`` (default) computes dQ in its own kernel: deterministic.
@@ -336,7 +395,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     dQ, may change between runs on a GPU. It uses the dK/dV tiles chosen for the
     separate mode; on sm_90 at head_dim 128 without a mask those are 64 x 64, which
     doubles the atomic traffic: 44.5 ms against 16.3 ms with 64 x 128 tiles at
-    N = 4096 (benchmarks/results/*-ladder*/ladder.csv).
+    N = 4096 (benchmarks/results/*-ladder*/ladder.csv). ``window`` and ``softcap`` must
+    be the forward's (``kernel_mask``), and ``packed`` too (``flash_forward``).
     """
     scale = check_inputs(q, k, v, causal, scale, dq_mode)
     for name, x, like in (("o", o, q), ("do", do, q)):
@@ -363,7 +423,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     group = heads // kv_heads
     bd = configs.block_d(head_dim)
     precision = dot_precision(q.dtype)
-    qk_scale = scale * LOG2E
+    causal, qk_scale, extra = kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
+                                          diagonal=0 if packed is not None else None)
 
     # a length of 1 launches each kernel's twin that takes the lengths as run-time values
     # (forward.LENGTH_ARGS says why); new_buffer is torch.empty, NaN-filled in the stress tests
@@ -384,7 +445,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     def launch_dkdv(cfg: Config):
         if atomic:
             dq.zero_()
-        grid = (triton.cdiv(seq_k, cfg.block_n), batch * kv_heads)
+        grid, documents = packed_launch(packed, "k", kv_heads, batch, seq_k, cfg.block_n)
         dkdv_kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dq,
             q.stride(0), q.stride(1), q.stride(2),
@@ -397,10 +458,10 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             heads, kv_heads, group, seq_q, seq_k, qk_scale, scale,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, ATOMIC_DQ=atomic, DOT_PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra, **documents)
 
     def launch_dq(cfg: Config):
-        grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
+        grid, documents = packed_launch(packed, "q", heads, batch, seq_q, cfg.block_m)
         dq_kernel[grid](
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2),
@@ -411,7 +472,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             heads, group, seq_q, seq_k, qk_scale, scale,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, DOT_PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra, **documents)
 
     _run("backward_dkdv", q, bd, causal, key + (atomic,), launch_dkdv, config_dkdv)
     if atomic:
@@ -430,21 +491,24 @@ class FlashAttention(torch.autograd.Function):
     the backward is the same whichever kernel ran forward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None):
-        o, lse = (forward or flash_forward)(q, k, v, causal=causal, scale=scale)
+    def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None, window=None, softcap=None, packed=None):
+        masked = {} if window is None and softcap is None and packed is None else dict(
+            window=window, softcap=softcap, packed=packed)
+        o, lse = (forward or flash_forward)(q, k, v, causal=causal, scale=scale, **masked)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.dq_mode = causal, scale, dq_mode
+        ctx.causal, ctx.scale, ctx.dq_mode, ctx.masked = causal, scale, dq_mode, masked
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale,
-                                    dq_mode=ctx.dq_mode)
-        return dq, dk, dv, None, None, None, None
+                                    dq_mode=ctx.dq_mode, **ctx.masked)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str = "separate"):
+def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str = "separate",
+                    window=None, softcap=None):
     """softmax(scale * q k^T) v with the Triton kernels of chapters 7 and 8; differentiable.
 
     This is ``flashbook.flash_attention(..., backend="triton")``; the front door
@@ -461,6 +525,11 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
         scale: multiplies the scores; None means 1/sqrt(head_dim).
         dq_mode: ``"separate"`` (deterministic dQ kernel) or ``"atomic"`` (dQ added
             with atomics inside the dK/dV kernel; chapter 8 compares the two).
+        window: ``(left, right)``, flash-attn's sliding window: query i sees key j when
+            i + d - left <= j <= i + d + right (d = seq_k - seq_q); -1 is no limit; with
+            ``causal=True`` right is 0. Key tiles outside every row's window are skipped.
+        softcap: ``c > 0`` replaces each scaled score s by c * tanh(s / c) (Gemma 2's
+            logit soft-capping), in the forward and its gradient; None is off.
 
     Returns:
         o with q's shape, dtype and memory layout.
@@ -472,4 +541,5 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
     are not a power of two are padded on chip and masked. bfloat16 needs a GPU.
     """
     check_inputs(q, k, v, causal, scale, dq_mode)
-    return FlashAttention.apply(q, k, v, causal, scale, dq_mode)
+    masks.check_window(window), masks.check_softcap(softcap)
+    return FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap)

@@ -36,7 +36,8 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import MAIN, MASKED, causal_bounds, load_lse, load_tile, query_bounds, query_tile_index, visible_keys
+from .forward import (MAIN, MASKED, causal_bounds, document, load_lse, load_tile, query_bounds, query_tile_index,
+                      soft_cap, visible_keys, window_bounds, window_query_bounds)
 
 
 @triton.jit
@@ -74,8 +75,13 @@ def load_tile_pair(base_a, base_b, rows, stride_a, stride_b, n_rows, offs_d, HEA
 def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                     stride_qm, stride_dom, stride_dqm, offs_m, offs_d, seq_q, seq_k, diagonal, lo, hi,
                     qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, STAGE: tl.constexpr,
-                    CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Add query tiles [lo, hi) into this K/V tile's (dk, dv); optionally push dq out."""
+                    CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0):
+    """Add query tiles [lo, hi) into this K/V tile's (dk, dv); optionally push dq out.
+
+    ``WINDOW``: key j is kept for row i when i + first <= j <= i + diagonal. ``SOFTCAP``:
+    P is recomputed from the capped scores, and dS picks up the cap's derivative,
+    d(c tanh(s / c)) / ds = 1 - tanh(s / c)^2."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
@@ -88,15 +94,22 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
             delta = tl.load(delta_base + rows)
         # Work with the transposed tile (keys x queries): dK and dV want P^T and dS^T.
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        if SOFTCAP:
+            qkT = soft_cap(qkT * cap_scale)
         pT = tl.exp2(qkT * qk_scale - lse[None, :])
         if STAGE == MASKED and CAUSAL:
             pT = tl.where(cols[:, None] <= rows[None, :] + diagonal, pT, 0.0)
+        if STAGE == MASKED and WINDOW:
+            pT = tl.where((cols[:, None] <= rows[None, :] + diagonal) & (cols[:, None] >= rows[None, :] + first),
+                          pT, 0.0)
         if ATOMIC_DQ:
             # keys past seq_k would only pollute dq (their own dk/dv are never stored)
             pT = tl.where(cols[:, None] < seq_k, pT, 0.0)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
+        if SOFTCAP:
+            dsT = dsT * (1.0 - qkT * qkT)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         if ATOMIC_DQ:
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=DOT_PRECISION)
@@ -117,8 +130,13 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               n_heads, n_kv_heads, group, seq_q, seq_k, qk_scale, scale,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads)."""
+              CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None,
+              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False):
+    """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads).
+
+    ``WINDOW``, ``SOFTCAP``, ``VARLEN`` and their arguments: as in ``forward._attn_fwd``
+    (varlen: grid (cdiv(max_seqlen_k, BLOCK_N), documents * kv_heads))."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_n = tl.program_id(0) * BLOCK_N
     bh_kv = tl.program_id(1)
@@ -128,64 +146,102 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     cols = start_n + tl.arange(0, BLOCK_N)
-    k = load_tile(K + b * stride_kb + h_kv * stride_kh, cols, stride_kn, seq_k,
-                  offs_d, HEAD_DIM, True, not EVEN_D)
-    v = load_tile(V + b * stride_vb + h_kv * stride_vh, cols, stride_vn, seq_k,
-                  offs_d, HEAD_DIM, True, not EVEN_D)
+    if VARLEN:   # this document's keys and queries (forward._attn_fwd)
+        total_q = seq_q
+        q_start, seq_q = document(CU_SEQLENS_Q, b)
+        k_start, seq_k = document(CU_SEQLENS_K, b)
+        first += seq_k - seq_q
+        last += seq_k - seq_q
+        seq_q = tl.where(start_n < seq_k, seq_q, 0)   # a key tile past its document's end: no query sees it
+        k = load_tile(K + k_start * stride_kn + h_kv * stride_kh, cols, stride_kn, seq_k,
+                      offs_d, HEAD_DIM, True, not EVEN_D)
+        v = load_tile(V + k_start * stride_vn + h_kv * stride_vh, cols, stride_vn, seq_k,
+                      offs_d, HEAD_DIM, True, not EVEN_D)
+    else:
+        k = load_tile(K + b * stride_kb + h_kv * stride_kh, cols, stride_kn, seq_k,
+                      offs_d, HEAD_DIM, True, not EVEN_D)
+        v = load_tile(V + b * stride_vb + h_kv * stride_vh, cols, stride_vn, seq_k,
+                      offs_d, HEAD_DIM, True, not EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     # Which query tiles see this key tile, and which of them need the causal mask.
-    diagonal = seq_k - seq_q
-    lo, band_end, full_end, main_end, hi = query_bounds(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW:
+        diagonal = last
+        lo, band_end, full_end, hi = window_query_bounds(start_n, seq_q, first, last, BLOCK_M, BLOCK_N)
+        main_end = full_end
+    else:
+        diagonal = seq_k - seq_q
+        lo, band_end, full_end, main_end, hi = query_bounds(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     for g in range(0, group):  # the query heads that share this K/V head (GQA)
         h = h_kv * group + g
         bh = b * n_heads + h
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DO + b * stride_dob + h * stride_doh
-        dq_base = DQ + b * stride_dqb + h * stride_dqh
-        lse_base = LSE + bh * seq_q
-        delta_base = DELTA + bh * seq_q
+        if VARLEN:   # lse and delta are (heads, total_q)
+            q_base = Q + q_start * stride_qm + h * stride_qh
+            do_base = DO + q_start * stride_dom + h * stride_doh
+            dq_base = DQ + q_start * stride_dqm + h * stride_dqh
+            lse_base = LSE + h * total_q + q_start
+            delta_base = DELTA + h * total_q + q_start
+        else:
+            q_base = Q + b * stride_qb + h * stride_qh
+            do_base = DO + b * stride_dob + h * stride_doh
+            dq_base = DQ + b * stride_dqb + h * stride_dqh
+            lse_base = LSE + bh * seq_q
+            delta_base = DELTA + bh * seq_q
         # the causal diagonal band, then the whole tiles, then a ragged last query tile
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, lo, band_end, qk_scale,
-                                 HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
+                                 HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
+                                 WINDOW, first, SOFTCAP, cap_scale)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, band_end, full_end, qk_scale,
-                                 HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
+                                 HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
+                                 WINDOW, first, SOFTCAP, cap_scale)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, main_end, hi, qk_scale,
-                                 HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION)
+                                 HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
+                                 WINDOW, first, SOFTCAP, cap_scale)
 
     dk = dk * scale  # dK = scale * dS^T Q: the scale is applied once, at the end
     keep = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=keep)
-    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=keep)
+    if VARLEN:
+        tl.store(DK + k_start * stride_dkn + h_kv * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
+                 dk.to(DK.dtype.element_ty), mask=keep)
+        tl.store(DV + k_start * stride_dvn + h_kv * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :],
+                 dv.to(DV.dtype.element_ty), mask=keep)
+    else:
+        tl.store(DK + b * stride_dkb + h_kv * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :],
+                 dk.to(DK.dtype.element_ty), mask=keep)
+        tl.store(DV + b * stride_dvb + h_kv * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :],
+                 dv.to(DV.dtype.element_ty), mask=keep)
 
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_n, offs_d,
                   seq_k, diagonal, lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   STAGE: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """Add key tiles [lo, hi) into this query tile's dq."""
+                  DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
+                  SOFTCAP: tl.constexpr = False, cap_scale=1.0):
+    """Add key tiles [lo, hi) into this query tile's dq (masks and soft cap as ``_bwd_dkdv_inner``)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         k, v = load_tile_pair(k_base, v_base, cols, stride_kn, stride_vn, seq_k, offs_d, HEAD_DIM,
                               STAGE == MASKED, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if SOFTCAP:
+            qk = soft_cap(qk * cap_scale)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         if STAGE == MASKED:
-            p = tl.where(visible_keys(rows, cols, seq_k, diagonal, CAUSAL), p, 0.0)
+            p = tl.where(visible_keys(rows, cols, seq_k, diagonal, CAUSAL, WINDOW, first), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - qk * qk)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
     return dq
 
@@ -200,8 +256,12 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             n_heads, group, seq_q, seq_k, qk_scale, scale,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads)."""
+            CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None,
+            WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False):
+    """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
+
+    ``WINDOW``, ``SOFTCAP``, ``VARLEN`` and their arguments: as in ``forward._attn_fwd``."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_m = query_tile_index(CAUSAL) * BLOCK_M  # the heaviest query tiles first, as in the forward
     bh = tl.program_id(1)
@@ -213,24 +273,56 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + b * stride_qb + h * stride_qh, rows, stride_qm, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
-    do = load_tile(DO + b * stride_dob + h * stride_doh, rows, stride_dom, seq_q,
-                   offs_d, HEAD_DIM, True, not EVEN_D)
-    row_ok = rows < seq_q
-    lse = load_lse(LSE + bh.to(tl.int64) * seq_q, rows, seq_q, True)  # in base 2; no key seen: P = 0
-    delta = tl.load(DELTA + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)
+    if VARLEN:   # this document's queries and keys (forward._attn_fwd); lse, delta: (heads, total_q)
+        total_q = seq_q
+        q_start, seq_q = document(CU_SEQLENS_Q, b)
+        k_start, seq_k = document(CU_SEQLENS_K, b)
+        first += seq_k - seq_q
+        last += seq_k - seq_q
+        seq_k = tl.where(start_m < seq_q, seq_k, 0)   # a tile past its document's end visits no key
+        q = load_tile(Q + q_start * stride_qm + h * stride_qh, rows, stride_qm, seq_q, offs_d, HEAD_DIM, True,
+                      not EVEN_D)
+        do = load_tile(DO + q_start * stride_dom + h * stride_doh, rows, stride_dom, seq_q,
+                       offs_d, HEAD_DIM, True, not EVEN_D)
+        row_ok = rows < seq_q
+        lse = load_lse(LSE + h * total_q + q_start, rows, seq_q, True)
+        delta = tl.load(DELTA + h * total_q + q_start + rows, mask=row_ok, other=0.0)
+    else:
+        q = load_tile(Q + b * stride_qb + h * stride_qh, rows, stride_qm, seq_q, offs_d, HEAD_DIM, True, not EVEN_D)
+        do = load_tile(DO + b * stride_dob + h * stride_doh, rows, stride_dom, seq_q,
+                       offs_d, HEAD_DIM, True, not EVEN_D)
+        row_ok = rows < seq_q
+        lse = load_lse(LSE + bh.to(tl.int64) * seq_q, rows, seq_q, True)  # in base 2; no key seen: P = 0
+        delta = tl.load(DELTA + bh.to(tl.int64) * seq_q + rows, mask=row_ok, other=0.0)
 
-    diagonal = seq_k - seq_q
-    full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    k_base = K + b * stride_kb + h_kv * stride_kh
-    v_base = V + b * stride_vb + h_kv * stride_vh
+    if WINDOW:   # the forward's three stages (forward.window_bounds)
+        diagonal = last
+        lo, full_lo, full_end, hi = window_bounds(start_m, seq_k, first, last, BLOCK_M, BLOCK_N)
+    else:
+        diagonal = seq_k - seq_q
+        full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+        full_lo = 0
+    if VARLEN:
+        k_base = K + k_start * stride_kn + h_kv * stride_kh
+        v_base = V + k_start * stride_vn + h_kv * stride_vh
+    else:
+        k_base = K + b * stride_kb + h_kv * stride_kh
+        v_base = V + b * stride_vb + h_kv * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if WINDOW:
+        dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                           rows, offs_n, offs_d, seq_k, diagonal, lo, full_lo, qk_scale,
+                           HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                       rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, qk_scale,
-                       HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+                       rows, offs_n, offs_d, seq_k, diagonal, full_lo, full_end, qk_scale,
+                       HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                        rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-                       HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
+                       HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
     dq = dq * scale  # dQ = scale * dS K
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if VARLEN:
+        tl.store(DQ + q_start * stride_dqm + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    else:
+        tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from .. import reference
+from .. import masks, reference
 from ..reference import torch_attention
 
 
@@ -43,10 +43,14 @@ def reference_grads(q, k, v, do, *, causal=False, scale=None):
     return tuple(torch.from_numpy(x) for x in (o, dq, dk, dv))
 
 
-def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32):
-    """(o, dq, dk, dv) of ``torch_attention``, computed and returned in ``dtype``."""
+def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32, window=None, softcap=None):
+    """(o, dq, dk, dv) of ``torch_attention``, computed and returned in ``dtype``; ``window``
+    and ``softcap`` as ``flash_attention``'s (the mask from ``masks.allowed``)."""
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
-    o = torch_attention(*leaves, causal=causal, scale=scale)
+    allowed = None
+    if masks.check_window(window) != masks.NO_WINDOW:
+        allowed = masks.allowed(q.shape[-2], k.shape[-2], causal=causal, window=window)
+    o = torch_attention(*leaves, causal=causal, scale=scale, allowed=allowed, softcap=masks.check_softcap(softcap))
     o.backward(do.detach().to(dtype))
     return (o.detach(), *(t.grad for t in leaves))
 

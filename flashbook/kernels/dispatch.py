@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 
-from .. import runtime
+from .. import masks, runtime
 from . import autograd
 
 BACKENDS = ("auto", "triton", "gluon")
@@ -32,10 +32,12 @@ BACKENDS = ("auto", "triton", "gluon")
 _last = threading.local()
 
 
-def gluon_refusal(q, k, v, causal: bool = False) -> str | None:
+def gluon_refusal(q, k, v, causal: bool = False, window=None, softcap=None) -> str | None:
     """Why the Gluon forward cannot take this call on this machine, or None if it can.
 
     The inputs are assumed valid for the Triton kernel (``autograd.check_inputs``)."""
+    if autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0)[2]:
+        return "it has no sliding window and no soft cap (the Triton kernel has both)"
     if runtime.INTERPRET or q.device.type != "cuda":
         return "no CUDA GPU (the Triton interpreter runs the Triton kernel)"
     from . import hopper
@@ -49,13 +51,14 @@ def gluon_refusal(q, k, v, causal: bool = False) -> str | None:
     return None
 
 
-def choose_backend(q, k, v, causal: bool = False, backend: str = "auto") -> tuple[str, str]:
+def choose_backend(q, k, v, causal: bool = False, backend: str = "auto", window=None,
+                   softcap=None) -> tuple[str, str]:
     """(the backend that runs, why) for these inputs; raises for a backend that cannot run."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton":
         return "triton", "asked for"
-    refusal = gluon_refusal(q, k, v, causal)
+    refusal = gluon_refusal(q, k, v, causal, window, softcap)
     if backend == "gluon":
         if refusal:
             raise ValueError(f"backend='gluon' cannot run this call: {refusal}; backend='auto' or 'triton' can")
@@ -66,7 +69,7 @@ def choose_backend(q, k, v, causal: bool = False, backend: str = "auto") -> tupl
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str = "auto",
-                    dq_mode: str = "separate"):
+                    dq_mode: str = "separate", window=None, softcap=None):
     """softmax(scale * q k^T) v, differentiable, with the fastest kernel that takes the call.
 
     Args:
@@ -80,22 +83,28 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
             cannot run). ``last_backend()`` says which ran.
         dq_mode: the backward's dQ: ``"separate"`` (deterministic) or ``"atomic"``
             (chapter 8).
+        window: ``(left, right)``, flash-attn's sliding window (-1: no limit on that side;
+            ``causal=True`` makes right 0); the Triton kernel skips the key tiles outside it.
+        softcap: ``c > 0``: scores c * tanh(s / c) (Gemma 2); None is off.
 
     Returns:
         o with q's shape and dtype (the Triton forward keeps q's memory layout; the Gluon
         forward returns it contiguous).
     """
     autograd.check_inputs(q, k, v, causal, scale, dq_mode)
+    plain_causal, _, extra = autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0)
+    if not extra:   # no window (or the causal one, (-1, 0)) and no cap: the plain kernels
+        causal, window, softcap = plain_causal, None, None
     if autograd.is_empty(q, k):
         chosen, why = "triton", "an empty input (nothing is launched)"
     else:
-        chosen, why = choose_backend(q, k, v, causal, backend)
+        chosen, why = choose_backend(q, k, v, causal, backend, window, softcap)
     _last.backend, _last.reason = chosen, why
     if chosen == "gluon":
         from .hopper import gluon_forward
 
         return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, gluon_forward)
-    return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode)
+    return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap)
 
 
 def last_backend() -> str | None:

@@ -98,12 +98,18 @@ def query_tile_index(CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def visible_keys(rows, cols, seq_k, diagonal, CAUSAL: tl.constexpr):
+def visible_keys(rows, cols, seq_k, diagonal, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, first=0):
     """(rows x cols) mask of the scores a masked-stage tile keeps: keys that exist,
-    and, when causal, key j for query row i only if j <= i + (seq_k - seq_q)."""
+    and, when causal, key j for query row i only if j <= i + (seq_k - seq_q).
+
+    A window (``WINDOW``; chapter "One kernel, many masks") keeps key j for row i when
+    i + first <= j <= i + diagonal: the caller passes ``diagonal`` = seq_k - seq_q +
+    right and ``first`` = seq_k - seq_q - left (``window_offsets``)."""
     visible = cols[None, :] < seq_k
     if CAUSAL:
         visible = visible & (cols[None, :] <= rows[:, None] + diagonal)
+    if WINDOW:
+        visible = visible & (cols[None, :] <= rows[:, None] + diagonal) & (cols[None, :] >= rows[:, None] + first)
     return visible
 
 
@@ -156,6 +162,65 @@ def query_bounds(start_n, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
+def document(CU_SEQLENS, b):
+    """Where document ``b`` of a packed batch starts and how long it is: ``cu_seqlens[b]``
+    and ``cu_seqlens[b + 1] - cu_seqlens[b]`` (flash-attn's varlen layout)."""
+    start = tl.load(CU_SEQLENS + b)
+    return start.to(tl.int64), tl.load(CU_SEQLENS + b + 1) - start
+
+
+@triton.jit
+def window_bounds(start_m, seq_k, first, last, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``causal_bounds`` for a window: row i sees keys [i + first, i + last].
+
+    Returns ``(lo, full_lo, full_hi, hi)``: key tiles [lo, full_lo) need the mask (the
+    window's lower edge), [full_lo, full_hi) are seen whole by every row of the tile
+    (main stage), [full_hi, hi) need the mask again (the upper edge and a ragged last
+    tile). Tiles outside [lo, hi) are never visited. lo, full_lo and full_hi are
+    multiples of BLOCK_N, and lo <= full_lo <= full_hi <= hi.
+    """
+    lo = (tl.maximum(start_m + first, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + last, seq_k), lo)
+    # every row sees keys from (last row) + first up to (first row) + last
+    full_lo = tl.cdiv(tl.maximum(start_m + BLOCK_M - 1 + first, 0), BLOCK_N) * BLOCK_N
+    full_hi = (tl.minimum(start_m + last + 1, seq_k) // BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def window_query_bounds(start_n, seq_q, first, last, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``query_bounds`` for a window: key j is seen by rows [j - last, j - first].
+
+    Returns ``(lo, band_end, main_end, hi)``: query tiles [lo, band_end) masked,
+    [band_end, main_end) see the whole key tile and are whole query tiles (main stage),
+    [main_end, hi) masked (the window's far edge and a ragged last query tile).
+    """
+    lo = (tl.maximum(start_n - last, 0) // BLOCK_M) * BLOCK_M
+    hi = tl.maximum(tl.minimum(start_n + BLOCK_N - first, seq_q), lo)
+    band_end = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - last, 0), BLOCK_M) * BLOCK_M
+    main_end = (tl.minimum(start_n - first + 1, seq_q) // BLOCK_M) * BLOCK_M
+    band_end = tl.minimum(tl.maximum(band_end, lo), hi)
+    main_end = tl.maximum(tl.minimum(main_end, hi), band_end)
+    return lo, band_end, main_end, hi
+
+
+@triton.jit
+def soft_cap(x):
+    """tanh(x), to a few float32 ulps, for the soft cap c * tanh(s / c) (Gemma 2).
+
+    Triton has no tanh that its CPU interpreter runs, so: 1 - 2 / (e^(2x) + 1), which
+    for |x| < 0.3 loses digits to cancellation; there an odd Taylor polynomial (error
+    below 2e-8 of x) takes over."""
+    x2 = x * x
+    small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+        -0.05396825396825397 + x2 * 0.021869488536155203))))
+    large = 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+    return tl.where(tl.abs(x) < 0.3, small, large)
+
+
+@triton.jit
 def load_lse(lse_base, rows, seq_q, MASK_ROWS: tl.constexpr):
     """The saved lse of ``rows``, times log2(e) (the backward's exp2 wants it in base 2).
 
@@ -171,21 +236,33 @@ def load_lse(lse_base, rows, seq_q, MASK_ROWS: tl.constexpr):
 
 
 @triton.jit
+def finite(m):
+    """A running maximum with -inf (no key seen yet) replaced by 0, to subtract safely."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
 def shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale,
-                   STAGE: tl.constexpr, CAUSAL: tl.constexpr):
+                   STAGE: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, first=0):
     """One tile's scaled scores minus the new running row maximum, and that maximum.
 
     Main stage: the scale is folded into the subtraction (one multiply-add per
     score). Masked stage: the scores a row may not see become -inf first.
     """
     if STAGE == MASKED:
-        visible = visible_keys(rows, cols, seq_k, diagonal, CAUSAL)
+        visible = visible_keys(rows, cols, seq_k, diagonal, CAUSAL, WINDOW, first)
         qk = tl.where(visible, qk * qk_scale, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(qk, 1))
-        # A row that has seen no key yet keeps a max of -inf; use 0 instead so
-        # that -inf - (-inf) never makes a NaN (its p is exp2(-inf) = 0 anyway).
-        new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        qk = qk - new_max[:, None]
+        if WINDOW:
+            # A row may see its first key only in a later tile: its maximum stays -inf
+            # until then (a stand-in of 0 would floor it, and exp2 of scores far below
+            # 0 would underflow); ``finite`` keeps the subtractions free of NaN.
+            qk = qk - finite(new_max)[:, None]
+        else:
+            # A row that has seen no key yet keeps a max of -inf; use 0 instead so
+            # that -inf - (-inf) never makes a NaN (its p is exp2(-inf) = 0 anyway).
+            new_max = finite(new_max)
+            qk = qk - new_max[:, None]
     else:
         new_max = tl.maximum(row_max, tl.max(qk, 1) * qk_scale)
         qk = qk * qk_scale - new_max[:, None]
@@ -197,16 +274,26 @@ def _fwd_inner(acc, row_max, row_sum, q,
                k_base, v_base, stride_kn, stride_vn,
                rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
-               CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax, in base 2."""
+               CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0):
+    """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax, in base 2.
+
+    ``SOFTCAP``: the scores become tanh(q.k * cap_scale) first, with cap_scale = scale / c
+    and ``qk_scale`` = c * log2(e), so the softmax sees c * tanh(scale * q.k / c)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
+        if SOFTCAP:
+            qk = soft_cap(qk * cap_scale)
+        qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL,
+                                     WINDOW, first)
         p = tl.exp2(qk)
-        alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
+        if WINDOW:
+            alpha = tl.exp2(row_max - finite(new_max))  # row_max -inf: nothing summed yet, 0
+        else:
+            alpha = tl.exp2(row_max - new_max)  # rescales what was summed under the old max
         acc, row_sum = fold_values(acc, row_sum, p, alpha, v_base, cols, stride_vn, seq_k, offs_d,
                                    HEAD_DIM, STAGE == MASKED, EVEN_D, DOT_PRECISION)
         row_max = new_max
@@ -230,17 +317,18 @@ def fold_values(acc, row_sum, p, alpha, v_base, cols, stride_vn, seq_k, offs_d,
 def attend(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
            rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, hi, qk_scale,
            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-           EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+           EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+           WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0):
     """Both stages for one query tile: key tiles [lo, full_end) without a mask (main),
     then [full_end, hi) with one (the causal diagonal and a ragged last tile)."""
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, qk_scale,
-        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
+        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
     return acc, row_max, row_sum
 
 
@@ -267,10 +355,18 @@ def _attn_fwd(Q, K, V, O, LSE,
               n_heads, group, seq_q, seq_k, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None,
+              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
+    ``WINDOW``: row i sees keys [i + first, i + last] (``autograd.kernel_mask``), visited in
+    three stages (``window_bounds``). ``SOFTCAP``: scores c * tanh(s / c) (``_fwd_inner``).
+    ``VARLEN``: documents packed along one sequence (flash-attn's varlen): the batch axis of
+    the grid counts documents, each with its own lengths from ``CU_SEQLENS_Q/K``; ``seq_q``
+    is the packed total, lse is (heads, total), and ``first``/``last`` are relative to each
+    document's own diagonal. Grid (cdiv(max_seqlen_q, BLOCK_M), documents * heads).
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_m = query_tile_index(CAUSAL) * BLOCK_M
@@ -280,10 +376,22 @@ def _attn_fwd(Q, K, V, O, LSE,
     h_kv = (h // group).to(tl.int64)  # GQA: `group` query heads share one K/V head
     h = h.to(tl.int64)
 
-    q_base = Q + b * stride_qb + h * stride_qh
-    k_base = K + b * stride_kb + h_kv * stride_kh
-    v_base = V + b * stride_vb + h_kv * stride_vh
-    o_base = O + b * stride_ob + h * stride_oh
+    if VARLEN:
+        total_q = seq_q
+        q_start, seq_q = document(CU_SEQLENS_Q, b)
+        k_start, seq_k = document(CU_SEQLENS_K, b)
+        first += seq_k - seq_q   # the window, about this document's own diagonal
+        last += seq_k - seq_q
+        seq_k = tl.where(start_m < seq_q, seq_k, 0)   # a tile past its document's end visits no key
+        q_base = Q + q_start * stride_qm + h * stride_qh
+        k_base = K + k_start * stride_kn + h_kv * stride_kh
+        v_base = V + k_start * stride_vn + h_kv * stride_vh
+        o_base = O + q_start * stride_om + h * stride_oh
+    else:
+        q_base = Q + b * stride_qb + h * stride_qh
+        k_base = K + b * stride_kb + h_kv * stride_kh
+        v_base = V + b * stride_vb + h_kv * stride_vh
+        o_base = O + b * stride_ob + h * stride_oh
 
     rows = start_m + tl.arange(0, BLOCK_M)   # this tile's query rows (absolute)
     offs_n = tl.arange(0, BLOCK_N)           # offsets within a key tile
@@ -294,15 +402,30 @@ def _attn_fwd(Q, K, V, O, LSE,
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    diagonal = seq_k - seq_q
-    full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, row_max, row_sum = attend(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION)
+    if WINDOW:
+        # the window's lower edge (masked), the tiles every row sees whole, the upper edge
+        lo, full_lo, full_end, hi = window_bounds(start_m, seq_k, first, last, BLOCK_M, BLOCK_N)
+        acc, row_max, row_sum = _fwd_inner(
+            acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+            rows, offs_n, offs_d, seq_k, last, lo, full_lo, qk_scale,
+            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+        acc, row_max, row_sum = attend(
+            acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+            rows, offs_n, offs_d, seq_k, last, full_lo, full_end, hi, qk_scale,
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+    else:
+        diagonal = seq_k - seq_q
+        full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, row_max, row_sum = attend(
+            acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+            rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, hi, qk_scale,
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, False, 0, SOFTCAP, cap_scale)
 
     acc, lse = normalised_rows(acc, row_max, row_sum)
     row_ok = rows < seq_q
-    tl.store(LSE + bh.to(tl.int64) * seq_q + rows, lse, mask=row_ok)
+    if VARLEN:
+        tl.store(LSE + h * total_q + q_start + rows, lse, mask=row_ok)
+    else:
+        tl.store(LSE + bh.to(tl.int64) * seq_q + rows, lse, mask=row_ok)
     o_ptrs = o_base + rows[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))

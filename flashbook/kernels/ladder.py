@@ -102,10 +102,12 @@ def every_tile_split(start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 def attend_natural(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn, rows, offs_n, offs_d,
                    seq_k, diagonal, lo, full_end, hi, qk_scale, HEAD_DIM: tl.constexpr,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):  # attend's arguments, as a swap needs
+                   DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
+                   SOFTCAP: tl.constexpr = False, cap_scale=1.0):  # attend's arguments, as a swap needs
     """Instead of ``attend``: natural exp, scores and maxima in natural units (``qk_scale``
     is the plain softmax scale here), and every key tile in [lo, hi) masked, whatever
     ``full_end`` says (the split into two stages came later, with exp2)."""
+    tl.static_assert(not WINDOW and not SOFTCAP, "the ladder's rungs know no window and no soft cap")
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..validation import check_count, check_flag
-from .forward import causal_bounds, query_bounds
+from .forward import causal_bounds, query_bounds, window_bounds, window_query_bounds
 
 STAGES = ("main", "masked", "skipped")
 KERNELS = ("forward", "backward_dq", "backward_dkdv")
@@ -56,15 +56,52 @@ def _query_bounds_probe(out_ptr, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: t
     tl.store(out_ptr + 5 * pid + 4, hi)
 
 
+@triton.jit
+def _window_bounds_probe(out_ptr, seq_q, seq_k, first, last, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         QUERY_SIDE: tl.constexpr):
+    """One program per query tile stores window_bounds' (lo, full_lo, full_hi, hi), or, with
+    QUERY_SIDE, one per key tile window_query_bounds' (lo, band_end, main_end, hi)."""
+    pid = tl.program_id(0)
+    if QUERY_SIDE:
+        a, b, c, d = window_query_bounds(pid * BLOCK_N, seq_q, first, last, BLOCK_M, BLOCK_N)
+    else:
+        a, b, c, d = window_bounds(pid * BLOCK_M, seq_k, first, last, BLOCK_M, BLOCK_N)
+    tl.store(out_ptr + 4 * pid, a)
+    tl.store(out_ptr + 4 * pid + 1, b)
+    tl.store(out_ptr + 4 * pid + 2, c)
+    tl.store(out_ptr + 4 * pid + 3, d)
+
+
+def _window_stage_map(seq_q, seq_k, block_m, block_n, extra, kernel) -> np.ndarray:
+    """``stage_map`` for a window: three stages, masked / main / masked, on either side."""
+    n_query_tiles, n_key_tiles = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
+    query_side = kernel == "backward_dkdv"
+    programs = n_key_tiles if query_side else n_query_tiles
+    out = torch.zeros(programs, 4, dtype=torch.int32, device=runtime.device())
+    _window_bounds_probe[(programs,)](out, seq_q, seq_k, extra["first"], extra["last"], BLOCK_M=block_m,
+                                      BLOCK_N=block_n, QUERY_SIDE=query_side)
+    bounds = out.cpu().numpy()
+    if query_side:   # (lo, band_end, main_end, hi) per key tile: columns of the map
+        lo, band_end, main_end, hi = bounds.T[:, None, :]
+        starts = np.arange(n_query_tiles)[:, None] * block_m
+    else:            # (lo, full_lo, full_hi, hi) per query tile: rows of the map
+        lo, band_end, main_end, hi = (bounds[:, i:i + 1] for i in range(4))
+        starts = np.arange(n_key_tiles)[None, :] * block_n
+    main = (band_end <= starts) & (starts < main_end)
+    masked = ((lo <= starts) & (starts < band_end)) | ((main_end <= starts) & (starts < hi))
+    return np.where(main, "main", np.where(masked, "masked", "skipped")).astype(object)
+
+
 def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool = True,
-              kernel: str = "forward") -> np.ndarray:
+              kernel: str = "forward", window=None) -> np.ndarray:
     """(T_r, T_c) array of "main", "masked" or "skipped" for each (query tile, key tile),
     as ``kernel``'s own bounds helper decides it.
 
     "forward" and "backward_dq" (one program per query tile): ``causal_bounds``, the loop
     runs [0, full_end) main, then [full_end, hi) masked. "backward_dkdv" (one program per
     key tile): ``query_bounds``, query tiles [lo, band_end) masked, [band_end, full_end)
-    main, [main_end, hi) masked.
+    main, [main_end, hi) masked. ``window=(left, right)`` (flash-attn's, as
+    ``flash_attention`` takes it): ``window_bounds`` or ``window_query_bounds`` instead.
     """
     for name, value in (("seq_q", seq_q), ("seq_k", seq_k), ("block_m", block_m), ("block_n", block_n)):
         check_count(value, name)
@@ -74,6 +111,11 @@ def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool =
         if value & (value - 1):
             raise ValueError(f"{name} must be a power of two (a Triton tile size), got {value}")
     check_flag(causal, "causal")
+    from .autograd import kernel_mask
+
+    causal, _, extra = kernel_mask(causal, window, None, seq_q, seq_k, 1.0)
+    if extra:
+        return _window_stage_map(seq_q, seq_k, block_m, block_n, extra, kernel)
     n_query_tiles, n_key_tiles = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
     if kernel == "backward_dkdv":
         out = torch.zeros(n_key_tiles, 5, dtype=torch.int32, device=runtime.device())

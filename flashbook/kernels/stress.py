@@ -24,10 +24,11 @@ Used by ``tests/test_stress_gpu.py`` (thousands of runs on a GPU),
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from .. import masks
 from . import autograd, checks
 from .autograd import poisoned_outputs
 
@@ -44,29 +45,33 @@ FP32_HEAD_DIMS = (16, 64, 80, 128)   # see all_classes: float32 at 256 compiles 
 NEW_TOKENS = (1, 2, 3, 8, 16)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 GRADS = ("o", "dq", "dk", "dv")
-KERNELS = ("attention", "decode", "gluon")
+KERNELS = ("attention", "decode", "gluon", "varlen")
 
 
 @dataclass(frozen=True)
 class Case:
     """One run: a kernel, a shape, a dtype and (for decode) the cache lengths' seed."""
-    kernel: str              # "attention" (Triton fwd + bwd), "gluon" (Gluon fwd + bwd), "decode"
+    kernel: str              # "attention" (Triton fwd + bwd), "gluon" (Gluon fwd + bwd), "decode", "varlen"
     batch: int
     heads: int
     kv_heads: int
-    seq_q: int               # decode: new tokens per sequence
-    seq_k: int               # decode: the cache's length n_max
+    seq_q: int               # decode: new tokens per sequence; varlen: the longest document
+    seq_k: int               # decode: the cache's length n_max; varlen: the longest document
     head_dim: int
     causal: bool
     dtype: str
     dq_mode: str = "separate"
     page_size: int = 0       # decode: 0 a dense cache, else a paged one (shuffled pages)
+    window: tuple = (-1, -1)  # attention: flash_attention's sliding window (left, right)
+    softcap: float = 0.0     # attention: the soft cap c (0: off)
 
     def label(self) -> str:
         return (f"{self.kernel}-{self.dtype}-b{self.batch}h{self.heads}/{self.kv_heads}-"
                 f"{self.seq_q}x{self.seq_k}-d{self.head_dim}-{'causal' if self.causal else 'full'}"
                 + ("" if self.dq_mode == "separate" else f"-{self.dq_mode}")
-                + (f"-pages{self.page_size}" if self.page_size else ""))
+                + (f"-pages{self.page_size}" if self.page_size else "")
+                + (f"-window{self.window[0]},{self.window[1]}" if self.window != (-1, -1) else "")
+                + (f"-softcap{self.softcap:g}" if self.softcap else ""))
 
 
 @dataclass
@@ -124,6 +129,21 @@ def _launch(case: Case, seed: int, device):
         with poisoned_outputs():
             o = flash_decode(q, *caches, cache_seqlens=lengths.to(device), causal=case.causal, **table)
         return (q, k, v), lengths.tolist(), (o,)
+    if case.kernel == "varlen":   # `batch` documents of random lengths, the first one at full length
+        from .varlen import flash_attention_varlen
+
+        gen = torch.Generator().manual_seed(seed)
+        lengths = [torch.randint(0, n + 1, (b,), generator=gen) for n in (nq, nk)]
+        lengths[0][0], lengths[1][0] = nq, nk
+        cu_q, cu_k = (torch.cat([torch.zeros(1, dtype=torch.int64), n.cumsum(0)]) for n in lengths)
+        q, k, v, do = _draw(((int(cu_q[-1]), h, d), (int(cu_k[-1]), hk, d), (int(cu_k[-1]), hk, d),
+                             (int(cu_q[-1]), h, d)), dtype, seed, device)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with poisoned_outputs():
+            o = flash_attention_varlen(*leaves, cu_q.to(device, torch.int32), cu_k.to(device, torch.int32), nq, nk,
+                                       causal=case.causal, window=case.window, softcap=case.softcap)
+            o.backward(do)
+        return (q, k, v, do), (cu_q.tolist(), cu_k.tolist()), (o.detach(), *(x.grad for x in leaves))
     q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     with poisoned_outputs():
@@ -132,7 +152,8 @@ def _launch(case: Case, seed: int, device):
 
             o = gluon_attention(*leaves, causal=case.causal)
         else:
-            o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode)
+            o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode,
+                                         window=case.window, softcap=case.softcap)
         o.backward(do)
     return (q, k, v, do), None, (o.detach(), *(x.grad for x in leaves))
 
@@ -141,8 +162,9 @@ def run_attention(case: Case, seed: int, device) -> list:
     """Forward and backward of ``case`` on inputs drawn from ``seed``: the problems found
     (empty when every output and gradient is within the rule)."""
     (q, k, v, do), _, got = _launch(case, seed, device)
-    truth = checks.torch_grads(q, k, v, do, causal=case.causal, dtype=torch.float64)
-    yardstick = checks.torch_grads(q, k, v, do, causal=case.causal, dtype=DTYPES[case.dtype])
+    mask = dict(causal=case.causal, window=case.window, softcap=case.softcap)
+    truth = checks.torch_grads(q, k, v, do, dtype=torch.float64, **mask)
+    yardstick = checks.torch_grads(q, k, v, do, dtype=DTYPES[case.dtype], **mask)
     return _compare(GRADS, got, truth, yardstick, case.head_dim, terms=(1, 1, alone_rows(case), 1))
 
 
@@ -150,8 +172,12 @@ def alone_rows(case: Case) -> int:
     """How many query rows of a KV head see some key alone (P = 1 there, so dK sums that
     many roundings of an exact 0: ``checks.within_twice_yardstick``'s ``terms``): every
     row with one key and no mask, else at most one row per query head (causal: the
-    first row that sees a key sees key 0 alone)."""
+    first row that sees a key sees key 0 alone); with a window, the rows that see
+    exactly one key (a window of (0, 0): every row)."""
     group = case.heads // case.kv_heads
+    if case.window != (-1, -1):
+        seen = masks.allowed(case.seq_q, case.seq_k, causal=case.causal, window=case.window).sum(axis=1)
+        return group * max(1, int((seen == 1).sum()))
     return group * (case.seq_q if case.seq_k == 1 and not case.causal else 1)
 
 
@@ -169,7 +195,30 @@ def run_decode(case: Case, seed: int, device) -> list:
     return problems
 
 
-RUNNERS = {"attention": run_attention, "gluon": run_attention, "decode": run_decode}
+def run_varlen(case: Case, seed: int, device) -> list:
+    """``flash_attention_varlen`` on documents of lengths drawn from ``seed``: each document's
+    output and gradients against float64 attention over that document alone (rows of a
+    document without keys, and keys of one without queries, must be exactly 0)."""
+    (q, k, v, do), (cu_q, cu_k), got = _launch(case, seed, device)
+    problems = []
+    for b in range(case.batch):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        one = lambda x, span: x[span].transpose(0, 1).unsqueeze(0)   # noqa: E731  (1, heads, n, d)
+        mine = (one(got[0], rows), one(got[1], rows), one(got[2], keys), one(got[3], keys))
+        if rows.start == rows.stop or keys.start == keys.stop:   # nothing to attend to: zeros
+            problems += [f"document {b}: {name} not 0" for name, x in zip(GRADS, mine) if bool(x.ne(0).any())]
+            continue
+        inputs = (one(q, rows), one(k, keys), one(v, keys), one(do, rows))
+        mask = dict(causal=case.causal, window=case.window, softcap=case.softcap)
+        truth = checks.torch_grads(*inputs, dtype=torch.float64, **mask)
+        yardstick = checks.torch_grads(*inputs, dtype=DTYPES[case.dtype], **mask)
+        alone = alone_rows(replace(case, seq_q=rows.stop - rows.start, seq_k=keys.stop - keys.start))
+        problems += [f"document {b} ({rows.stop - rows.start} x {keys.stop - keys.start}): {p}"
+                     for p in _compare(GRADS, mine, truth, yardstick, case.head_dim, terms=(1, 1, alone, 1))]
+    return problems
+
+
+RUNNERS = {"attention": run_attention, "gluon": run_attention, "decode": run_decode, "varlen": run_varlen}
 
 
 def launch_only(case: Case, seed: int, device) -> list:
@@ -191,11 +240,26 @@ def run_case(case: Case, seed: int, device, *, check: bool = True) -> list:
 
 def attention_class(seq_q: int, seq_k: int, dtype: str, causal: bool, runs: int, *, batch: int = 2,
                     heads: int = 8, groups=GROUPS, head_dims=HEAD_DIMS, dq_mode: str = "separate",
-                    kernel: str = "attention") -> list:
+                    kernel: str = "attention", window=(-1, -1), softcap: float = 0.0) -> list:
     """``runs`` cases of one class (lengths, dtype, mask), cycling through (group, head_dim)."""
     combos = list(itertools.product(groups, head_dims))
-    return [Case(kernel, batch, heads, heads // g, seq_q, seq_k, d, causal, dtype, dq_mode)
+    return [Case(kernel, batch, heads, heads // g, seq_q, seq_k, d, causal, dtype, dq_mode,
+                 window=tuple(window), softcap=softcap)
             for g, d in itertools.islice(itertools.cycle(combos), runs)]
+
+
+#: (window, causal, softcap) of the mask classes: a window of one key, causal bands, a
+#: band on both sides, one side unlimited either way, and the soft cap alone and in a band
+MASKS = (((0, 0), False, 0.0), ((3, 0), True, 0.0), ((16, 8), False, 0.0), ((-1, 5), False, 0.0),
+         ((70, -1), False, 0.0), ((-1, -1), False, 5.0), ((20, 0), True, 5.0))
+MASK_LENGTH_PAIRS = ((1, 1), (17, 17), (65, 65), (17, 65), (65, 17), (129, 2))
+
+
+def mask_name(window, causal: bool, softcap: float) -> str:
+    """A mask class's name: ``window3,0-causal``, ``softcap5-full``, ..."""
+    parts = ([f"window{window[0]},{window[1]}"] if tuple(window) != (-1, -1) else []) + (
+        [f"softcap{softcap:g}"] if softcap else [])
+    return "-".join(parts + ["causal" if causal else "full"])
 
 
 def decode_class(n_new: int, dtype: str, causal: bool, runs: int, *, batch: int = 3, heads: int = 8,
@@ -233,6 +297,11 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
             for n_q, n_k in ((1, 1), (17, 65), (65, 17), (129, 129)):
                 found.append((f"attention-atomic-{dtype}-{n_q}x{n_k}-causal",
                               attention_class(n_q, n_k, dtype, True, runs, dq_mode="atomic")))
+        for dtype in ("fp16", "bf16"):   # windows and the soft cap (chapter "One kernel, many masks")
+            for n_q, n_k in MASK_LENGTH_PAIRS:
+                for window, causal, cap in MASKS:
+                    found.append((f"attention-{dtype}-{n_q}x{n_k}-{mask_name(window, causal, cap)}",
+                                  attention_class(n_q, n_k, dtype, causal, runs, window=window, softcap=cap)))
     if "decode" in kernels:
         for dtype in ("fp16", "bf16", "fp32"):
             for n_new in NEW_TOKENS:
@@ -244,6 +313,13 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
                 for n_new in (1, 4):
                     found.append((f"decode-paged{page_size}-{dtype}-new{n_new}-causal",
                                   decode_class(n_new, dtype, True, runs, page_size=page_size)))
+    if "varlen" in kernels:   # packed documents: 4 of random lengths up to the longest
+        for dtype in ("fp16", "bf16"):
+            for longest in (17, 65, 129):
+                for window, causal, cap in (((-1, -1), False, 0.0), ((-1, -1), True, 0.0)) + MASKS[1:3] + MASKS[-1:]:
+                    found.append((f"varlen-{dtype}-max{longest}-{mask_name(window, causal, cap)}",
+                                  attention_class(longest, longest, dtype, causal, runs, batch=4, kernel="varlen",
+                                                  window=window, softcap=cap)))
     if "gluon" in kernels:
         for dtype in ("fp16", "bf16"):
             for n_q, n_k in GLUON_LENGTH_PAIRS:

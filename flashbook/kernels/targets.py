@@ -36,7 +36,8 @@ def _kernel_fn(kernel: str):
 
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
                    causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True,
-                   dot_precision: str = "tf32", page_size: int = 0):
+                   dot_precision: str = "tf32", page_size: int = 0, window: bool = False, softcap: bool = False,
+                   varlen: bool = False):
     """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
 
     The decode kernels (``flash_decode``, chapter 11) take ``n_new`` new tokens; with
@@ -45,7 +46,9 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     > 0 compiles the decode kernel for a paged cache of such pages.
     ``dot_precision`` is the ``input_precision`` of the kernels' ``tl.dot`` (what
     ``autograd.dot_precision`` passes at launch): it only matters for fp32 inputs,
-    "tf32" (tensor cores) or "ieee" (PyTorch's default "highest")."""
+    "tf32" (tensor cores) or "ieee" (PyTorch's default "highest"). ``window``, ``softcap``:
+    the attention kernels with a sliding window or a soft cap (``autograd.kernel_mask``);
+    ``varlen``: for packed documents (``varlen.flash_attention_varlen``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -58,6 +61,10 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     fp32 = {"LSE", "DELTA"} | ({"DQ"} if atomic_dq else set())
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
+    if kernel in ("forward", "backward_dkdv", "backward_dq"):
+        constexprs.update(WINDOW=window, SOFTCAP=softcap, VARLEN=varlen)
+        if not varlen:   # the cu_seqlens pointers: None, as a launch without documents leaves them
+            constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
     if kernel == "decode":
         constexprs.update(N_NEW=n_new, HAS_SEQLENS=True, PAGE_SIZE=page_size)
         fp32 |= {"O"} if splits else set()
@@ -68,13 +75,13 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in ("SEQLENS", "TABLE"):
+        elif name in ("SEQLENS", "TABLE", "CU_SEQLENS_Q", "CU_SEQLENS_K"):
             signature[name] = "*i32"
         elif name in fp32:
             signature[name] = "*fp32"
         elif name.isupper():  # a tensor: Q, K, V, O, DO, DK, DV, DQ
             signature[name] = f"*{dtype}"
-        elif name in ("qk_scale", "scale"):
+        elif name in ("qk_scale", "scale", "cap_scale"):
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
@@ -139,7 +146,8 @@ def run_job(job: dict, compile_gluon=None) -> dict:
                                       atomic_dq=job.get("atomic_dq", False), n_new=job.get("n_new", 1),
                                       splits=job.get("splits", True),
                                       dot_precision=job.get("dot_precision", "tf32"),
-                                      page_size=job.get("page_size", 0))
+                                      page_size=job.get("page_size", 0), window=job.get("window", False),
+                                      softcap=job.get("softcap", False), varlen=job.get("varlen", False))
         out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.

@@ -1,0 +1,114 @@
+"""Packed documents: ``flash_attention_varlen``, flash-attn's ``flash_attn_varlen_func`` here.
+
+Long-context training packs several documents into one row of tokens instead of
+padding each to the longest, and no token may attend across a document's edge::
+
+    q: (total_q, heads, head_dim)        the documents' queries, one after the other
+    k, v: (total_k, kv_heads, head_dim)
+    cu_seqlens_q = [0, 3, 3, 7]          document b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
+    o = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+
+The kernels are chapter 7 and 8's, launched with ``VARLEN``: the batch axis of the grid
+counts documents, and each program reads its document's start and lengths from
+``cu_seqlens`` and runs exactly what a batch of one would run, with its own causal
+diagonal and window (bottom-right aligned per document, as flash-attn). Query tiles past
+a short document's end visit nothing, so the work is the documents' own, not
+documents x max_seqlen. The saved lse is (heads, total_q), flash-attn's layout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import masks
+from ..validation import check_count
+from . import autograd
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Where the documents are: flash-attn's ``cu_seqlens`` (int32, on the inputs' device)
+    and the longest document on each side (the launch grid's length)."""
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def documents(self) -> int:
+        return self.cu_seqlens_q.numel() - 1
+
+
+def _check_3d(x, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"{name} must have 3 dimensions (total tokens, heads, head_dim) as flash-attn's "
+                         f"varlen functions take it, got shape {tuple(x.shape)}")
+
+
+def check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, check_values: bool = True) -> Packed:
+    """Validate the varlen arguments (the tensors' shapes are ``autograd.check_inputs``'): errors
+    name the argument. ``check_values`` reads ``cu_seqlens`` on the host (one device
+    synchronisation) to check that each starts at 0, never decreases, ends at the packed
+    length and holds no document longer than ``max_seqlen``: a wrong value would make the
+    kernels read outside the tensors."""
+    pairs = (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k))
+    for name, cu, x in pairs:
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
+        if cu.dtype != torch.int32 or cu.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D int32 tensor (flash-attn's cu_seqlens), "
+                            f"got {cu.dtype} of shape {tuple(cu.shape)}")
+        if cu.device != x.device:
+            raise ValueError(f"{name} must be on the inputs' device {x.device}, got {cu.device}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must count the same documents, got "
+                         f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
+    longest = {}
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        longest[name] = check_count(value, name, 0)
+    if check_values:
+        for (name, cu, x), limit in zip(pairs, ("max_seqlen_q", "max_seqlen_k")):
+            host = masks.check_cu_seqlens(cu.cpu().numpy(), name, total=x.shape[0])
+            if host.size > 1 and int((host[1:] - host[:-1]).max()) > longest[limit]:
+                b = int((host[1:] - host[:-1]).argmax())
+                raise ValueError(f"document {b} has {int(host[b + 1] - host[b])} tokens, more than "
+                                 f"{limit} = {longest[limit]}")
+    return Packed(cu_seqlens_q, cu_seqlens_k, longest["max_seqlen_q"], longest["max_seqlen_k"])
+
+
+def packed_views(q, k, v):
+    """(total, heads, d) tensors as the (1, heads, total, d) views the kernels take (no copy)."""
+    return tuple(x.unsqueeze(0).transpose(1, 2) for x in (q, k, v))
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                           causal: bool = False, scale=None, window=None, softcap=None,
+                           dq_mode: str = "separate", check_values: bool = True):
+    """Attention within each of several documents packed along one sequence; differentiable.
+
+    Args (flash-attn's ``flash_attn_varlen_func`` names and layout):
+        q: (total_q, heads, head_dim) float16, bfloat16 or float32.
+        k, v: (total_k, kv_heads, head_dim); kv_heads divides heads (GQA).
+        cu_seqlens_q, cu_seqlens_k: int32 (documents + 1,): document b's queries are rows
+            ``cu_seqlens_q[b]`` to ``cu_seqlens_q[b + 1] - 1`` (and its keys likewise).
+        max_seqlen_q, max_seqlen_k: the longest document on each side (at least as long).
+        causal, scale, window, softcap: as ``flash_attention``, applied to each document
+            alone (bottom-right aligned per document).
+        check_values: check ``cu_seqlens`` on the host first (``check_packed``).
+
+    Returns:
+        o of shape (total_q, heads, head_dim), q's dtype.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_3d(x, name)
+    q4, k4, v4 = packed_views(q, k, v)
+    autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode)
+    masks.check_window(window), masks.check_softcap(softcap)
+    packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_values=check_values)
+    if packed.documents == 0:
+        return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
+    o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed)
+    return o.transpose(1, 2).squeeze(0)

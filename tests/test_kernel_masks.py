@@ -1,0 +1,244 @@
+"""Sliding windows and soft caps in the Triton kernels, against float64 (``flashbook.masks``).
+
+Runs wherever the kernels run: in Triton's CPU interpreter here (float16 and float32;
+the interpreter cannot compute bfloat16), on a GPU under ``pytest -m gpu`` through the
+stress classes (``kernels.stress.MASKS``: 60 seeds each, outputs poisoned with NaN).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import flashbook
+from flashbook import masks, runtime
+from flashbook.kernels import autograd, probes, stress
+
+DEVICE = runtime.device()
+
+
+# --- every mask class, forward and backward, by the book's error rule ------------------
+
+#: length pairs where a window's edges, ragged tiles and rows that see no key meet
+INTERPRETER_PAIRS = ((1, 1), (17, 33), (40, 9))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window,causal,cap", stress.MASKS, ids=[stress.mask_name(*m) for m in stress.MASKS])
+@pytest.mark.parametrize("n_q,n_k", INTERPRETER_PAIRS, ids=[f"{a}x{b}" for a, b in INTERPRETER_PAIRS])
+def test_mask_class_in_fp32_and_fp16(n_q, n_k, window, causal, cap):
+    for dtype, group, head_dim in (("fp32", 1, 24), ("fp16", 4, 16)):   # a padded head_dim, and GQA
+        cases = stress.attention_class(n_q, n_k, dtype, causal, 1, groups=(group,), head_dims=(head_dim,),
+                                       window=window, softcap=cap)
+        result = stress.run_class(f"{dtype}-{n_q}x{n_k}", cases, DEVICE, first_seed=7 * n_q + n_k)
+        assert result.runs == 1 and result.passed, stress.report(result)
+
+
+def test_scores_far_below_zero_are_not_lost_behind_a_window():
+    """Rows whose first visible key lies past the first key tile they visit: a running
+    maximum stood in by 0 there would make exp2 of scores near -290 (log2 units) underflow
+    to an all-zero row. Every score here is about -200, so each row's softmax is nearly
+    uniform over the 3 keys of its window."""
+    gen = torch.Generator().manual_seed(3)
+    u = torch.nn.functional.normalize(torch.randn(16, generator=gen), dim=0)
+    q = (200 ** 0.5 * u + 0.01 * torch.randn(1, 1, 64, 16, generator=gen))
+    k = (-(200 ** 0.5) * u + 0.01 * torch.randn(1, 1, 64, 16, generator=gen))
+    v = torch.randn(1, 1, 64, 16, generator=gen)
+    o = autograd.flash_attention(q, k, v, causal=True, window=(2, 0), scale=1.0)
+    want = masks.attention(*(x.double().numpy()[0, 0] for x in (q, k, v)), causal=True, window=(2, 0), scale=1.0)
+    assert np.abs(want).min(axis=1).max() > 0   # the truth is no zero row
+    assert np.abs(o.numpy()[0, 0] - want).max() < 1e-4
+
+
+# --- which tiles the kernels visit, against NumPy's count -----------------------------
+
+@pytest.mark.parametrize("kernel", probes.KERNELS)
+@pytest.mark.parametrize("n_q,n_k", [(64, 64), (128, 96), (96, 160), (100, 70)])
+def test_the_kernels_visit_exactly_the_tiles_the_window_touches(kernel, n_q, n_k):
+    for window in ((0, 0), (5, 0), (16, 40), (-1, 7), (50, -1), (200, 200)):
+        for causal in (False, True):
+            stages = probes.stage_map(n_q, n_k, 32, 16, causal, kernel, window=window)
+            kinds = masks.tile_kinds(n_q, n_k, 32, 16, causal=causal, window=window)
+            what = f"{kernel} {n_q}x{n_k} window={window} causal={causal}"
+            assert (kinds[stages == "main"] == "full").all(), what   # unmasked only where nothing is hidden
+            visited, touched = stages != "skipped", kinds != "skipped"
+            if n_q % 32 == 0:
+                assert (visited == touched).all(), what
+            else:   # a ragged last query tile's missing rows may widen what it visits, never narrow it
+                assert (visited >= touched).all(), what
+
+
+def test_a_sliding_window_visits_tiles_in_proportion_to_the_window_not_to_n_squared():
+    visited = {}
+    for n in (1024, 2048, 4096):
+        stages = probes.stage_map(n, n, 64, 64, True, "forward", window=(255, 0))
+        visited[n] = int((stages != "skipped").sum())
+        assert visited[n] == masks.tile_counts(n, n, 64, 64, causal=True, window=(255, 0))["visited"]
+    # each query tile visits the 5 key tiles that its 64 rows' 256-key windows reach
+    assert visited == {n: 5 * (n // 64) - 10 for n in visited}
+
+
+# --- the public call: conventions, the plain paths, errors ---------------------------
+
+def _qkv(n_q=33, n_k=33, d=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, n, d, generator=gen) for n in (n_q, n_k, n_k)]
+
+
+def test_no_window_and_the_causal_window_take_the_kernels_usual_paths():
+    assert autograd.kernel_mask(False, None, None, 5, 7, 0.25) == (False, 0.25 * autograd.LOG2E, {})
+    assert autograd.kernel_mask(False, (-1, -1), 0, 5, 7, 0.25)[2] == {}
+    assert autograd.kernel_mask(False, (-1, 0), None, 5, 7, 0.25)[:2] == (True, 0.25 * autograd.LOG2E)
+    causal, _, extra = autograd.kernel_mask(True, (4, 9), None, 5, 7, 0.25)   # causal: right is 0
+    assert not causal and extra == dict(first=7 - 5 - 4, last=7 - 5, WINDOW=True)
+    q, k, v = _qkv()
+    both = [flashbook.flash_attention(q, k, v, causal=c, window=w) for c, w in ((True, None), (False, (-1, 0)))]
+    assert torch.equal(both[0], both[1]) and flashbook.last_backend() == "triton"
+
+
+def test_soft_cap_in_the_limit_of_a_large_cap_is_no_cap():
+    q, k, v = _qkv(seed=1)
+    plain = flashbook.flash_attention(q, k, v, causal=True)
+    capped = flashbook.flash_attention(q, k, v, causal=True, softcap=1e6)
+    # scores are O(5): c * tanh(s / c) differs from s by s^3 / (3 c^2), about 4e-11
+    assert (capped - plain).abs().max() < 1e-5
+
+
+def test_the_soft_cap_is_tanh_to_a_few_ulps_on_either_side_of_its_switch():
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 1, 64, 16, generator=gen)
+    k = torch.randn(1, 1, 64, 16, generator=gen)
+    v = torch.randn(1, 1, 64, 16, generator=gen)
+    for cap in (0.5, 3.0, 50.0):   # |s / c| on both sides of 0.3, where the formula switches
+        got = autograd.flash_attention(q, k, v, softcap=cap)
+        want = masks.attention(*(x.double().numpy()[0, 0] for x in (q, k, v)), softcap=cap)
+        assert np.abs(got.numpy()[0, 0] - want).max() < 2e-6, cap
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    ("left", TypeError, "window"), ((1, 2, 3), ValueError, "window"), ((2.0, 0), TypeError, r"window\[0\]"),
+    ((0, True), TypeError, r"window\[1\]"), ((-5, 0), ValueError, r"window\[0\] = -5"),
+])
+def test_a_bad_window_is_refused_by_name(bad, error, match):
+    q, k, v = _qkv()
+    for call in (flashbook.flash_attention, autograd.flash_attention):
+        with pytest.raises(error, match=match):
+            call(q, k, v, window=bad)
+
+
+@pytest.mark.parametrize("bad,error", [(-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+                                       ("30", TypeError), (True, TypeError)])
+def test_a_bad_softcap_is_refused_by_name(bad, error):
+    q, k, v = _qkv()
+    for call in (flashbook.flash_attention, autograd.flash_attention):
+        with pytest.raises(error, match="softcap"):
+            call(q, k, v, softcap=bad)
+
+
+def test_the_gluon_backend_says_it_has_no_window():
+    from flashbook.kernels import dispatch
+
+    q, k, v = _qkv()
+    assert "sliding window" in dispatch.gluon_refusal(q, k, v, True, (4, 0))
+    with pytest.raises(ValueError, match="sliding window"):
+        flashbook.flash_attention(q, k, v, window=(4, 0), backend="gluon")
+    flashbook.flash_attention(q, k, v, window=(4, 0))
+    assert dispatch.explain_backend()[0] == "triton"
+
+
+# --- packed documents: flash_attention_varlen -----------------------------------------
+
+def _packed(lens_q, lens_k, heads=4, kv_heads=2, d=16, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(n)]), dtype=torch.int32) for n in (lens_q, lens_k))
+    q = torch.randn(int(cu_q[-1]), heads, d, generator=gen).to(dtype)
+    k, v = (torch.randn(int(cu_k[-1]), kv_heads, d, generator=gen).to(dtype) for _ in range(2))
+    return q, k, v, cu_q, cu_k
+
+
+def _packed_truth(q, k, v, do, cu_q, cu_k, **mask):
+    """float64 (o, dq, dk, dv) over the whole packed sequence, documents by id (``masks``)."""
+    group = q.shape[1] // k.shape[1]
+    heads_first = lambda x: x.detach().double().numpy().transpose(1, 0, 2)  # noqa: E731
+    kn, vn = (np.repeat(heads_first(x), group, axis=0) for x in (k, v))
+    ids = dict(doc_ids_q=masks.doc_ids_from_cu_seqlens(cu_q.numpy()),
+               doc_ids_k=masks.doc_ids_from_cu_seqlens(cu_k.numpy()))
+    o = masks.attention(heads_first(q), kn, vn, **ids, **mask)
+    dq, dk, dv = masks.attention_backward(heads_first(q), kn, vn, heads_first(do), **ids, **mask)
+    fold = lambda g: g.reshape(k.shape[1], group, *g.shape[1:]).sum(1).transpose(1, 0, 2)  # noqa: E731
+    return o.transpose(1, 0, 2), dq.transpose(1, 0, 2), fold(dk), fold(dv)
+
+
+@pytest.mark.parametrize("window,causal,cap", [((-1, -1), False, 0.0), ((-1, -1), True, 0.0), ((3, 0), True, 0.0),
+                                               ((2, 5), False, 4.0)],
+                         ids=["full", "causal", "window3-causal", "window2,5-softcap4"])
+def test_packed_documents_match_float64_attention_within_each_document(window, causal, cap):
+    # an empty document, one with queries and no keys, keys and no queries, ragged tiles
+    lens_q, lens_k = [3, 0, 19, 5, 0], [6, 2, 19, 0, 4]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, seed=len(window) + int(causal))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = flashbook.flash_attention_varlen(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                         window=window, softcap=cap)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(9))
+    o.backward(do)
+    truth = _packed_truth(q, k, v, do, cu_q, cu_k, causal=causal, window=window, softcap=cap or None)
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *(x.grad for x in leaves)), truth):
+        assert got.shape == want.shape, name
+        assert np.abs(got.detach().numpy() - want).max() < 2e-5, name
+    rows_without_keys = slice(int(cu_q[3]), int(cu_q[4]))   # document 3 has queries and no key
+    assert not o[rows_without_keys].any() and not leaves[0].grad[rows_without_keys].any()
+
+
+def test_equal_documents_give_the_batched_call_bit_for_bit():
+    """Packed documents of one length are a batch: the same kernels over the same tiles."""
+    q, k, v, cu_q, cu_k = _packed([21, 21, 21], [30, 30, 30], seed=4)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = flashbook.flash_attention_varlen(*leaves, cu_q, cu_k, 21, 30, causal=True)
+    o.backward(torch.ones_like(o))
+    batched = [x.reshape(3, -1, *x.shape[1:]).transpose(1, 2).clone().requires_grad_() for x in (q, k, v)]
+    ob = flashbook.flash_attention(*batched, causal=True, backend="triton")
+    ob.backward(torch.ones_like(ob))
+    unbatch = lambda x: x.transpose(1, 2).reshape(-1, *x.shape[1:2], x.shape[-1])  # noqa: E731
+    assert torch.equal(o, unbatch(ob))
+    for packed, dense in zip(leaves, batched):
+        assert torch.equal(packed.grad, unbatch(dense.grad))
+
+
+def test_no_document_gives_zeros_and_zero_gradients():
+    q, k, v, _, _ = _packed([4], [4])
+    empty = torch.zeros(1, dtype=torch.int32)
+    leaves = [x.clone().requires_grad_() for x in (q[:0], k[:0], v[:0])]
+    o = flashbook.flash_attention_varlen(*leaves, empty, empty, 0, 0)
+    assert o.shape == (0, 4, 16)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(cu_seqlens_q=torch.tensor([0, 3, 9], dtype=torch.int64)), TypeError, "cu_seqlens_q must be a 1-D int32"),
+    (dict(cu_seqlens_q=torch.tensor([1, 3, 9], dtype=torch.int32)), ValueError, "cu_seqlens_q must start at 0"),
+    (dict(cu_seqlens_k=torch.tensor([0, 7, 5], dtype=torch.int32)), ValueError, "cu_seqlens_k must be nondecreasing"),
+    (dict(cu_seqlens_q=torch.tensor([0, 3, 8], dtype=torch.int32)), ValueError, "cu_seqlens_q must end at the packed length 9"),
+    (dict(cu_seqlens_q=torch.tensor([0, 9], dtype=torch.int32)), ValueError, "count the same documents"),
+    (dict(max_seqlen_q=5), ValueError, "more than max_seqlen_q = 5"),
+    (dict(max_seqlen_k=-1), ValueError, "max_seqlen_k"),
+    (dict(q=torch.randn(1, 9, 4, 16)), ValueError, "q must have 3 dimensions"),
+    (dict(window=(1.5, 0)), TypeError, r"window\[0\]"),
+])
+def test_bad_varlen_arguments_are_refused_by_name(change, error, match):
+    q, k, v, cu_q, cu_k = _packed([3, 6], [5, 2])
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6, max_seqlen_k=5)
+    args.update(change)
+    with pytest.raises(error, match=match):
+        flashbook.flash_attention_varlen(**args)
+
+
+@pytest.mark.parametrize("window,causal,cap", [((-1, -1), True, 0.0), stress.MASKS[-1]],
+                         ids=["causal", stress.mask_name(*stress.MASKS[-1])])
+def test_the_stress_harness_checks_packed_documents(window, causal, cap):
+    """The GPU suite's varlen classes, once each in the interpreter: four documents of random
+    lengths (some empty), each against float64 attention over that document alone."""
+    for dtype, group in (("fp32", 1), ("fp16", 4)):
+        cases = stress.attention_class(17, 17, dtype, causal, 1, batch=4, groups=(group,), head_dims=(16,),
+                                       kernel="varlen", window=window, softcap=cap)
+        result = stress.run_class(f"varlen-{dtype}", cases, DEVICE, first_seed=11)
+        assert result.runs == 1 and result.passed, stress.report(result)
+    assert any(name.startswith("varlen-bf16-max129") for name, _ in stress.all_classes(("varlen",), runs=2))
