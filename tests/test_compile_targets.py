@@ -8,7 +8,9 @@ and that every head_dim the library accepts has a configuration that compiles.
 Compilation runs in a subprocess with TRITON_INTERPRET=0 (this process may have
 imported triton in interpreter mode): ``flashbook.kernels.targets.compile_elsewhere``.
 Triton's on-disk cache lives in pytest's cache directory, so a second run takes
-seconds; a cold run is about 190 CPU-seconds (Triton 3.9, ptxas included).
+seconds; a cold run is about 300 CPU-seconds for the three chips (Triton 3.9, ptxas
+included; measured on the 2-core CI machine: 73 s sm_90, 129 s sm_80 with its IEEE
+float32 jobs, 76 s sm_75).
 """
 from __future__ import annotations
 
@@ -62,11 +64,25 @@ def jobs_for(cc: int) -> list[dict]:
         if widest[kernel, smallest] != (16, 2):
             jobs.append(_job(kernel, cc, 16, "fp16", smallest))
     jobs.append(_job("backward_dkdv", cc, 128, "fp16", _config("backward_dkdv", cc, 128, 2), atomic_dq=True))
-    # float32 as PyTorch's default switch ("highest") runs it: IEEE products, no tensor cores
-    for kernel in configs.KERNELS:
-        config = _config(kernel, cc, 128, 4)
-        if config is not None:
-            jobs.append(dict(_job(kernel, cc, 128, "fp32", config), dot_precision="ieee"))
+    # float32 as PyTorch's default switch ("highest") runs it: IEEE products, no tensor cores.
+    # Compiled on sm_80 only. Measured with Triton 3.9 at head_dim 128 (forward, dK/dV, dQ):
+    # on sm_80 IEEE needs more shared memory than TF32 for the forward (115,200 B against
+    # 98,304 B), so it must be checked there; on sm_90 it needs less than TF32 for each
+    # kernel (164,352 / 147,968 / 106,496 B against 196,608 / 197,120 / 131,072 B, which
+    # the TF32 jobs above check) and took 194 CPU-s to compile, 153 of them the dK/dV kernel;
+    # on sm_75 TF32 is already compiled to the same FMA code (identical shared memory).
+    # packed documents with a sliding window and a soft cap (chapter "One kernel, many
+    # masks"): the window's three stages, the cap's tanh and the per-document lengths, at the
+    # widest tile the half-precision kernels take
+    if cc != 75:
+        for kernel in configs.KERNELS:
+            jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2), causal=False),
+                             window=True, softcap=True, varlen=True))
+    if cc == 80:
+        for kernel in configs.KERNELS:
+            config = _config(kernel, cc, 128, 4)
+            if config is not None:
+                jobs.append(dict(_job(kernel, cc, 128, "fp32", config), dot_precision="ieee"))
     return jobs
 
 

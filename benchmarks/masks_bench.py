@@ -1,0 +1,267 @@
+"""flashbook's masks against PyTorch's FlexAttention on the same masks: right, and how fast.
+
+    PYTHONPATH=. python3 benchmarks/masks_bench.py --out DIR [--head-dims 64,128]
+        [--seqs 4K,8K,16K,32K] [--windows 1K,4K] [--masks window,documents,softcap,window-softcap]
+        [--check-seq 4K] [--budget-s 500]
+
+Masks (all causal, bf16): a sliding window of W keys (Mistral, Gemma), packed documents of
+mixed lengths (varlen: ``flash_attention_varlen`` here, a document ``mask_mod`` there), the
+soft cap c = 50 (Gemma 2), and the window with the cap. FlexAttention runs compiled
+(``torch.compile(flex_attention)``) with the ``BlockMask`` of the same mask, so it skips the
+same empty tiles.
+
+For each shape: forward and forward+backward times (``flashbook.bench.time_ms``: CUDA
+events, median), TFLOP/s counted two ways (over the pairs the mask allows, and over the
+tiles flashbook's forward visits: ``masks.tile_counts`` at its block sizes), and
+flashbook / Flex time. At ``--check-seq`` every output and gradient of both is checked
+against float64 by the book's rule (``checks.within_twice_yardstick``, bf16 PyTorch as the
+yardstick). DIR/masks.json: every row and the provenance.
+
+``flex_mask``, ``flex_score`` and ``documents`` are what the tests check on the CPU against
+``flashbook.masks`` (tests/test_masks_bench.py): the comparison is of the same function.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
+from flashbook import masks, reference  # noqa: E402
+
+MASKS = ("window", "documents", "softcap", "window-softcap")
+SOFTCAP = 50.0
+
+
+def flex_mask(n_q: int, n_k: int, *, causal: bool = True, window=(-1, -1), doc_ids=None):
+    """A FlexAttention ``mask_mod`` for flash-attn's window convention (bottom-right aligned,
+    causal sets right to 0) and, with ``doc_ids`` (one id per token, queries and keys packed
+    alike, n_q == n_k), no attention across documents."""
+    left, right = masks.check_window(window)
+    right = 0 if causal else right
+    diagonal = n_k - n_q
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = kv_idx >= 0
+        if right >= 0:
+            ok = ok & (kv_idx <= q_idx + diagonal + right)
+        if left >= 0:
+            ok = ok & (kv_idx >= q_idx + diagonal - left)
+        if doc_ids is not None:
+            ok = ok & (doc_ids[q_idx] == doc_ids[kv_idx])
+        return ok
+
+    return mask_mod
+
+
+def flex_score(softcap):
+    """The soft cap as a FlexAttention ``score_mod`` (None: no score_mod)."""
+    cap = masks.check_softcap(softcap)
+    if cap is None:
+        return None
+    return lambda score, b, h, q_idx, kv_idx: cap * torch.tanh(score / cap)
+
+
+def documents(n: int, seed: int, shortest: int = 256) -> np.ndarray:
+    """cu_seqlens of documents of mixed lengths that fill n tokens: lengths drawn log-uniform
+    between ``shortest`` and n / 2, the last one cut to fit."""
+    rng = np.random.default_rng(seed)
+    cuts, total = [0], 0
+    while total < n:
+        length = int(np.exp(rng.uniform(np.log(shortest), np.log(max(shortest, n // 2)))))
+        total = min(n, total + length)
+        cuts.append(total)
+    return np.array(cuts, dtype=np.int32)
+
+
+def allowed_pairs(n: int, causal: bool, window, cu) -> int:
+    """How many (query, key) pairs the mask allows, row by row (no n x n array)."""
+    left, right = masks.check_window(window)
+    right = 0 if causal else right
+    i = np.arange(n)
+    lo = np.zeros(n, dtype=np.int64) if left < 0 else np.maximum(i - left, 0)
+    hi = np.full(n, n - 1, dtype=np.int64) if right < 0 else np.minimum(i + right, n - 1)
+    if cu is not None:
+        doc = np.searchsorted(cu, i, side="right") - 1
+        lo, hi = np.maximum(lo, cu[doc]), np.minimum(hi, cu[doc + 1] - 1)
+    return int(np.maximum(hi - lo + 1, 0).sum())
+
+
+def _calls(name, n, window, q, k, v, cu):
+    """(flashbook call, flex call) computing the same masked attention of (1, H, n, d) inputs."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    cap = SOFTCAP if "softcap" in name else None
+    win = window if "window" in name else (-1, -1)
+    doc_ids = None
+    if name == "documents":
+        doc_ids = torch.as_tensor(masks.doc_ids_from_cu_seqlens(cu), device=q.device)
+        cu_t = torch.as_tensor(cu, device=q.device)
+        longest = int(np.diff(cu).max())
+
+        def ours(q, k, v):
+            packed = (x.squeeze(0).transpose(0, 1) for x in (q, k, v))
+            o = flashbook.flash_attention_varlen(*packed, cu_t, cu_t, longest, longest, causal=True,
+                                                 check_values=False)
+            return o.transpose(0, 1).unsqueeze(0)
+    else:
+        def ours(q, k, v):
+            return flashbook.flash_attention(q, k, v, causal=True, window=win, softcap=cap)
+    block_mask = create_block_mask(flex_mask(n, n, causal=True, window=win, doc_ids=doc_ids), None, None, n, n,
+                                   device=q.device)
+    compiled = _compiled_flex(flex_attention)
+    score = flex_score(cap)
+
+    def flex(q, k, v):
+        return compiled(q, k, v, block_mask=block_mask, score_mod=score, enable_gqa=k.shape[1] != q.shape[1])
+    return ours, flex, dict(causal=True, window=win, softcap=cap)
+
+
+_COMPILED = {}
+
+
+def _compiled_flex(flex_attention):
+    if "flex" not in _COMPILED:
+        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED["flex"]
+
+
+def check(name, n, d, window, seed) -> dict:
+    """Both implementations against float64 by the book's rule, at one shape (H = 4)."""
+    from flashbook.kernels import checks
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(1, 4, n, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+    cu = documents(n, seed)
+    ours, flex, mask = _calls(name, n, window, q, k, v, cu)
+    allowed = torch.as_tensor(masks.allowed(n, n, causal=True, window=mask["window"],
+                                            doc_ids_q=masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None,
+                                            doc_ids_k=masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None))
+
+    def grads(fn, dtype):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        o = fn(*leaves)
+        o.backward(do.to(dtype))
+        return (o.detach(), *(x.grad for x in leaves))
+
+    def torch_fn(q_, k_, v_):
+        return reference.torch_attention(q_, k_, v_, allowed=allowed, softcap=mask["softcap"])
+
+    truth = grads(torch_fn, torch.float64)
+    yardstick = grads(torch_fn, torch.bfloat16)
+    out = {}
+    for impl, fn in (("flashbook", ours), ("flex", flex)):
+        got = grads(fn, torch.bfloat16)
+        problems = [p for p in (checks.within_twice_yardstick(g, x, t, y, head_dim=d)
+                                for g, x, t, y in zip(("o", "dq", "dk", "dv"), got, truth, yardstick)) if p]
+        out[impl] = {"ok": not problems, "problems": problems,
+                     "max_error": {g: checks.max_error(x, t)[0] for g, x, t in zip(("o", "dq", "dk", "dv"), got, truth)}}
+    out["yardstick_error"] = {g: checks.max_error(y, t)[0] for g, y, t in zip(("o", "dq", "dk", "dv"), yardstick, truth)}
+    return out
+
+
+def time_one(name, n, d, window, seed) -> dict:
+    from flashbook import bench
+    from flashbook.kernels import configs
+
+    heads = 2048 // d
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(1, heads, n, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    cu = documents(n, seed)
+    ours, flex, mask = _calls(name, n, window, q, k, v, cu)
+    pairs = allowed_pairs(n, True, mask["window"], cu if name == "documents" else None)
+    fwd_cfg = configs.default("forward", cc=90, block_d=configs.block_d(d), elem_bytes=2, causal=True)
+    ids = masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None
+    tiles = masks.tile_counts(n, n, fwd_cfg.block_m, fwd_cfg.block_n, causal=True, window=mask["window"],
+                              doc_ids_q=ids, doc_ids_k=ids)
+    row = {"mask": name, "seq": n, "head_dim": d, "heads": heads, "window": list(mask["window"]),
+           "softcap": mask["softcap"], "documents": len(cu) - 1 if name == "documents" else None,
+           "allowed_pairs": pairs, "allowed_fraction": pairs / (n * n), "tiles": tiles,
+           "forward_tile": [fwd_cfg.block_m, fwd_cfg.block_n]}
+    useful = 4 * heads * pairs * d                       # 2 matrix products of 2*d FLOPs per allowed pair
+    visited = 4 * heads * tiles["visited"] * fwd_cfg.block_m * fwd_cfg.block_n * d
+    for impl, fn in (("flashbook", ours), ("flex", flex)):
+        try:
+            out = fn(q, k, v)
+            fwd = bench.time_ms(lambda: fn(q, k, v))
+            both = bench.time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do))
+        except Exception as exc:  # noqa: BLE001 - recorded, the others still run
+            row[impl] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+            continue
+        del out
+        row[impl] = {"fwd_ms": fwd, "fwd_bwd_ms": both, "fwd_tflops_useful": useful / fwd / 1e9,
+                     "fwd_bwd_tflops_useful": 3.5 * useful / both / 1e9}
+        if impl == "flashbook":
+            row[impl]["fwd_tflops_visited"] = visited / fwd / 1e9
+    if "error" not in row["flashbook"] and "error" not in row["flex"]:
+        row["flex_over_flashbook_fwd"] = row["flex"]["fwd_ms"] / row["flashbook"]["fwd_ms"]
+        row["flex_over_flashbook_fwd_bwd"] = row["flex"]["fwd_bwd_ms"] / row["flashbook"]["fwd_bwd_ms"]
+    return row
+
+
+def _size(text: str) -> int:
+    return int(float(text[:-1]) * 1024) if text[-1] in "Kk" else int(text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--head-dims", default="64,128")
+    p.add_argument("--seqs", default="4K,8K,16K,32K")
+    p.add_argument("--windows", default="1K,4K")
+    p.add_argument("--masks", default=",".join(MASKS))
+    p.add_argument("--check-seq", default="4K")
+    p.add_argument("--budget-s", type=float, default=500.0, help="stop starting new shapes after this")
+    args = p.parse_args(argv)
+    from flashbook.bench.records import collect_provenance
+
+    os.makedirs(args.out, exist_ok=True)
+    record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/masks_bench.py"),
+              "checks": [], "rows": []}
+    start = time.perf_counter()
+    head_dims = [int(x) for x in args.head_dims.split(",")]
+    windows = [_size(x) for x in args.windows.split(",")]
+    names = args.masks.split(",")
+
+    def save():
+        with open(os.path.join(args.out, "masks.json"), "w") as f:
+            json.dump(record, f, indent=1)
+
+    for d in head_dims:
+        for name in names:
+            for window in (windows if "window" in name else [windows[0]]):
+                result = check(name, _size(args.check_seq), d, (window, 0), seed=d + window)
+                record["checks"].append({"mask": name, "head_dim": d, "window": window, **result})
+                print(f"check {name} d={d} W={window}: flashbook {result['flashbook']['ok']} flex {result['flex']['ok']}",
+                      flush=True)
+                save()
+    for d in head_dims:
+        for n in (_size(x) for x in args.seqs.split(",")):
+            for name in names:
+                for window in (windows if "window" in name else [None]):
+                    if time.perf_counter() - start > args.budget_s:
+                        record["stopped"] = f"budget of {args.budget_s} s reached"
+                        save()
+                        return 0
+                    row = time_one(name, n, d, (window, 0) if window else (-1, -1), seed=n + d)
+                    record["rows"].append(row)
+                    print(f"{name} N={n} d={d} W={window}: " + ", ".join(
+                        f"{impl} {row[impl].get('fwd_ms', float('nan')):.3f}/{row[impl].get('fwd_bwd_ms', float('nan')):.3f} ms"
+                        for impl in ("flashbook", "flex"))
+                        + f"; flex/flashbook {row.get('flex_over_flashbook_fwd', float('nan')):.2f} fwd, "
+                          f"{row.get('flex_over_flashbook_fwd_bwd', float('nan')):.2f} fwd+bwd", flush=True)
+                    save()
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
