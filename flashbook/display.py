@@ -8,13 +8,111 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import textwrap
 
 
-def source(obj, *, lines: tuple[int, int] | None = None) -> str:
+def _falsy(condition: str, names: set) -> bool:
+    """Whether ``condition`` (Python) is false when every name in ``names`` is False: a
+    name itself, ``not``-free ``and`` with one of them, ``or`` of them only."""
+    import ast
+
+    def false(node) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in names
+        if isinstance(node, ast.BoolOp):
+            parts = [false(v) for v in node.values]
+            return any(parts) if isinstance(node.op, ast.And) else all(parts)
+        return False
+    try:
+        return false(ast.parse(condition, mode="eval").body)
+    except SyntaxError:
+        return False
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _without_paragraphs(lines: list[str], switches) -> list[str]:
+    """``lines`` less the docstring paragraphs that are about a switch: those whose first
+    line names one as ````NAME````."""
+    out, i = [], 0
+    while i < len(lines):
+        if lines[i].count('"""') != 1:   # not the opening line of a docstring over several lines
+            out.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and '"""' not in lines[j]:
+            j += 1
+        doc, paragraph = [], []
+        for line in lines[i:j + 1] + [""]:
+            if line.strip():
+                paragraph.append(line)
+                continue
+            about = paragraph and doc and any(f"``{name}``" in paragraph[0] for name in switches)
+            if paragraph and not about:
+                doc += paragraph + [line]
+            elif about and paragraph[-1].rstrip().endswith('"""'):   # it closed the docstring
+                while doc and not doc[-1].strip():
+                    doc.pop()
+                doc[-1] = doc[-1].rstrip() + '"""'
+                doc.append(line)
+            paragraph = []
+        out.extend(doc[:-1])
+        i = j + 1
+    return out
+
+
+def without_switches(text: str, switches) -> str:
+    """``text`` as it reads with the compile-time switches ``switches`` off and their
+    arguments gone: a chapter shows a kernel before later chapters added to it.
+
+    ``switches`` maps a switch (a ``tl.constexpr`` name) to the run-time arguments only it
+    uses. Dropped: each ``if``/``elif`` block whose condition is false with the switches
+    off (an ``else`` after it is kept, one level less indented), and the switches and
+    their arguments from every parameter and argument list (``NAME``, ``NAME=default``,
+    ``NAME: tl.constexpr = default``)."""
+    names = set(switches) | {a for args in switches.values() for a in args}
+    lines, out, i = _without_paragraphs(text.splitlines(), switches), [], 0
+    while i < len(lines):
+        line, head = lines[i], lines[i].strip()
+        match = re.fullmatch(r"(?:el)?if (.+):(\s*#.*)?", head)
+        if match and _falsy(match.group(1), names):
+            depth, j = _indent(line), i + 1
+            while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > depth):
+                j += 1
+            if j < len(lines) and _indent(lines[j]) == depth and lines[j].strip().startswith("else:"):
+                j += 1
+                while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > depth):
+                    out.append(lines[j][4:] if lines[j].strip() else lines[j])
+                    j += 1
+            elif j < len(lines) and _indent(lines[j]) == depth and lines[j].strip().startswith("elif "):
+                lines[j] = lines[j].replace("elif ", "if ", 1)
+            i = j
+            continue
+        out.append(line)
+        i += 1
+    item = r"\s*(?:%s)(?:\s*:\s*tl\.constexpr)?(?:\s*=\s*[^,()]+)?\s*" % "|".join(sorted(names, key=len, reverse=True))
+    text = "\n".join(out)
+    text = re.sub(r",(?:%s)(?=[,)\n])" % item, "", text)             # ", NAME" after another argument
+    text = re.sub(r"(?<=[(\n])(?:%s),[ \t]*" % item, "", text)        # "NAME, " opening a list or a line
+    kept = []
+    for line in text.splitlines():   # a continuation line left empty, or with only the closing bracket
+        if kept and re.fullmatch(r"\s*\)?:?", line) and line.strip() and kept[-1].rstrip().endswith(","):
+            kept[-1] = kept[-1].rstrip()[:-1] + line.strip()
+        elif line.strip() or not kept or kept[-1].strip():
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def source(obj, *, lines: tuple[int, int] | None = None, without: dict | None = None) -> str:
     """The source code of a function, class or module, dedented.
 
-    ``lines=(first, last)`` keeps only those lines (1-based, inclusive) of it.
+    ``lines=(first, last)`` keeps only those lines (1-based, inclusive) of it (counted after
+    ``without``). ``without``: compile-time switches to show switched off
+    (``without_switches``).
     """
     obj = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function as .fn
     try:
@@ -23,6 +121,8 @@ def source(obj, *, lines: tuple[int, int] | None = None) -> str:
         raise TypeError(f"obj must be a Python function, class or module with source, "
                         f"got {obj!r}") from err
     text = textwrap.dedent(text)
+    if without:
+        text = without_switches(text, without)
     if lines is not None:
         first, last = lines
         all_lines = text.splitlines()
@@ -33,15 +133,16 @@ def source(obj, *, lines: tuple[int, int] | None = None) -> str:
     return text.rstrip() + "\n"
 
 
-def show_source(obj, *, lines: tuple[int, int] | None = None):
-    """Display ``obj``'s source as a highlighted code block (Markdown output)."""
+def show_source(obj, *, lines: tuple[int, int] | None = None, without: dict | None = None):
+    """Display ``obj``'s source as a highlighted code block (Markdown output); ``lines`` and
+    ``without`` as ``source``."""
     from IPython.display import Markdown, display
 
     obj = getattr(obj, "fn", obj)
     where = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
     header = f"*Source: `{where}.{name}`*\n\n" if where and name and where != name else ""
-    display(Markdown(f"{header}```python\n{source(obj, lines=lines)}```"))
+    display(Markdown(f"{header}```python\n{source(obj, lines=lines, without=without)}```"))
 
 
 #: Set by ``tools/run_notebooks.py`` while it records the GPU chapters: glue then stores each
@@ -85,32 +186,50 @@ def glue_text(name: str, value, fmt: str = "") -> None:
     glue(name, "n/a" if value is None else format(value, fmt), display=False)
 
 
-def _lines_with(obj, needle: str) -> list[int]:
+def _lines_with(obj, needle: str, without: dict | None = None) -> list[int]:
     """1-based numbers of the lines of ``obj``'s (dedented) source that contain ``needle``."""
-    return [i for i, line in enumerate(source(obj).splitlines(), 1) if needle in line]
+    return [i for i, line in enumerate(source(obj, without=without).splitlines(), 1) if needle in line]
 
 
-def show_between(obj, start: str, end: str, nth: int = 0):
+def show_between(obj, start: str, end: str, nth: int = 0, without: dict | None = None):
     """Show ``obj``'s source from the ``nth`` line containing ``start`` to the next line
-    containing ``end``. The lines are searched for, so they follow the code when it changes."""
-    starts = _lines_with(obj, start)
+    containing ``end``. The lines are searched for, so they follow the code when it changes.
+    ``without``: as ``source``."""
+    starts = _lines_with(obj, start, without)
     if len(starts) <= nth:
         raise ValueError(f"start {start!r} is on {len(starts)} lines of {obj!r}, "
                          f"so there is no occurrence number {nth}")
     first = starts[nth]
-    ends = [i for i in _lines_with(obj, end) if i >= first]
+    ends = [i for i in _lines_with(obj, end, without) if i >= first]
     if not ends:
         raise ValueError(f"end {end!r} does not follow line {first} of {obj!r}")
-    show_source(obj, lines=(first, ends[0]))
+    show_source(obj, lines=(first, ends[0]), without=without)
 
 
-def line_of(obj, needle: str) -> str:
+def _switched_off(lines: list[str], switches) -> set[int]:
+    """Indices of ``lines`` inside an ``if`` block that ``without_switches`` would drop."""
+    names = set(switches) | {a for args in switches.values() for a in args}
+    hidden, i = set(), 0
+    while i < len(lines):
+        match = re.fullmatch(r"(?:el)?if (.+):(\s*#.*)?", lines[i].strip())
+        j = i + 1
+        if match and _falsy(match.group(1), names):
+            while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > _indent(lines[i])):
+                hidden.add(j)
+                j += 1
+        i = j if match and _falsy(match.group(1), names) else i + 1
+    return hidden
+
+
+def line_of(obj, needle: str, without: dict | None = None) -> str:
     """``"L<number>  <code>"``: the one line of ``obj``'s file that contains ``needle``,
     numbered as in the file (a chapter's line-by-line table uses it, and fails loudly
-    if the code changed under it)."""
+    if the code changed under it). ``without``: lines that ``source(obj, without=...)``
+    drops do not count."""
     fn = getattr(obj, "fn", obj)  # a @triton.jit kernel keeps its Python function in .fn
     lines, first = inspect.getsourcelines(fn)
-    hits = [i for i, line in enumerate(lines) if needle in line]
+    off = _switched_off(lines, without) if without else set()
+    hits = [i for i, line in enumerate(lines) if needle in line and i not in off]
     if len(hits) != 1:
         raise ValueError(f"needle {needle!r} is on {len(hits)} lines of {fn.__name__}, not one")
     return f"L{first + hits[0]}  " + lines[hits[0]].split("  #")[0].strip()

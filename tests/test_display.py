@@ -22,3 +22,44 @@ def test_digits_agree_with_the_verdict(value, threshold, met, want):
 def test_verdict_needs_a_bool():
     with pytest.raises(TypeError, match="met"):
         verdict_text(0.5, 0.8, "no")
+
+
+def test_a_kernel_is_shown_without_the_switches_a_later_chapter_adds():
+    """Chapters 7 and 8 show the kernels with the window, soft-cap and packed-document
+    switches off: no trace of them, still valid Python, and every other line kept."""
+    import ast
+    import io
+    import tokenize
+
+    from flashbook.display import source, without_switches
+    from flashbook.kernels import backward, forward
+
+    hidden = set(forward.LATER) | {a for args in forward.LATER.values() for a in args}
+    for fn in (forward._attn_fwd, forward.attend, forward._fwd_inner, forward.shifted_scores, forward.visible_keys,
+               backward._bwd_dkdv, backward._bwd_dkdv_inner, backward._bwd_dq, backward._bwd_dq_inner):
+        lesson = source(fn, without=forward.LATER)
+        ast.parse(lesson)
+        names = {t.string for t in tokenize.generate_tokens(io.StringIO(lesson).readline) if t.type == tokenize.NAME}
+        assert not names & hidden, (fn.__name__, names & hidden)
+        assert "``WINDOW``" not in lesson and "soft_cap(" not in lesson, fn.__name__
+        assert len(lesson.splitlines()) < len(source(fn).splitlines()), fn.__name__
+    text = '''def f(a, b, FLAG: tl.constexpr = False, x=0):
+    """One line.
+
+    ``FLAG``: about it."""
+    if FLAG:
+        a = a + x
+    if b and FLAG:
+        b = 1
+    if FLAG:
+        c = g(a, FLAG, x)
+    else:
+        c = g(a, 0, 0)
+    return h(a, b,
+             FLAG, x)
+'''
+    assert without_switches(text, {"FLAG": ("x",)}) == '''def f(a, b):
+    """One line."""
+    c = g(a, 0, 0)
+    return h(a, b)
+'''

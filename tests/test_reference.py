@@ -155,7 +155,7 @@ def test_source_helpers_find_lines_by_content(monkeypatch):
     with pytest.raises(ValueError, match="no occurrence"):
         display.show_between(reference.attention, "no such text", "return")
     shown = {}
-    monkeypatch.setattr(display, "show_source", lambda obj, lines: shown.update(lines=lines))
+    monkeypatch.setattr(display, "show_source", lambda obj, lines, without=None: shown.update(lines=lines))
     display.show_between(reference.attention, "def attention(", "return p @ v")
     first, last = shown["lines"]
     text = display.source(reference.attention, lines=(first, last))

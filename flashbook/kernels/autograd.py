@@ -280,17 +280,17 @@ def _seq_bucket(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def packed_launch(packed, n_q_tiles_of, heads: int, batch: int, length: int, block: int) -> tuple[tuple, dict]:
-    """The grid and extra launch arguments of one kernel: (cdiv(length, block), batch * heads)
-    and nothing, or, for documents packed along one sequence (``varlen.Packed``), one program
-    row per document with its longest length: (cdiv(max_seqlen, block), documents * heads)
-    and the ``cu_seqlens``. ``n_q_tiles_of``: "q" or "k", the side whose length the grid
-    walks."""
+def launch_shape(packed, side: str, heads: int, batch: int, length: int, block: int, extra: dict) -> tuple[tuple, dict]:
+    """A kernel's grid and its keyword arguments beyond chapter 7's (``extra``: a window's and
+    a soft cap's, ``kernel_mask``; empty without them). Usually (cdiv(length, block), batch *
+    heads). For documents packed along one sequence (``varlen.Packed``): one program row per
+    document at its longest length, (cdiv(max_seqlen, block), documents * heads), and the
+    ``cu_seqlens``. ``side``: "q" or "k", whose length the grid walks."""
     if packed is None:
-        return (triton.cdiv(length, block), batch * heads), {}
-    longest = packed.max_seqlen_q if n_q_tiles_of == "q" else packed.max_seqlen_k
+        return (triton.cdiv(length, block), batch * heads), extra
+    longest = packed.max_seqlen_q if side == "q" else packed.max_seqlen_k
     return ((triton.cdiv(longest, block), packed.documents * heads),
-            dict(CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True))
+            dict(extra, CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True))
 
 
 def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: float,
@@ -368,7 +368,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     kernel = for_lengths(kernel, (seq_q, seq_k))   # a length of 1: the unspecialised twin (forward.LENGTH_ARGS)
 
     def launch(cfg: Config):
-        grid, documents = packed_launch(packed, "q", heads, batch, seq_q, cfg.block_m)
+        grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra)   # later: windows, caps, documents
         kernel[grid](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
@@ -377,8 +377,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
             o.stride(0), o.stride(1), o.stride(2),
             heads, heads // kv_heads, seq_q, seq_k, qk_scale,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **extra, **documents)
+            CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later)
 
     _run("forward", q, bd, causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
     return o, lse
@@ -445,7 +444,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     def launch_dkdv(cfg: Config):
         if atomic:
             dq.zero_()
-        grid, documents = packed_launch(packed, "k", kv_heads, batch, seq_k, cfg.block_n)
+        grid, later = launch_shape(packed, "k", kv_heads, batch, seq_k, cfg.block_n, extra)
         dkdv_kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dq,
             q.stride(0), q.stride(1), q.stride(2),
@@ -458,10 +457,10 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             heads, kv_heads, group, seq_q, seq_k, qk_scale, scale,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, ATOMIC_DQ=atomic, DOT_PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra, **documents)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later)
 
     def launch_dq(cfg: Config):
-        grid, documents = packed_launch(packed, "q", heads, batch, seq_q, cfg.block_m)
+        grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra)
         dq_kernel[grid](
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2),
@@ -472,7 +471,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             heads, group, seq_q, seq_k, qk_scale, scale,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, DOT_PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra, **documents)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later)
 
     _run("backward_dkdv", q, bd, causal, key + (atomic,), launch_dkdv, config_dkdv)
     if atomic:

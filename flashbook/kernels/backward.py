@@ -226,7 +226,9 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, r
                   STAGE: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
                   SOFTCAP: tl.constexpr = False, cap_scale=1.0):
-    """Add key tiles [lo, hi) into this query tile's dq (masks and soft cap as ``_bwd_dkdv_inner``)."""
+    """Add key tiles [lo, hi) into this query tile's dq.
+
+    ``WINDOW``, ``SOFTCAP``: as in ``_bwd_dkdv_inner``."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n

@@ -36,6 +36,13 @@ MASKED: tl.constexpr = tl.constexpr(2)   # the causal diagonal and the ragged en
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e)); LOG2E.value on the host
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 back into a natural log
 
+#: The compile-time switches that sliding windows, soft caps and packed documents add to the
+#: kernels ("One kernel, many masks"), and the run-time arguments only each one uses. Off
+#: (their defaults) they compile away, to the same instructions as before they existed
+#: (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
+#: (``display.source(..., without=LATER)``).
+LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K")}
+
 #: The length arguments of the kernels. Triton compiles a separate kernel when an integer
 #: argument is 1 (folding it in as a constant) or a multiple of 16. With seq_q = seq_k = 1
 #: folded in, Triton 3.6 on an H200 pipelined the causal forward (128 x 64 tiles, 8 warps,
@@ -261,7 +268,7 @@ def shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale,
         else:
             # A row that has seen no key yet keeps a max of -inf; use 0 instead so
             # that -inf - (-inf) never makes a NaN (its p is exp2(-inf) = 0 anyway).
-            new_max = finite(new_max)
+            new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
             qk = qk - new_max[:, None]
     else:
         new_max = tl.maximum(row_max, tl.max(qk, 1) * qk_scale)
@@ -361,8 +368,10 @@ def _attn_fwd(Q, K, V, O, LSE,
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
+
     ``WINDOW``: row i sees keys [i + first, i + last] (``autograd.kernel_mask``), visited in
     three stages (``window_bounds``). ``SOFTCAP``: scores c * tanh(s / c) (``_fwd_inner``).
+
     ``VARLEN``: documents packed along one sequence (flash-attn's varlen): the batch axis of
     the grid counts documents, each with its own lengths from ``CU_SEQLENS_Q/K``; ``seq_q``
     is the packed total, lse is (heads, total), and ``first``/``last`` are relative to each
@@ -419,7 +428,7 @@ def _attn_fwd(Q, K, V, O, LSE,
         acc, row_max, row_sum = attend(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, hi, qk_scale,
-            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, False, 0, SOFTCAP, cap_scale)
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
 
     acc, lse = normalised_rows(acc, row_max, row_sum)
     row_ok = rows < seq_q
