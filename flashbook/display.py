@@ -65,17 +65,10 @@ def _without_paragraphs(lines: list[str], switches) -> list[str]:
     return out
 
 
-def without_switches(text: str, switches) -> str:
-    """``text`` as it reads with the compile-time switches ``switches`` off and their
-    arguments gone: a chapter shows a kernel before later chapters added to it.
-
-    ``switches`` maps a switch (a ``tl.constexpr`` name) to the run-time arguments only it
-    uses. Dropped: each ``if``/``elif`` block whose condition is false with the switches
-    off (an ``else`` after it is kept, one level less indented), and the switches and
-    their arguments from every parameter and argument list (``NAME``, ``NAME=default``,
-    ``NAME: tl.constexpr = default``)."""
-    names = set(switches) | {a for args in switches.values() for a in args}
-    lines, out, i = _without_paragraphs(text.splitlines(), switches), [], 0
+def _without_blocks(lines: list[str], names: set) -> list[str]:
+    """One pass of ``without_switches``: each ``if``/``elif`` block that is false with the
+    switches off goes, an ``else`` after it stays one level less indented."""
+    out, i = [], 0
     while i < len(lines):
         line, head = lines[i], lines[i].strip()
         match = re.fullmatch(r"(?:el)?if (.+):(\s*#.*)?", head)
@@ -94,6 +87,25 @@ def without_switches(text: str, switches) -> str:
             continue
         out.append(line)
         i += 1
+    return out
+
+
+def without_switches(text: str, switches) -> str:
+    """``text`` as it reads with the compile-time switches ``switches`` off and their
+    arguments gone: a chapter shows a kernel before later chapters added to it.
+
+    ``switches`` maps a switch (a ``tl.constexpr`` name) to the run-time arguments only it
+    uses. Dropped: each ``if``/``elif`` block whose condition is false with the switches
+    off (an ``else`` after it is kept, one level less indented), and the switches and
+    their arguments from every parameter and argument list (``NAME``, ``NAME=default``,
+    ``NAME: tl.constexpr = default``)."""
+    names = set(switches) | {a for args in switches.values() for a in args}
+    lines = _without_paragraphs(text.splitlines(), switches)
+    while True:   # until no switched-off block is left (an else body may hold another)
+        out = _without_blocks(lines, names)
+        if out == lines:
+            break
+        lines = out
     item = r"\s*(?:%s)(?:\s*:\s*tl\.constexpr)?(?:\s*=\s*[^,()]+)?\s*" % "|".join(sorted(names, key=len, reverse=True))
     text = "\n".join(out)
     text = re.sub(r",(?:%s)(?=[,)\n])" % item, "", text)             # ", NAME" after another argument

@@ -46,7 +46,7 @@ import numpy as np
 from . import reference, tiled
 from .validation import check_count, check_flag
 
-__all__ = ["check_window", "check_softcap", "check_cu_seqlens", "doc_ids_from_cu_seqlens", "allowed",
+__all__ = ["check_window", "check_softcap", "check_prefix", "check_cu_seqlens", "doc_ids_from_cu_seqlens", "allowed",
            "attention", "attention_backward", "tile_kinds", "tile_counts"]
 
 NO_WINDOW = (-1, -1)
@@ -96,6 +96,11 @@ def check_softcap(softcap) -> float | None:
         raise ValueError(f"softcap must be a finite number > 0 (or None or 0 for off), "
                          f"got {softcap}")
     return float(softcap)
+
+
+def check_prefix(prefix) -> int:
+    """``prefix`` (prefix-LM: keys every row sees) as an int >= 0; None means 0 (none)."""
+    return 0 if prefix is None else check_count(prefix, "prefix", 0)
 
 
 def _int_vector(x, name: str) -> np.ndarray:
@@ -179,7 +184,7 @@ def _rule(causal, window, prefix):
     left, right = check_window(window)
     if check_flag(causal, "causal"):
         right = 0
-    return left, right, check_count(prefix, "prefix", 0)
+    return left, right, check_prefix(prefix)
 
 
 def _visible(layout, rows, cols, left, right, prefix) -> np.ndarray:

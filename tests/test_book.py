@@ -40,6 +40,14 @@ def test_every_chapter_was_executed_and_rendered(built, nb):
     assert (student in html) == slug[:1].isdigit(), slug
 
 
+def test_pages_outside_the_chapters_have_no_launch_button(built):
+    """Colab cannot open a MyST Markdown page, and such pages have no Colab edition."""
+    for rel in ("book/sources_checked.html", "book/which_kernel.html"):
+        html = page(built, rel)
+        assert "colab.research.google.com" not in html, rel
+        assert "launch-buttons" not in html or "colab" not in html.lower(), rel
+
+
 def test_pages_load_nothing_from_the_network(built):
     pages = glob.glob(os.path.join(built, "**", "*.html"), recursive=True)
     assert len(pages) >= 5

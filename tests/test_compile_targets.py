@@ -78,6 +78,8 @@ def jobs_for(cc: int) -> list[dict]:
         for kernel in configs.KERNELS:
             jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2), causal=False),
                              window=True, softcap=True, varlen=True))
+            if cc == 90:   # a prefix-LM: causal, with the prefix's wider bounds
+                jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2, True)), prefix=True))
     if cc == 80:
         for kernel in configs.KERNELS:
             config = _config(kernel, cc, 128, 4)

@@ -21,16 +21,30 @@ DEVICE = runtime.device()
 
 #: length pairs where a window's edges, ragged tiles and rows that see no key meet
 INTERPRETER_PAIRS = ((1, 1), (17, 33), (40, 9))
+#: (dtype, GQA group, head_dim) each pair runs in (the interpreter is slow: one case each;
+#: the GPU suite runs every class 60 times): a padded head_dim in float32, GQA in float16
+RUNS = {(1, 1): (("fp32", 1, 24), ("fp16", 4, 16)), (17, 33): (("fp32", 1, 24),), (40, 9): (("fp16", 4, 16),)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("window,causal,cap", stress.MASKS, ids=[stress.mask_name(*m) for m in stress.MASKS])
 @pytest.mark.parametrize("n_q,n_k", INTERPRETER_PAIRS, ids=[f"{a}x{b}" for a, b in INTERPRETER_PAIRS])
-def test_mask_class_in_fp32_and_fp16(n_q, n_k, window, causal, cap):
-    for dtype, group, head_dim in (("fp32", 1, 24), ("fp16", 4, 16)):   # a padded head_dim, and GQA
+def test_mask_class_in_the_interpreter(n_q, n_k, window, causal, cap):
+    for dtype, group, head_dim in RUNS[n_q, n_k]:
         cases = stress.attention_class(n_q, n_k, dtype, causal, 1, groups=(group,), head_dims=(head_dim,),
                                        window=window, softcap=cap)
         result = stress.run_class(f"{dtype}-{n_q}x{n_k}", cases, DEVICE, first_seed=7 * n_q + n_k)
+        assert result.runs == 1 and result.passed, stress.report(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefix", stress.PREFIXES)
+@pytest.mark.parametrize("n_q,n_k", INTERPRETER_PAIRS, ids=[f"{a}x{b}" for a, b in INTERPRETER_PAIRS])
+def test_prefix_lm_class_in_the_interpreter(n_q, n_k, prefix):
+    for dtype, group, head_dim in RUNS[n_q, n_k]:
+        cases = stress.attention_class(n_q, n_k, dtype, True, 1, groups=(group,), head_dims=(head_dim,),
+                                       prefix=prefix)
+        result = stress.run_class(f"{dtype}-{n_q}x{n_k}-prefix{prefix}", cases, DEVICE, first_seed=n_q + prefix)
         assert result.runs == 1 and result.passed, stress.report(result)
 
 
@@ -66,6 +80,17 @@ def test_the_kernels_visit_exactly_the_tiles_the_window_touches(kernel, n_q, n_k
                 assert (visited == touched).all(), what
             else:   # a ragged last query tile's missing rows may widen what it visits, never narrow it
                 assert (visited >= touched).all(), what
+
+
+@pytest.mark.parametrize("kernel", probes.KERNELS)
+def test_a_prefix_lm_visits_exactly_the_tiles_its_mask_touches(kernel):
+    for n_q, n_k in ((64, 64), (96, 160), (128, 96)):
+        for prefix in (1, 16, 40, 100, 500):
+            stages = probes.stage_map(n_q, n_k, 32, 16, True, kernel, prefix=prefix)
+            kinds = masks.tile_kinds(n_q, n_k, 32, 16, causal=True, prefix=prefix)
+            what = f"{kernel} {n_q}x{n_k} prefix={prefix}"
+            assert (kinds[stages == "main"] == "full").all(), what
+            assert ((stages != "skipped") == (kinds != "skipped")).all(), what
 
 
 def test_a_sliding_window_visits_tiles_in_proportion_to_the_window_not_to_n_squared():
@@ -133,6 +158,19 @@ def test_a_bad_softcap_is_refused_by_name(bad, error):
     for call in (flashbook.flash_attention, autograd.flash_attention):
         with pytest.raises(error, match="softcap"):
             call(q, k, v, softcap=bad)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(prefix=4), ValueError, "prefix=4 needs causal=True"),
+    (dict(prefix=4, causal=True, window=(3, 0)), ValueError, "no window"),
+    (dict(prefix=-1, causal=True), ValueError, "prefix must be >= 0"),
+    (dict(prefix=True, causal=True), TypeError, "prefix must be an integer"),
+])
+def test_a_bad_prefix_is_refused_by_name(kwargs, error, match):
+    q, k, v = _qkv()
+    for call in (flashbook.flash_attention, autograd.flash_attention):
+        with pytest.raises(error, match=match):
+            call(q, k, v, **kwargs)
 
 
 def test_the_gluon_backend_says_it_has_no_window():

@@ -20,7 +20,7 @@ part=${3:-all}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 status=0
-masks="window or softcap or varlen"
+masks="window or softcap or prefix or varlen"
 case "$part" in
   all) select=() ;;
   base) select=(-k "not ($masks)") ;;

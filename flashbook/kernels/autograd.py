@@ -294,7 +294,7 @@ def launch_shape(packed, side: str, heads: int, batch: int, length: int, block: 
 
 
 def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: float,
-                diagonal: int | None = None) -> tuple[bool, float, dict]:
+                diagonal: int | None = None, prefix=0) -> tuple[bool, float, dict]:
     """What the kernels are told about a mask and a soft cap: ``(causal, qk_scale, extra)``.
 
     ``window=(left, right)`` as flash-attn: query i sees key j when
@@ -306,10 +306,15 @@ def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: fl
     ``softcap=c`` makes the scores c * tanh(s / c): ``qk_scale`` becomes c * log2(e) and
     ``cap_scale`` = scale / c. ``extra`` holds the keyword arguments to add to a launch
     (empty when there is neither). ``diagonal`` overrides seq_k - seq_q (0 for packed
-    documents, whose kernels add each document's own).
+    documents, whose kernels add each document's own). ``prefix=p`` (prefix-LM): with
+    ``causal=True`` and no window, the first p keys are seen by every row too (``PREFIX``).
     """
     left, right = masks.check_window(window)
     cap = masks.check_softcap(softcap)
+    prefix = masks.check_prefix(prefix)
+    if prefix and (not causal or left >= 0 or right >= 0):
+        raise ValueError(f"prefix={prefix} needs causal=True and no window (a prefix-LM is causal after "
+                         f"its prefix), got causal={causal}, window={window}")
     if causal:
         right = 0
     extra = {}
@@ -324,13 +329,15 @@ def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: fl
     qk_scale = (cap if cap else scale) * LOG2E
     if cap:
         extra.update(cap_scale=scale / cap, SOFTCAP=True)
+    if prefix:
+        extra.update(prefix=prefix, PREFIX=True)
     return causal, qk_scale, extra
 
 
 # ------------------------------------------------------------------ forward / backward
 
 def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
-                  window=None, softcap=None, packed=None):
+                  window=None, softcap=None, packed=None, prefix=0):
     """Run the forward kernel: returns (o, lse), lse float32 of shape (batch, heads, seq_q).
 
     ``lse`` is the natural-log logsumexp of each scaled score row (-inf for a row
@@ -340,11 +347,11 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config |
     documents packed along one sequence (``varlen.flash_attention_varlen``).
     """
     return forward_with(_attn_fwd, q, k, v, causal=causal, scale=scale, config=config, window=window,
-                        softcap=softcap, packed=packed)
+                        softcap=softcap, packed=packed, prefix=prefix)
 
 
 def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
-                 log2_scores: bool = True, window=None, softcap=None, packed=None):
+                 log2_scores: bool = True, window=None, softcap=None, packed=None, prefix=0):
     """``flash_forward`` with another kernel that takes ``_attn_fwd``'s arguments
     (chapter 10's rungs, ``ladder.rung_kernel``). ``log2_scores``: the kernel wants
     the scale times log2(e) (exp2); False passes the plain scale (natural exp).
@@ -356,7 +363,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     causal, qk_scale, extra = kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
-                                          diagonal=0 if packed is not None else None)
+                                          diagonal=0 if packed is not None else None, prefix=prefix)
     if (extra or packed is not None) and kernel is not _attn_fwd:
         raise ValueError("window, softcap and packed documents need the library's forward kernel (forward._attn_fwd)")
     if not log2_scores:
@@ -385,7 +392,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
 
 def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_mode: str = "separate",
              config_dkdv: Config | None = None, config_dq: Config | None = None, window=None, softcap=None,
-             packed=None):
+             packed=None, prefix=0):
     """Run the backward kernels: returns (dq, dk, dv) for upstream gradient ``do``.
 
     ``dq_mode="separate"`` (default) computes dQ in its own kernel: deterministic.
@@ -423,7 +430,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     bd = configs.block_d(head_dim)
     precision = dot_precision(q.dtype)
     causal, qk_scale, extra = kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
-                                          diagonal=0 if packed is not None else None)
+                                          diagonal=0 if packed is not None else None, prefix=prefix)
 
     # a length of 1 launches each kernel's twin that takes the lengths as run-time values
     # (forward.LENGTH_ARGS says why); new_buffer is torch.empty, NaN-filled in the stress tests
@@ -490,9 +497,10 @@ class FlashAttention(torch.autograd.Function):
     the backward is the same whichever kernel ran forward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None, window=None, softcap=None, packed=None):
-        masked = {} if window is None and softcap is None and packed is None else dict(
-            window=window, softcap=softcap, packed=packed)
+    def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None, window=None, softcap=None, packed=None,
+                prefix=0):
+        masked = {} if window is None and softcap is None and packed is None and not prefix else dict(
+            window=window, softcap=softcap, packed=packed, prefix=prefix)
         o, lse = (forward or flash_forward)(q, k, v, causal=causal, scale=scale, **masked)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.dq_mode, ctx.masked = causal, scale, dq_mode, masked
@@ -503,11 +511,11 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale,
                                     dq_mode=ctx.dq_mode, **ctx.masked)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str = "separate",
-                    window=None, softcap=None):
+                    window=None, softcap=None, prefix=0):
     """softmax(scale * q k^T) v with the Triton kernels of chapters 7 and 8; differentiable.
 
     This is ``flashbook.flash_attention(..., backend="triton")``; the front door
@@ -529,6 +537,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
             ``causal=True`` right is 0. Key tiles outside every row's window are skipped.
         softcap: ``c > 0`` replaces each scaled score s by c * tanh(s / c) (Gemma 2's
             logit soft-capping), in the forward and its gradient; None is off.
+        prefix: ``p > 0`` with ``causal=True`` (prefix-LM): the first p keys are seen by
+            every query as well, a bidirectional prompt before causal generation.
 
     Returns:
         o with q's shape, dtype and memory layout.
@@ -540,5 +550,5 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
     are not a power of two are padded on chip and masked. bfloat16 needs a GPU.
     """
     check_inputs(q, k, v, causal, scale, dq_mode)
-    masks.check_window(window), masks.check_softcap(softcap)
-    return FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap)
+    kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
+    return FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, None, prefix)

@@ -36,8 +36,8 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import (MAIN, MASKED, causal_bounds, document, load_lse, load_tile, query_bounds, query_tile_index,
-                      soft_cap, visible_keys, window_bounds, window_query_bounds)
+from .forward import (MAIN, MASKED, causal_bounds, document, load_lse, load_tile, prefix_bounds, prefix_query_bounds,
+                      query_bounds, query_tile_index, soft_cap, visible_keys, window_bounds, window_query_bounds)
 
 
 @triton.jit
@@ -76,12 +76,15 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
                     stride_qm, stride_dom, stride_dqm, offs_m, offs_d, seq_q, seq_k, diagonal, lo, hi,
                     qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, STAGE: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0):
+                    WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0,
+                    PREFIX: tl.constexpr = False, prefix=0):
     """Add query tiles [lo, hi) into this K/V tile's (dk, dv); optionally push dq out.
 
     ``WINDOW``: key j is kept for row i when i + first <= j <= i + diagonal. ``SOFTCAP``:
     P is recomputed from the capped scores, and dS picks up the cap's derivative,
-    d(c tanh(s / c)) / ds = 1 - tanh(s / c)^2."""
+    d(c tanh(s / c)) / ds = 1 - tanh(s / c)^2.
+
+    ``PREFIX``: keys below ``prefix`` are kept for every row as well."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
@@ -98,7 +101,10 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
             qkT = soft_cap(qkT * cap_scale)
         pT = tl.exp2(qkT * qk_scale - lse[None, :])
         if STAGE == MASKED and CAUSAL:
-            pT = tl.where(cols[:, None] <= rows[None, :] + diagonal, pT, 0.0)
+            if PREFIX:
+                pT = tl.where((cols[:, None] <= rows[None, :] + diagonal) | (cols[:, None] < prefix), pT, 0.0)
+            else:
+                pT = tl.where(cols[:, None] <= rows[None, :] + diagonal, pT, 0.0)
         if STAGE == MASKED and WINDOW:
             pT = tl.where((cols[:, None] <= rows[None, :] + diagonal) & (cols[:, None] >= rows[None, :] + first),
                           pT, 0.0)
@@ -131,11 +137,12 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None,
-              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False):
+              first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
+              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
+              PREFIX: tl.constexpr = False):
     """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads).
 
-    ``WINDOW``, ``SOFTCAP``, ``VARLEN`` and their arguments: as in ``forward._attn_fwd``
+    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX`` and their arguments: as in ``forward._attn_fwd``
     (varlen: grid (cdiv(max_seqlen_k, BLOCK_N), documents * kv_heads))."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_n = tl.program_id(0) * BLOCK_N
@@ -173,6 +180,8 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     else:
         diagonal = seq_k - seq_q
         lo, band_end, full_end, main_end, hi = query_bounds(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+        if PREFIX:
+            lo, band_end, main_end = prefix_query_bounds(lo, band_end, full_end, start_n, prefix, BLOCK_N)
 
     for g in range(0, group):  # the query heads that share this K/V head (GQA)
         h = h_kv * group + g
@@ -194,17 +203,17 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, lo, band_end, qk_scale,
                                  HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale)
+                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, band_end, full_end, qk_scale,
                                  HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale)
+                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, main_end, hi, qk_scale,
                                  HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale)
+                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
 
     dk = dk * scale  # dK = scale * dS^T Q: the scale is applied once, at the end
     keep = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
@@ -225,10 +234,10 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, r
                   seq_k, diagonal, lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   STAGE: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
-                  SOFTCAP: tl.constexpr = False, cap_scale=1.0):
+                  SOFTCAP: tl.constexpr = False, cap_scale=1.0, PREFIX: tl.constexpr = False, prefix=0):
     """Add key tiles [lo, hi) into this query tile's dq.
 
-    ``WINDOW``, ``SOFTCAP``: as in ``_bwd_dkdv_inner``."""
+    ``WINDOW``, ``SOFTCAP``, ``PREFIX``: as in ``_bwd_dkdv_inner``."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -239,7 +248,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, r
             qk = soft_cap(qk * cap_scale)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         if STAGE == MASKED:
-            p = tl.where(visible_keys(rows, cols, seq_k, diagonal, CAUSAL, WINDOW, first), p, 0.0)
+            p = tl.where(visible_keys(rows, cols, seq_k, diagonal, CAUSAL, WINDOW, first, PREFIX, prefix), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
@@ -259,11 +268,12 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None,
-            WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False):
+            first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
+            WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
+            PREFIX: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
-    ``WINDOW``, ``SOFTCAP``, ``VARLEN`` and their arguments: as in ``forward._attn_fwd``."""
+    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX`` and their arguments: as in ``forward._attn_fwd``."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_m = query_tile_index(CAUSAL) * BLOCK_M  # the heaviest query tiles first, as in the forward
     bh = tl.program_id(1)
@@ -303,6 +313,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     else:
         diagonal = seq_k - seq_q
         full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+        if PREFIX:
+            full_end, hi = prefix_bounds(full_end, hi, prefix, seq_k, BLOCK_N)
         full_lo = 0
     if VARLEN:
         k_base = K + k_start * stride_kn + h_kv * stride_kh
@@ -314,13 +326,16 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     if WINDOW:
         dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                            rows, offs_n, offs_d, seq_k, diagonal, lo, full_lo, qk_scale,
-                           HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+                           HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
+                           PREFIX, prefix)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                        rows, offs_n, offs_d, seq_k, diagonal, full_lo, full_end, qk_scale,
-                       HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+                       HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
+                       PREFIX, prefix)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                        rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-                       HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+                       HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
+                       PREFIX, prefix)
     dq = dq * scale  # dQ = scale * dS K
     if VARLEN:
         tl.store(DQ + q_start * stride_dqm + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],

@@ -43,13 +43,14 @@ def reference_grads(q, k, v, do, *, causal=False, scale=None):
     return tuple(torch.from_numpy(x) for x in (o, dq, dk, dv))
 
 
-def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32, window=None, softcap=None):
-    """(o, dq, dk, dv) of ``torch_attention``, computed and returned in ``dtype``; ``window``
-    and ``softcap`` as ``flash_attention``'s (the mask from ``masks.allowed``)."""
+def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32, window=None, softcap=None,
+                prefix=0):
+    """(o, dq, dk, dv) of ``torch_attention``, computed and returned in ``dtype``; ``window``,
+    ``softcap`` and ``prefix`` as ``flash_attention``'s (the mask from ``masks.allowed``)."""
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
     allowed = None
-    if masks.check_window(window) != masks.NO_WINDOW:
-        allowed = masks.allowed(q.shape[-2], k.shape[-2], causal=causal, window=window)
+    if masks.check_window(window) != masks.NO_WINDOW or masks.check_prefix(prefix):
+        allowed = masks.allowed(q.shape[-2], k.shape[-2], causal=causal, window=window, prefix=prefix)
     o = torch_attention(*leaves, causal=causal, scale=scale, allowed=allowed, softcap=masks.check_softcap(softcap))
     o.backward(do.detach().to(dtype))
     return (o.detach(), *(t.grad for t in leaves))

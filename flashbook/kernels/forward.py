@@ -41,7 +41,8 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 ba
 #: (their defaults) they compile away, to the same instructions as before they existed
 #: (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
 #: (``display.source(..., without=LATER)``).
-LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K")}
+LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K"),
+         "PREFIX": ("prefix",)}
 
 #: The length arguments of the kernels. Triton compiles a separate kernel when an integer
 #: argument is 1 (folding it in as a constant) or a multiple of 16. With seq_q = seq_k = 1
@@ -105,16 +106,22 @@ def query_tile_index(CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def visible_keys(rows, cols, seq_k, diagonal, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, first=0):
+def visible_keys(rows, cols, seq_k, diagonal, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
+                 PREFIX: tl.constexpr = False, prefix=0):
     """(rows x cols) mask of the scores a masked-stage tile keeps: keys that exist,
     and, when causal, key j for query row i only if j <= i + (seq_k - seq_q).
 
     A window (``WINDOW``; chapter "One kernel, many masks") keeps key j for row i when
     i + first <= j <= i + diagonal: the caller passes ``diagonal`` = seq_k - seq_q +
-    right and ``first`` = seq_k - seq_q - left (``window_offsets``)."""
+    right and ``first`` = seq_k - seq_q - left (``autograd.kernel_mask``).
+
+    ``PREFIX`` (prefix-LM, with causal): the first ``prefix`` keys are seen by every row."""
     visible = cols[None, :] < seq_k
     if CAUSAL:
-        visible = visible & (cols[None, :] <= rows[:, None] + diagonal)
+        if PREFIX:
+            visible = visible & ((cols[None, :] <= rows[:, None] + diagonal) | (cols[None, :] < prefix))
+        else:
+            visible = visible & (cols[None, :] <= rows[:, None] + diagonal)
     if WINDOW:
         visible = visible & (cols[None, :] <= rows[:, None] + diagonal) & (cols[None, :] >= rows[:, None] + first)
     return visible
@@ -166,6 +173,24 @@ def query_bounds(start_n, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
         band_end = 0
     main_end = tl.maximum(band_end, full_end)
     return lo, band_end, full_end, main_end, hi
+
+
+@triton.jit
+def prefix_bounds(full_end, hi, prefix, seq_k, BLOCK_N: tl.constexpr):
+    """``causal_bounds``' answer widened by a prefix every row sees: key tiles wholly inside
+    the prefix join the main stage, and the loop runs at least to the prefix's end."""
+    seen = tl.minimum(prefix, seq_k)
+    return tl.maximum(full_end, (seen // BLOCK_N) * BLOCK_N), tl.maximum(hi, seen)
+
+
+@triton.jit
+def prefix_query_bounds(lo, band_end, full_end, start_n, prefix, BLOCK_N: tl.constexpr):
+    """``query_bounds``' (lo, band_end, main_end) for a key tile that reaches into a prefix
+    every row sees: every query tile visits it (lo = 0), and if the tile lies wholly inside
+    the prefix, every row sees all of it (no masked band before the whole query tiles)."""
+    lo = tl.where(start_n < prefix, 0, lo)
+    band_end = tl.where(start_n + BLOCK_N <= prefix, 0, band_end)
+    return lo, band_end, tl.maximum(band_end, full_end)
 
 
 @triton.jit
@@ -250,14 +275,15 @@ def finite(m):
 
 @triton.jit
 def shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale,
-                   STAGE: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, first=0):
+                   STAGE: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
+                   PREFIX: tl.constexpr = False, prefix=0):
     """One tile's scaled scores minus the new running row maximum, and that maximum.
 
     Main stage: the scale is folded into the subtraction (one multiply-add per
     score). Masked stage: the scores a row may not see become -inf first.
     """
     if STAGE == MASKED:
-        visible = visible_keys(rows, cols, seq_k, diagonal, CAUSAL, WINDOW, first)
+        visible = visible_keys(rows, cols, seq_k, diagonal, CAUSAL, WINDOW, first, PREFIX, prefix)
         qk = tl.where(visible, qk * qk_scale, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(qk, 1))
         if WINDOW:
@@ -282,7 +308,8 @@ def _fwd_inner(acc, row_max, row_sum, q,
                rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
                CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0):
+               WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0,
+               PREFIX: tl.constexpr = False, prefix=0):
     """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax, in base 2.
 
     ``SOFTCAP``: the scores become tanh(q.k * cap_scale) first, with cap_scale = scale / c
@@ -295,7 +322,7 @@ def _fwd_inner(acc, row_max, row_sum, q,
         if SOFTCAP:
             qk = soft_cap(qk * cap_scale)
         qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL,
-                                     WINDOW, first)
+                                     WINDOW, first, PREFIX, prefix)
         p = tl.exp2(qk)
         if WINDOW:
             alpha = tl.exp2(row_max - finite(new_max))  # row_max -inf: nothing summed yet, 0
@@ -325,17 +352,18 @@ def attend(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
            rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, hi, qk_scale,
            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
            EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-           WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0):
+           WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0,
+           PREFIX: tl.constexpr = False, prefix=0):
     """Both stages for one query tile: key tiles [lo, full_end) without a mask (main),
     then [full_end, hi) with one (the causal diagonal and a ragged last tile)."""
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, qk_scale,
-        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
     return acc, row_max, row_sum
 
 
@@ -363,8 +391,9 @@ def _attn_fwd(Q, K, V, O, LSE,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None,
-              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False):
+              first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
+              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
+              PREFIX: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
@@ -376,6 +405,9 @@ def _attn_fwd(Q, K, V, O, LSE,
     the grid counts documents, each with its own lengths from ``CU_SEQLENS_Q/K``; ``seq_q``
     is the packed total, lse is (heads, total), and ``first``/``last`` are relative to each
     document's own diagonal. Grid (cdiv(max_seqlen_q, BLOCK_M), documents * heads).
+
+    ``PREFIX`` (with ``CAUSAL``, prefix-LM): the first ``prefix`` keys (of each document) are
+    seen by every row as well (``prefix_bounds``).
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_m = query_tile_index(CAUSAL) * BLOCK_M
@@ -425,10 +457,12 @@ def _attn_fwd(Q, K, V, O, LSE,
     else:
         diagonal = seq_k - seq_q
         full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+        if PREFIX:
+            full_end, hi = prefix_bounds(full_end, hi, prefix, seq_k, BLOCK_N)
         acc, row_max, row_sum = attend(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, hi, qk_scale,
-            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
 
     acc, lse = normalised_rows(acc, row_max, row_sum)
     row_ok = rows < seq_q

@@ -27,7 +27,8 @@ import triton.language as tl
 
 from .. import runtime
 from ..validation import check_count, check_flag
-from .forward import causal_bounds, query_bounds, window_bounds, window_query_bounds
+from .forward import (causal_bounds, prefix_bounds, prefix_query_bounds, query_bounds, window_bounds,
+                      window_query_bounds)
 
 STAGES = ("main", "masked", "skipped")
 KERNELS = ("forward", "backward_dq", "backward_dkdv")
@@ -35,20 +36,24 @@ KERNELS = ("forward", "backward_dq", "backward_dkdv")
 
 @triton.jit
 def _bounds_probe(out_ptr, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr):
+                  CAUSAL: tl.constexpr, PREFIX: tl.constexpr = False, prefix=0):
     """One program per query tile stores (full_end, hi): where its masked stage begins, and its end."""
     pid = tl.program_id(0)
     full_end, hi = causal_bounds(pid * BLOCK_M, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if PREFIX:
+        full_end, hi = prefix_bounds(full_end, hi, prefix, seq_k, BLOCK_N)
     tl.store(out_ptr + 2 * pid, full_end)
     tl.store(out_ptr + 2 * pid + 1, hi)
 
 
 @triton.jit
 def _query_bounds_probe(out_ptr, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        CAUSAL: tl.constexpr):
+                        CAUSAL: tl.constexpr, PREFIX: tl.constexpr = False, prefix=0):
     """One program per key tile stores query_bounds' (lo, band_end, full_end, main_end, hi)."""
     pid = tl.program_id(0)
     lo, band_end, full_end, main_end, hi = query_bounds(pid * BLOCK_N, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if PREFIX:
+        lo, band_end, main_end = prefix_query_bounds(lo, band_end, full_end, pid * BLOCK_N, prefix, BLOCK_N)
     tl.store(out_ptr + 5 * pid, lo)
     tl.store(out_ptr + 5 * pid + 1, band_end)
     tl.store(out_ptr + 5 * pid + 2, full_end)
@@ -93,7 +98,7 @@ def _window_stage_map(seq_q, seq_k, block_m, block_n, extra, kernel) -> np.ndarr
 
 
 def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool = True,
-              kernel: str = "forward", window=None) -> np.ndarray:
+              kernel: str = "forward", window=None, prefix: int = 0) -> np.ndarray:
     """(T_r, T_c) array of "main", "masked" or "skipped" for each (query tile, key tile),
     as ``kernel``'s own bounds helper decides it.
 
@@ -101,7 +106,8 @@ def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool =
     runs [0, full_end) main, then [full_end, hi) masked. "backward_dkdv" (one program per
     key tile): ``query_bounds``, query tiles [lo, band_end) masked, [band_end, full_end)
     main, [main_end, hi) masked. ``window=(left, right)`` (flash-attn's, as
-    ``flash_attention`` takes it): ``window_bounds`` or ``window_query_bounds`` instead.
+    ``flash_attention`` takes it): ``window_bounds`` or ``window_query_bounds`` instead;
+    ``prefix`` (causal): with ``prefix_bounds`` or ``prefix_query_bounds`` after them.
     """
     for name, value in (("seq_q", seq_q), ("seq_k", seq_k), ("block_m", block_m), ("block_n", block_n)):
         check_count(value, name)
@@ -113,14 +119,15 @@ def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool =
     check_flag(causal, "causal")
     from .autograd import kernel_mask
 
-    causal, _, extra = kernel_mask(causal, window, None, seq_q, seq_k, 1.0)
-    if extra:
+    causal, _, extra = kernel_mask(causal, window, None, seq_q, seq_k, 1.0, prefix=prefix)
+    if extra.get("WINDOW"):
         return _window_stage_map(seq_q, seq_k, block_m, block_n, extra, kernel)
+    later = dict(PREFIX=True, prefix=extra["prefix"]) if extra.get("PREFIX") else {}
     n_query_tiles, n_key_tiles = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
     if kernel == "backward_dkdv":
         out = torch.zeros(n_key_tiles, 5, dtype=torch.int32, device=runtime.device())
         _query_bounds_probe[(n_key_tiles,)](out, seq_q, seq_k, BLOCK_M=block_m, BLOCK_N=block_n,
-                                            CAUSAL=causal)
+                                            CAUSAL=causal, **later)
         lo, band_end, full_end, main_end, hi = out.cpu().numpy().T[:, None, :]  # each (1, T_c)
         starts = np.arange(n_query_tiles)[:, None] * block_m
         masked = ((lo <= starts) & (starts < band_end)) | ((main_end <= starts) & (starts < hi))
@@ -128,7 +135,7 @@ def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool =
         return np.where(main, "main", np.where(masked, "masked", "skipped")).astype(object)
     n_programs = n_query_tiles
     out = torch.zeros(n_programs, 2, dtype=torch.int32, device=runtime.device())
-    _bounds_probe[(n_programs,)](out, seq_q, seq_k, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal)
+    _bounds_probe[(n_programs,)](out, seq_q, seq_k, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, **later)
     starts = np.arange(n_key_tiles) * block_n
     bounds = out.cpu().numpy()
     full_end, hi = bounds[:, :1], bounds[:, 1:]

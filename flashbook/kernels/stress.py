@@ -64,6 +64,7 @@ class Case:
     page_size: int = 0       # decode: 0 a dense cache, else a paged one (shuffled pages)
     window: tuple = (-1, -1)  # attention: flash_attention's sliding window (left, right)
     softcap: float = 0.0     # attention: the soft cap c (0: off)
+    prefix: int = 0          # attention (causal): a prefix-LM's prefix, keys every row sees
 
     def label(self) -> str:
         return (f"{self.kernel}-{self.dtype}-b{self.batch}h{self.heads}/{self.kv_heads}-"
@@ -71,7 +72,8 @@ class Case:
                 + ("" if self.dq_mode == "separate" else f"-{self.dq_mode}")
                 + (f"-pages{self.page_size}" if self.page_size else "")
                 + (f"-window{self.window[0]},{self.window[1]}" if self.window != (-1, -1) else "")
-                + (f"-softcap{self.softcap:g}" if self.softcap else ""))
+                + (f"-softcap{self.softcap:g}" if self.softcap else "")
+                + (f"-prefix{self.prefix}" if self.prefix else ""))
 
 
 @dataclass
@@ -141,7 +143,8 @@ def _launch(case: Case, seed: int, device):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         with poisoned_outputs():
             o = flash_attention_varlen(*leaves, cu_q.to(device, torch.int32), cu_k.to(device, torch.int32), nq, nk,
-                                       causal=case.causal, window=case.window, softcap=case.softcap)
+                                       causal=case.causal, window=case.window, softcap=case.softcap,
+                                       prefix=case.prefix)
             o.backward(do)
         return (q, k, v, do), (cu_q.tolist(), cu_k.tolist()), (o.detach(), *(x.grad for x in leaves))
     q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
@@ -153,7 +156,7 @@ def _launch(case: Case, seed: int, device):
             o = gluon_attention(*leaves, causal=case.causal)
         else:
             o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode,
-                                         window=case.window, softcap=case.softcap)
+                                         window=case.window, softcap=case.softcap, prefix=case.prefix)
         o.backward(do)
     return (q, k, v, do), None, (o.detach(), *(x.grad for x in leaves))
 
@@ -162,7 +165,7 @@ def run_attention(case: Case, seed: int, device) -> list:
     """Forward and backward of ``case`` on inputs drawn from ``seed``: the problems found
     (empty when every output and gradient is within the rule)."""
     (q, k, v, do), _, got = _launch(case, seed, device)
-    mask = dict(causal=case.causal, window=case.window, softcap=case.softcap)
+    mask = dict(causal=case.causal, window=case.window, softcap=case.softcap, prefix=case.prefix)
     truth = checks.torch_grads(q, k, v, do, dtype=torch.float64, **mask)
     yardstick = checks.torch_grads(q, k, v, do, dtype=DTYPES[case.dtype], **mask)
     return _compare(GRADS, got, truth, yardstick, case.head_dim, terms=(1, 1, alone_rows(case), 1))
@@ -175,8 +178,9 @@ def alone_rows(case: Case) -> int:
     first row that sees a key sees key 0 alone); with a window, the rows that see
     exactly one key (a window of (0, 0): every row)."""
     group = case.heads // case.kv_heads
-    if case.window != (-1, -1):
-        seen = masks.allowed(case.seq_q, case.seq_k, causal=case.causal, window=case.window).sum(axis=1)
+    if case.window != (-1, -1) or case.prefix:
+        seen = masks.allowed(case.seq_q, case.seq_k, causal=case.causal, window=case.window,
+                             prefix=case.prefix).sum(axis=1)
         return group * max(1, int((seen == 1).sum()))
     return group * (case.seq_q if case.seq_k == 1 and not case.causal else 1)
 
@@ -209,7 +213,7 @@ def run_varlen(case: Case, seed: int, device) -> list:
             problems += [f"document {b}: {name} not 0" for name, x in zip(GRADS, mine) if bool(x.ne(0).any())]
             continue
         inputs = (one(q, rows), one(k, keys), one(v, keys), one(do, rows))
-        mask = dict(causal=case.causal, window=case.window, softcap=case.softcap)
+        mask = dict(causal=case.causal, window=case.window, softcap=case.softcap, prefix=case.prefix)
         truth = checks.torch_grads(*inputs, dtype=torch.float64, **mask)
         yardstick = checks.torch_grads(*inputs, dtype=DTYPES[case.dtype], **mask)
         alone = alone_rows(replace(case, seq_q=rows.stop - rows.start, seq_k=keys.stop - keys.start))
@@ -240,11 +244,11 @@ def run_case(case: Case, seed: int, device, *, check: bool = True) -> list:
 
 def attention_class(seq_q: int, seq_k: int, dtype: str, causal: bool, runs: int, *, batch: int = 2,
                     heads: int = 8, groups=GROUPS, head_dims=HEAD_DIMS, dq_mode: str = "separate",
-                    kernel: str = "attention", window=(-1, -1), softcap: float = 0.0) -> list:
+                    kernel: str = "attention", window=(-1, -1), softcap: float = 0.0, prefix: int = 0) -> list:
     """``runs`` cases of one class (lengths, dtype, mask), cycling through (group, head_dim)."""
     combos = list(itertools.product(groups, head_dims))
     return [Case(kernel, batch, heads, heads // g, seq_q, seq_k, d, causal, dtype, dq_mode,
-                 window=tuple(window), softcap=softcap)
+                 window=tuple(window), softcap=softcap, prefix=prefix)
             for g, d in itertools.islice(itertools.cycle(combos), runs)]
 
 
@@ -255,10 +259,14 @@ MASKS = (((0, 0), False, 0.0), ((3, 0), True, 0.0), ((16, 8), False, 0.0), ((-1,
 MASK_LENGTH_PAIRS = ((1, 1), (17, 17), (65, 65), (17, 65), (65, 17), (129, 2))
 
 
-def mask_name(window, causal: bool, softcap: float) -> str:
-    """A mask class's name: ``window3,0-causal``, ``softcap5-full``, ..."""
+#: the prefixes of the prefix-LM classes (causal): one key, a ragged tile's worth, past every length
+PREFIXES = (1, 17, 200)
+
+
+def mask_name(window, causal: bool, softcap: float, prefix: int = 0) -> str:
+    """A mask class's name: ``window3,0-causal``, ``softcap5-full``, ``prefix17-causal``, ..."""
     parts = ([f"window{window[0]},{window[1]}"] if tuple(window) != (-1, -1) else []) + (
-        [f"softcap{softcap:g}"] if softcap else [])
+        [f"softcap{softcap:g}"] if softcap else []) + ([f"prefix{prefix}"] if prefix else [])
     return "-".join(parts + ["causal" if causal else "full"])
 
 
@@ -302,6 +310,9 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
                 for window, causal, cap in MASKS:
                     found.append((f"attention-{dtype}-{n_q}x{n_k}-{mask_name(window, causal, cap)}",
                                   attention_class(n_q, n_k, dtype, causal, runs, window=window, softcap=cap)))
+                for prefix in PREFIXES:
+                    found.append((f"attention-{dtype}-{n_q}x{n_k}-{mask_name((-1, -1), True, 0.0, prefix)}",
+                                  attention_class(n_q, n_k, dtype, True, runs, prefix=prefix)))
     if "decode" in kernels:
         for dtype in ("fp16", "bf16", "fp32"):
             for n_new in NEW_TOKENS:

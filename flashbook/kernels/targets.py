@@ -37,7 +37,7 @@ def _kernel_fn(kernel: str):
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
                    causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True,
                    dot_precision: str = "tf32", page_size: int = 0, window: bool = False, softcap: bool = False,
-                   varlen: bool = False):
+                   varlen: bool = False, prefix: bool = False):
     """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
 
     The decode kernels (``flash_decode``, chapter 11) take ``n_new`` new tokens; with
@@ -48,7 +48,8 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     ``autograd.dot_precision`` passes at launch): it only matters for fp32 inputs,
     "tf32" (tensor cores) or "ieee" (PyTorch's default "highest"). ``window``, ``softcap``:
     the attention kernels with a sliding window or a soft cap (``autograd.kernel_mask``);
-    ``varlen``: for packed documents (``varlen.flash_attention_varlen``)."""
+    ``varlen``: for packed documents (``varlen.flash_attention_varlen``); ``prefix``: a
+    prefix-LM (causal after a prefix every row sees)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -62,7 +63,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
     if kernel in ("forward", "backward_dkdv", "backward_dq"):
-        constexprs.update(WINDOW=window, SOFTCAP=softcap, VARLEN=varlen)
+        constexprs.update(WINDOW=window, SOFTCAP=softcap, VARLEN=varlen, PREFIX=prefix)
         if not varlen:   # the cu_seqlens pointers: None, as a launch without documents leaves them
             constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
     if kernel == "decode":
@@ -147,7 +148,8 @@ def run_job(job: dict, compile_gluon=None) -> dict:
                                       splits=job.get("splits", True),
                                       dot_precision=job.get("dot_precision", "tf32"),
                                       page_size=job.get("page_size", 0), window=job.get("window", False),
-                                      softcap=job.get("softcap", False), varlen=job.get("varlen", False))
+                                      softcap=job.get("softcap", False), varlen=job.get("varlen", False),
+                                      prefix=job.get("prefix", False))
         out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.

@@ -85,7 +85,7 @@ def packed_views(q, k, v):
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                           causal: bool = False, scale=None, window=None, softcap=None,
+                           causal: bool = False, scale=None, window=None, softcap=None, prefix=0,
                            dq_mode: str = "separate", check_values: bool = True):
     """Attention within each of several documents packed along one sequence; differentiable.
 
@@ -95,8 +95,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         cu_seqlens_q, cu_seqlens_k: int32 (documents + 1,): document b's queries are rows
             ``cu_seqlens_q[b]`` to ``cu_seqlens_q[b + 1] - 1`` (and its keys likewise).
         max_seqlen_q, max_seqlen_k: the longest document on each side (at least as long).
-        causal, scale, window, softcap: as ``flash_attention``, applied to each document
-            alone (bottom-right aligned per document).
+        causal, scale, window, softcap, prefix: as ``flash_attention``, applied to each
+            document alone (bottom-right aligned per document; a prefix counts from each
+            document's start).
         check_values: check ``cu_seqlens`` on the host first (``check_packed``).
 
     Returns:
@@ -106,9 +107,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         _check_3d(x, name)
     q4, k4, v4 = packed_views(q, k, v)
     autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode)
-    masks.check_window(window), masks.check_softcap(softcap)
+    autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
     packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_values=check_values)
     if packed.documents == 0:
         return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
-    o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed)
+    o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed, prefix)
     return o.transpose(1, 2).squeeze(0)
