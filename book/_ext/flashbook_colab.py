@@ -5,6 +5,9 @@ book's own notebook, which Colab shows with raw MyST roles. The workflow publish
 the Colab edition (tools/colab_edition.py) to the ``colab`` branch; this points the
 button there: ``.../blob/colab/NN_slug.ipynb``, and adds a second one beside it,
 "Exercises", which opens the student edition (``.../blob/colab/student/NN_slug.ipynb``).
+
+A page outside ``notebooks/`` (the sources checked, the which-kernel page) has no Colab
+edition, and Colab cannot open its MyST Markdown: its launch buttons are removed.
 """
 import os
 import sys
@@ -29,10 +32,28 @@ def _retarget(buttons, slug, exercises):
         _retarget(button.get("buttons", []), slug, exercises)
 
 
+def _without_launch(buttons):
+    """The header buttons less the launch menu (Colab, Binder, ...), at any depth."""
+    kept = []
+    for button in buttons:
+        if isinstance(button, dict) and "launch" in str(button.get("label", "")).lower():
+            continue
+        if isinstance(button, dict) and button.get("text") == "Colab":
+            continue
+        if isinstance(button, dict) and button.get("buttons"):
+            button = dict(button, buttons=_without_launch(button["buttons"]))
+        kept.append(button)
+    return kept
+
+
 def _colab_button(app, pagename, templatename, context, doctree):
-    if pagename.startswith("notebooks/") and context.get("header_buttons"):
+    if not context.get("header_buttons"):
+        return
+    if pagename.startswith("notebooks/"):
         slug = pagename.split("/")[-1]
         _retarget(context["header_buttons"], slug, exercises=is_chapter(slug))
+    else:
+        context["header_buttons"] = _without_launch(context["header_buttons"])
 
 
 def setup(app):
