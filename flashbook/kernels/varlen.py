@@ -11,9 +11,10 @@ padding each to the longest, and no token may attend across a document's edge::
 The kernels are chapter 7 and 8's, launched with ``VARLEN``: the batch axis of the grid
 counts documents, and each program reads its document's start and lengths from
 ``cu_seqlens`` and runs exactly what a batch of one would run, with its own causal
-diagonal and window (bottom-right aligned per document, as flash-attn). Query tiles past
-a short document's end visit nothing, so the work is the documents' own, not
-documents x max_seqlen. The saved lse is (heads, total_q), flash-attn's layout.
+diagonal and window (bottom-right aligned per document, as flash-attn). The grid is
+documents x cdiv(max_seqlen, tile); a query tile past a short document's end visits no key,
+so the tiles computed are the documents' own and only those idle programs are launched in
+vain. The saved lse is (heads, total_q), flash-attn's layout.
 """
 from __future__ import annotations
 
