@@ -21,18 +21,19 @@ DEVICE = runtime.device()
 
 #: length pairs where a window's edges, ragged tiles and rows that see no key meet
 INTERPRETER_PAIRS = ((1, 1), (17, 33), (40, 9))
-#: (dtype, GQA group, head_dim) each pair runs in, with batch 1 and 4 query heads (the
-#: interpreter is slow: one case each; the GPU suite runs every class 60 times, batch 2 and
-#: 8 heads): a padded head_dim in float32, GQA in float16
-RUNS = {(1, 1): (("fp32", 1, 24), ("fp16", 4, 16)), (17, 33): (("fp32", 1, 24),), (40, 9): (("fp16", 4, 16),)}
+#: (dtype, GQA group, head_dim, batch, heads) each pair runs in (the interpreter is slow: one
+#: case each; the GPU suite runs every class 60 times at batch 2 and 8 heads): a padded
+#: head_dim in float32 over two batch entries, GQA 4 in float16
+FP32, FP16 = ("fp32", 1, 24, 2, 2), ("fp16", 4, 16, 1, 4)
+RUNS = {(1, 1): (FP32, FP16), (17, 33): (FP32,), (40, 9): (FP16,)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("window,causal,cap", stress.MASKS, ids=[stress.mask_name(*m) for m in stress.MASKS])
 @pytest.mark.parametrize("n_q,n_k", INTERPRETER_PAIRS, ids=[f"{a}x{b}" for a, b in INTERPRETER_PAIRS])
 def test_mask_class_in_the_interpreter(n_q, n_k, window, causal, cap):
-    for dtype, group, head_dim in RUNS[n_q, n_k]:
-        cases = stress.attention_class(n_q, n_k, dtype, causal, 1, batch=1, heads=4, groups=(group,),
+    for dtype, group, head_dim, batch, heads in RUNS[n_q, n_k]:
+        cases = stress.attention_class(n_q, n_k, dtype, causal, 1, batch=batch, heads=heads, groups=(group,),
                                        head_dims=(head_dim,), window=window, softcap=cap)
         result = stress.run_class(f"{dtype}-{n_q}x{n_k}", cases, DEVICE, first_seed=7 * n_q + n_k)
         assert result.runs == 1 and result.passed, stress.report(result)
@@ -42,8 +43,8 @@ def test_mask_class_in_the_interpreter(n_q, n_k, window, causal, cap):
 @pytest.mark.parametrize("prefix", stress.PREFIXES)
 @pytest.mark.parametrize("n_q,n_k", INTERPRETER_PAIRS, ids=[f"{a}x{b}" for a, b in INTERPRETER_PAIRS])
 def test_prefix_lm_class_in_the_interpreter(n_q, n_k, prefix):
-    for dtype, group, head_dim in RUNS[n_q, n_k]:
-        cases = stress.attention_class(n_q, n_k, dtype, True, 1, batch=1, heads=4, groups=(group,),
+    for dtype, group, head_dim, batch, heads in RUNS[n_q, n_k]:
+        cases = stress.attention_class(n_q, n_k, dtype, True, 1, batch=batch, heads=heads, groups=(group,),
                                        head_dims=(head_dim,), prefix=prefix)
         result = stress.run_class(f"{dtype}-{n_q}x{n_k}-prefix{prefix}", cases, DEVICE, first_seed=n_q + prefix)
         assert result.runs == 1 and result.passed, stress.report(result)
