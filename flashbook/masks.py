@@ -43,7 +43,7 @@ import numbers
 
 import numpy as np
 
-from . import reference, tiled
+from . import reference, softmax, tiled
 from .validation import check_count, check_flag
 
 __all__ = ["check_window", "check_softcap", "check_prefix", "check_cu_seqlens", "doc_ids_from_cu_seqlens", "allowed",
@@ -238,16 +238,6 @@ def _prepare(q, k, v, scale, causal, window, softcap, prefix, doc_ids_q, doc_ids
     return q, k, v, scale, softcap, mask
 
 
-def _logsumexp(s, mask):
-    """Natural-log logsumexp of each row over the allowed entries; -inf for none."""
-    s = np.where(mask, s, -np.inf)
-    m = s.max(axis=-1)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    total = np.exp(s - safe[..., None]).sum(axis=-1)
-    with np.errstate(divide="ignore"):
-        return np.where(total > 0, safe + np.log(total), -np.inf)
-
-
 def attention(q, k, v, *, causal: bool = False, window=NO_WINDOW, softcap=None, scale=None,
               prefix: int = 0, doc_ids_q=None, doc_ids_k=None, return_lse: bool = False):
     """O = softmax(cap(scale * Q K^T) restricted to ``allowed``) V, in float64.
@@ -262,7 +252,7 @@ def attention(q, k, v, *, causal: bool = False, window=NO_WINDOW, softcap=None, 
     _, s, _ = _capped_scores(q, k, scale, softcap)
     o = reference.softmax_rows(s, mask) @ v
     if check_flag(return_lse, "return_lse"):
-        return o, _logsumexp(s, mask)
+        return o, softmax.logsumexp(np.where(mask, s, -np.inf))   # -inf for a row that sees no key
     return o
 
 
@@ -287,16 +277,7 @@ def attention_backward(q, k, v, do, *, causal: bool = False, window=NO_WINDOW, s
     do = do.astype(np.float64)
     _, s, t = _capped_scores(q, k, scale, softcap)
     p = reference.softmax_rows(s, mask)
-    o = p @ v
-    dv = np.swapaxes(p, -1, -2) @ do
-    dp = do @ np.swapaxes(v, -1, -2)
-    delta = np.sum(do * o, axis=-1, keepdims=True)
-    ds = p * (dp - delta)
-    if t is not None:
-        ds = ds * (1.0 - t * t)
-    dq = scale * (ds @ k)
-    dk = scale * (np.swapaxes(ds, -1, -2) @ q)
-    return dq, dk, dv
+    return reference.gradients(p, q, k, v, do, scale=scale, score_slope=None if t is None else 1.0 - t * t)
 
 
 # ============================================================ 4. what a kernel may skip

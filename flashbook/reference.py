@@ -135,11 +135,23 @@ def attention_backward(q, k, v, do, *, causal: bool = False, scale=None):
     q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
     allowed = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
     p = softmax_rows(scores(q, k, scale=scale), allowed)
+    return gradients(p, q, k, v, do, scale=scale)
+
+
+def gradients(p, q, k, v, do, *, scale: float, score_slope=None):
+    """The formulas of ``attention_backward`` from the attention weights ``p``: (dq, dk, dv).
+
+    ``score_slope``: the derivative of the score the softmax saw with respect to the scaled
+    score, elementwise, when it is not the scaled score itself (``masks``' soft cap:
+    1 - tanh(s / c)^2); dS is multiplied by it before dQ and dK.
+    """
     o = p @ v
     dv = np.swapaxes(p, -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2)
     delta = np.sum(do * o, axis=-1, keepdims=True)
     ds = p * (dp - delta)
+    if score_slope is not None:
+        ds = ds * score_slope
     dq = scale * (ds @ k)
     dk = scale * (np.swapaxes(ds, -1, -2) @ q)
     return dq, dk, dv

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .. import masks
@@ -72,10 +73,10 @@ def check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *
         longest[name] = check_count(value, name, 0)
     if check_values:
         for (name, cu, x), limit in zip(pairs, ("max_seqlen_q", "max_seqlen_k")):
-            host = masks.check_cu_seqlens(cu.cpu().numpy(), name, total=x.shape[0])
-            if host.size > 1 and int((host[1:] - host[:-1]).max()) > longest[limit]:
-                b = int((host[1:] - host[:-1]).argmax())
-                raise ValueError(f"document {b} has {int(host[b + 1] - host[b])} tokens, more than "
+            lengths = np.diff(masks.check_cu_seqlens(cu.cpu().numpy(), name, total=x.shape[0]))
+            if lengths.size and int(lengths.max()) > longest[limit]:
+                b = int(lengths.argmax())
+                raise ValueError(f"document {b} has {int(lengths[b])} tokens, more than "
                                  f"{limit} = {longest[limit]}")
     return Packed(cu_seqlens_q, cu_seqlens_k, longest["max_seqlen_q"], longest["max_seqlen_k"])
 
