@@ -34,6 +34,20 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
+def _switched_off_if(line: str, names: set) -> bool:
+    """Whether ``line`` opens an ``if``/``elif`` block that is false with the switches off."""
+    match = re.fullmatch(r"(?:el)?if (.+):(\s*#.*)?", line.strip())
+    return bool(match) and _falsy(match.group(1), names)
+
+
+def _block_end(lines: list[str], i: int) -> int:
+    """One past the last line of the block that ``lines[i]`` opens (blank lines included)."""
+    j = i + 1
+    while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > _indent(lines[i])):
+        j += 1
+    return j
+
+
 def _without_paragraphs(lines: list[str], switches) -> list[str]:
     """``lines`` less the docstring paragraphs that are about a switch: those whose first
     line names one as ````NAME````."""
@@ -70,17 +84,13 @@ def _without_blocks(lines: list[str], names: set) -> list[str]:
     switches off goes, an ``else`` after it stays one level less indented."""
     out, i = [], 0
     while i < len(lines):
-        line, head = lines[i], lines[i].strip()
-        match = re.fullmatch(r"(?:el)?if (.+):(\s*#.*)?", head)
-        if match and _falsy(match.group(1), names):
-            depth, j = _indent(line), i + 1
-            while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > depth):
-                j += 1
+        line = lines[i]
+        if _switched_off_if(line, names):
+            depth, j = _indent(line), _block_end(lines, i)
             if j < len(lines) and _indent(lines[j]) == depth and lines[j].strip().startswith("else:"):
-                j += 1
-                while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > depth):
-                    out.append(lines[j][4:] if lines[j].strip() else lines[j])
-                    j += 1
+                end = _block_end(lines, j)
+                out += [body[4:] if body.strip() else body for body in lines[j + 1:end]]
+                j = end
             elif j < len(lines) and _indent(lines[j]) == depth and lines[j].strip().startswith("elif "):
                 lines[j] = lines[j].replace("elif ", "if ", 1)
             i = j
@@ -223,13 +233,12 @@ def _switched_off(lines: list[str], switches) -> set[int]:
     names = set(switches) | {a for args in switches.values() for a in args}
     hidden, i = set(), 0
     while i < len(lines):
-        match = re.fullmatch(r"(?:el)?if (.+):(\s*#.*)?", lines[i].strip())
-        j = i + 1
-        if match and _falsy(match.group(1), names):
-            while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > _indent(lines[i])):
-                hidden.add(j)
-                j += 1
-        i = j if match and _falsy(match.group(1), names) else i + 1
+        if _switched_off_if(lines[i], names):
+            end = _block_end(lines, i)
+            hidden.update(range(i + 1, end))
+            i = end
+        else:
+            i += 1
     return hidden
 
 

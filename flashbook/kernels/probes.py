@@ -77,6 +77,15 @@ def _window_bounds_probe(out_ptr, seq_q, seq_k, first, last, BLOCK_M: tl.constex
     tl.store(out_ptr + 4 * pid + 3, d)
 
 
+def _stages(starts, lo, band_end, full_end, main_end, hi) -> np.ndarray:
+    """The map from a kernel's loop bounds: tiles starting in [band_end, full_end) run
+    unmasked, in [lo, band_end) or [main_end, hi) masked, the others are skipped (one
+    program's bounds broadcast against the ``starts`` of the tiles it could visit)."""
+    main = (band_end <= starts) & (starts < full_end)
+    masked = ((lo <= starts) & (starts < band_end)) | ((main_end <= starts) & (starts < hi))
+    return np.where(main, "main", np.where(masked, "masked", "skipped")).astype(object)
+
+
 def _window_stage_map(seq_q, seq_k, block_m, block_n, extra, kernel) -> np.ndarray:
     """``stage_map`` for a window: three stages, masked / main / masked, on either side."""
     n_query_tiles, n_key_tiles = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
@@ -92,9 +101,7 @@ def _window_stage_map(seq_q, seq_k, block_m, block_n, extra, kernel) -> np.ndarr
     else:            # (lo, full_lo, full_hi, hi) per query tile: rows of the map
         lo, band_end, main_end, hi = (bounds[:, i:i + 1] for i in range(4))
         starts = np.arange(n_key_tiles)[None, :] * block_n
-    main = (band_end <= starts) & (starts < main_end)
-    masked = ((lo <= starts) & (starts < band_end)) | ((main_end <= starts) & (starts < hi))
-    return np.where(main, "main", np.where(masked, "masked", "skipped")).astype(object)
+    return _stages(starts, lo, band_end, main_end, main_end, hi)
 
 
 def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool = True,
@@ -130,16 +137,14 @@ def stage_map(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool =
                                             CAUSAL=causal, **later)
         lo, band_end, full_end, main_end, hi = out.cpu().numpy().T[:, None, :]  # each (1, T_c)
         starts = np.arange(n_query_tiles)[:, None] * block_m
-        masked = ((lo <= starts) & (starts < band_end)) | ((main_end <= starts) & (starts < hi))
-        main = (band_end <= starts) & (starts < full_end)
-        return np.where(main, "main", np.where(masked, "masked", "skipped")).astype(object)
+        return _stages(starts, lo, band_end, full_end, main_end, hi)
     n_programs = n_query_tiles
     out = torch.zeros(n_programs, 2, dtype=torch.int32, device=runtime.device())
     _bounds_probe[(n_programs,)](out, seq_q, seq_k, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, **later)
     starts = np.arange(n_key_tiles) * block_n
     bounds = out.cpu().numpy()
     full_end, hi = bounds[:, :1], bounds[:, 1:]
-    return np.where(starts < full_end, "main", np.where(starts < hi, "masked", "skipped")).astype(object)
+    return _stages(starts, 0, 0, full_end, full_end, hi)   # [0, full_end) main, then masked
 
 
 def observed_stages(seq_q: int, seq_k: int, config, kernel: str = "backward_dkdv", *, head_dim: int = 16,
