@@ -36,7 +36,7 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import (MAIN, MASKED, causal_bounds, document, load_lse, load_tile, prefix_bounds, prefix_query_bounds,
+from .forward import (MAIN, MASKED, causal_bounds, documents, load_lse, load_tile, prefix_bounds, prefix_query_bounds,
                       query_bounds, query_tile_index, soft_cap, visible_keys, window_bounds, window_query_bounds)
 
 
@@ -155,10 +155,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     cols = start_n + tl.arange(0, BLOCK_N)
     if VARLEN:   # this document's keys and queries (forward._attn_fwd)
         total_q = seq_q
-        q_start, seq_q = document(CU_SEQLENS_Q, b)
-        k_start, seq_k = document(CU_SEQLENS_K, b)
-        first += seq_k - seq_q
-        last += seq_k - seq_q
+        q_start, seq_q, k_start, seq_k, first, last = documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last)
         seq_q = tl.where(start_n < seq_k, seq_q, 0)   # a key tile past its document's end: no query sees it
         k = load_tile(K + k_start * stride_kn + h_kv * stride_kh, cols, stride_kn, seq_k,
                       offs_d, HEAD_DIM, True, not EVEN_D)
@@ -287,10 +284,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     offs_d = tl.arange(0, BLOCK_D)
     if VARLEN:   # this document's queries and keys (forward._attn_fwd); lse, delta: (heads, total_q)
         total_q = seq_q
-        q_start, seq_q = document(CU_SEQLENS_Q, b)
-        k_start, seq_k = document(CU_SEQLENS_K, b)
-        first += seq_k - seq_q
-        last += seq_k - seq_q
+        q_start, seq_q, k_start, seq_k, first, last = documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last)
         seq_k = tl.where(start_m < seq_q, seq_k, 0)   # a tile past its document's end visits no key
         q = load_tile(Q + q_start * stride_qm + h * stride_qh, rows, stride_qm, seq_q, offs_d, HEAD_DIM, True,
                       not EVEN_D)

@@ -202,6 +202,16 @@ def document(CU_SEQLENS, b):
 
 
 @triton.jit
+def documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last):
+    """Document ``b``'s queries and keys, ``(q_start, seq_q, k_start, seq_k, first, last)``:
+    where each starts, how many there are, and the window's offsets moved onto this
+    document's own diagonal (the host passes them relative to a diagonal of 0)."""
+    q_start, seq_q = document(CU_SEQLENS_Q, b)
+    k_start, seq_k = document(CU_SEQLENS_K, b)
+    return q_start, seq_q, k_start, seq_k, first + seq_k - seq_q, last + seq_k - seq_q
+
+
+@triton.jit
 def window_bounds(start_m, seq_k, first, last, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``causal_bounds`` for a window: row i sees keys [i + first, i + last].
 
@@ -419,10 +429,7 @@ def _attn_fwd(Q, K, V, O, LSE,
 
     if VARLEN:
         total_q = seq_q
-        q_start, seq_q = document(CU_SEQLENS_Q, b)
-        k_start, seq_k = document(CU_SEQLENS_K, b)
-        first += seq_k - seq_q   # the window, about this document's own diagonal
-        last += seq_k - seq_q
+        q_start, seq_q, k_start, seq_k, first, last = documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last)
         seq_k = tl.where(start_m < seq_q, seq_k, 0)   # a tile past its document's end visits no key
         q_base = Q + q_start * stride_qm + h * stride_qh
         k_base = K + k_start * stride_kn + h_kv * stride_kh
