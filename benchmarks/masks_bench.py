@@ -61,12 +61,18 @@ def flex_mask(n_q: int, n_k: int, *, causal: bool = True, window=(-1, -1), doc_i
     return mask_mod
 
 
+_SCORES = {}
+
+
 def flex_score(softcap):
-    """The soft cap as a FlexAttention ``score_mod`` (None: no score_mod)."""
+    """The soft cap as a FlexAttention ``score_mod`` (None: no score_mod); one function per
+    cap, so that a cap seen before is not a new function to compile."""
     cap = masks.check_softcap(softcap)
     if cap is None:
         return None
-    return lambda score, b, h, q_idx, kv_idx: cap * torch.tanh(score / cap)
+    if cap not in _SCORES:
+        _SCORES[cap] = lambda score, b, h, q_idx, kv_idx: cap * torch.tanh(score / cap)
+    return _SCORES[cap]
 
 
 def documents(n: int, seed: int, shortest: int = 256) -> np.ndarray:
@@ -128,7 +134,13 @@ _COMPILED = {}
 
 
 def _compiled_flex(flex_attention):
+    """One compiled FlexAttention for every shape and mask. Each new shape or score_mod is a
+    recompile; dynamo's default limit of 8 per function would then run FlexAttention eagerly
+    (every score materialised), which is not the kernel a user gets, so the limit is raised."""
     if "flex" not in _COMPILED:
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        torch._dynamo.config.accumulated_cache_size_limit = max(
+            torch._dynamo.config.accumulated_cache_size_limit, 1024)
         _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
     return _COMPILED["flex"]
 

@@ -1,7 +1,7 @@
 """Correctness under repetition on a GPU: every shape class, many seeds, outputs poisoned.
 
     PYTHONPATH=. python3 benchmarks/stress.py --out DIR [--repro N] [--classes] [--runs R]
-                                              [--kernels attention,decode,gluon] [--subset K] [--repeat N]
+                                              [--kernels attention,decode,gluon,varlen] [--subset K] [--repeat N]
 
 --repro N   the class of the intermittent dV (bf16, head_dim 128, seq_q = seq_k = 1, causal,
             batch 2, 8 query heads, GQA groups 1 and 4): N seeded runs per group, each
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--forward", type=int, default=0, help="forward repro: runs per variant")
     p.add_argument("--classes", action="store_true")
     p.add_argument("--runs", type=int, default=60)
-    p.add_argument("--kernels", default="attention,decode,gluon")
+    p.add_argument("--kernels", default=",".join(stress.KERNELS))
     p.add_argument("--subset", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1,
                    help="classes: each case this many times in a row, fresh inputs (a decode call whose "
