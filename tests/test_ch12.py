@@ -1,0 +1,50 @@
+"""Chapter 12 (one kernel, many masks): the recorded comparison with FlexAttention it reads,
+and the tile arithmetic its prose states."""
+import json
+
+import numpy as np
+import pytest
+
+from flashbook import bench, masks
+
+
+def _masks_run():
+    path = bench.run_path("masks")
+    assert path is not None, "benchmarks/results/index.json has no 'masks' run"
+    return json.load(open(path / "masks.json"))
+
+
+def test_the_recorded_flex_comparison_is_whole_and_right():
+    run = _masks_run()
+    prov = run["provenance"]
+    assert prov["gpu"]["name"] == "NVIDIA H200" and prov["torch"] and prov["triton"] and prov["command"]
+    assert run["checks"], "no correctness checks recorded"
+    for c in run["checks"]:   # both implementations within the rule against float64
+        assert c["flashbook"]["ok"] and c["flex"]["ok"], c["mask"]
+    assert len(run["rows"]) >= 8
+    for r in run["rows"]:
+        f, x = r["flashbook"], r["flex"]
+        assert 0 < f["fwd_ms"] < f["fwd_bwd_ms"] and 0 < x["fwd_ms"] < x["fwd_bwd_ms"], r["mask"]
+        assert r["flex_over_flashbook_fwd"] == pytest.approx(x["fwd_ms"] / f["fwd_ms"])
+        assert r["flex_over_flashbook_fwd_bwd"] == pytest.approx(x["fwd_bwd_ms"] / f["fwd_bwd_ms"])
+        assert r["tiles"] == masks.tile_counts(r["seq"], r["seq"], *r["forward_tile"], causal=True,
+                                               window=tuple(r["window"])) or r["mask"] == "documents"
+
+
+@pytest.mark.parametrize("window", [256, 1024, 4096])
+def test_a_window_costs_about_w_over_bc_plus_two_tiles_per_query_tile(window):
+    """The chapter: each query tile visits about W / B_c + 2 key tiles, whatever N."""
+    n, bm, bn = 16384, 128, 64
+    kinds = masks.tile_kinds(n, n, bm, bn, causal=True, window=(window - 1, 0))
+    visited = (kinds != "skipped").sum(axis=1)
+    middle = visited[window // bm + 1:]            # rows whose window lies wholly inside the keys
+    assert middle.min() >= window // bn + 1 and middle.max() <= window // bn + 3, (middle.min(), middle.max())
+    assert np.all(visited <= window // bn + 3)
+
+
+def test_a_floored_maximum_loses_very_negative_rows_and_minus_infinity_does_not():
+    s = np.array([-300.0, -301.0, -302.5], dtype=np.float32)
+    assert np.exp2(s - np.float32(0)).sum() == 0                      # what the chapter prints as nan
+    p = np.exp2(s - s.max())
+    exact = np.exp2(s.astype(np.float64) - s.max())
+    assert abs(p.sum() - exact.sum()) < 1e-6
