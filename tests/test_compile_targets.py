@@ -78,8 +78,9 @@ def jobs_for(cc: int) -> list[dict]:
         for kernel in configs.KERNELS:
             jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2), causal=False),
                              window=True, softcap=True, varlen=True))
-            if cc == 90:   # a prefix-LM: causal, with the prefix's wider bounds
+            if cc == 90:   # a prefix-LM: causal, with the prefix's wider bounds; causal ALiBi (every tile biased)
                 jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2, True)), prefix=True))
+                jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2, True)), alibi=True))
     if cc == 80:
         for kernel in configs.KERNELS:
             config = _config(kernel, cc, 128, 4)
@@ -185,16 +186,21 @@ def decode_jobs(cc: int) -> list[dict]:
     """flash_decode's kernels as the library launches them on a GPU at head_dim 128: bf16
     with one new token in a group of 4 (16-row tile, float32 partials for the combine),
     fp16 with 16 new tokens (64 rows, the most shared memory; output written directly),
-    the paged kernel on 16-token pages, and the combine kernel holding the most splits."""
+    the paged kernel on 16-token pages, and the combine kernel holding the most splits; the
+    16-token and the paged kernels also with a sliding window (``WINDOW``: three stages)."""
     from flashbook.kernels.decode import MAX_SPLITS, decode_tiles
 
     jobs = []
-    for dtype, n_new, splits in (("bf16", 1, True), ("fp16", 16, False)):
+    for dtype, n_new, splits, window in (("bf16", 1, True, False), ("fp16", 16, False, False),
+                                         ("fp16", 16, False, True)):
         config = configs.Config(*decode_tiles(128, 2, 4 * n_new, interpreter=False))
-        jobs.append(dict(_job("decode", cc, 128, dtype, config), n_new=n_new, splits=splits))
+        jobs.append(dict(_job("decode", cc, 128, dtype, config, causal=not window), n_new=n_new, splits=splits,
+                         window=window))
     # a paged cache of 16-token pages (vLLM's default): key tiles gathered across pages
     config = configs.Config(*decode_tiles(128, 2, 4, page_size=16, interpreter=False))
-    jobs.append(dict(_job("decode", cc, 128, "bf16", config), n_new=1, splits=True, page_size=16))
+    for window in (False, True):
+        jobs.append(dict(_job("decode", cc, 128, "bf16", config, causal=not window), n_new=1, splits=True,
+                         page_size=16, window=window))
     jobs.append(_job("decode_combine", cc, 128, "bf16", configs.Config(1, MAX_SPLITS, 4, 1)))
     return jobs
 

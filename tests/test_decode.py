@@ -27,26 +27,32 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashbook import reference, runtime
+from flashbook import masks, reference, runtime
 from flashbook.kernels import autograd, checks, decode, flash_decode
 from flashbook.kernels.decode import MAX_SPLITS, PAGE_SIZES, choose_num_splits, paginate
+from flashbook.kernels.decode_choices import window_offsets
 
 DEVICE = runtime.device()
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def truth_and_yardstick(q, k, v, lengths, causal, scale=None):
-    """float64 truth and the same-dtype PyTorch yardstick, per sequence over its own keys."""
+def truth_and_yardstick(q, k, v, lengths, causal, scale=None, window=None):
+    """float64 truth and the same-dtype PyTorch yardstick, per sequence over its own keys
+    (with a ``window``: ``masks.attention``, the new tokens bottom-right aligned on them)."""
     group = q.shape[1] // k.shape[1]
     want, yard = torch.zeros(q.shape, dtype=torch.float64), torch.zeros(q.shape, dtype=q.dtype)
     for b, n in enumerate(lengths):
         if n == 0:
             continue  # no key at all: the output is 0
         qb, kb, vb = q[b:b + 1].cpu(), k[b:b + 1, :, :n].cpu(), v[b:b + 1, :, :n].cpu()
-        want[b] = torch.from_numpy(reference.attention(
-            qb.double().numpy(), kb.double().repeat_interleave(group, 1).numpy(),
-            vb.double().repeat_interleave(group, 1).numpy(), causal=causal, scale=scale))[0]
-        yard[b] = checks.torch_attention(qb, kb, vb, causal=causal, scale=scale)[0]
+        q64, k64, v64 = (x.double().repeat_interleave(r, 1).numpy() for x, r in ((qb, 1), (kb, group), (vb, group)))
+        if window is None:
+            want[b] = torch.from_numpy(reference.attention(q64, k64, v64, causal=causal, scale=scale))[0]
+            yard[b] = checks.torch_attention(qb, kb, vb, causal=causal, scale=scale)[0]
+        else:
+            want[b] = torch.from_numpy(masks.attention(q64, k64, v64, causal=causal, window=window, scale=scale))[0]
+            allowed = torch.from_numpy(masks.allowed(q.shape[2], n, causal=causal, window=window))
+            yard[b] = checks.torch_attention(qb, kb, vb, scale=scale, allowed=allowed)[0]
     return want, yard
 
 
@@ -222,8 +228,9 @@ def test_a_call_signature_fixes_everything_the_checks_and_the_compiled_kernel_re
     q, k, v = (torch.randn(s) for s in ((2, 8, 1, 16), (2, 2, 40, 16), (2, 2, 40, 16)))
     lengths = torch.tensor([40, 7], dtype=torch.int32)
 
-    def key(q=q, k=k, v=v, lengths=lengths, table=None, splits=None, causal=True, scale=None, check=False):
-        return decode._signature(q, k, v, lengths, table, splits, causal, scale, check)
+    def key(q=q, k=k, v=v, lengths=lengths, table=None, splits=None, causal=True, scale=None, check=False,
+            window=None):
+        return decode._signature(q, k, v, lengths, table, splits, causal, scale, check, window)
 
     base = key()
     assert base is not None and key() == base and hash(key()) == hash(base)
@@ -233,11 +240,13 @@ def test_a_call_signature_fixes_everything_the_checks_and_the_compiled_kernel_re
     different = [key(q=q.half()), key(q=q.transpose(0, 1).contiguous().transpose(0, 1)), key(q=shifted),
                  key(k=k[:, :, :39]), key(v=v.transpose(2, 3).contiguous().transpose(2, 3)),
                  key(lengths=lengths.long()), key(lengths=None), key(splits=3), key(causal=False),
-                 key(scale=0.5), key(q=torch.nn.Parameter(q))]
+                 key(scale=0.5), key(q=torch.nn.Parameter(q)), key(window=(4, 0)), key(window=(5, 0))]
     assert all(d is not None and d != base for d in different)
     assert len(set(different)) == len(different)
     for trusted_not in (dict(check=True), dict(check=None), dict(causal=1), dict(splits=2.0),
-                        dict(scale=torch.tensor(0.5)), dict(scale=True), dict(q=q.numpy())):
+                        dict(scale=torch.tensor(0.5)), dict(scale=True), dict(q=q.numpy()),
+                        dict(window=[4, 0]), dict(window=(4.0, 0)), dict(window=(np.int64(4), 0)),
+                        dict(window=(4, 0, 0))):
         assert key(**trusted_not) is None, trusted_not
     monkeypatch.setattr(decode.runtime, "INTERPRET", True)
     assert key() is None                                    # the interpreter always takes the checked path
@@ -245,8 +254,9 @@ def test_a_call_signature_fixes_everything_the_checks_and_the_compiled_kernel_re
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("window", [None, (1000, 0)])
 @pytest.mark.parametrize("paged", [False, True])
-def test_the_short_path_gives_the_checked_paths_bits(paged):
+def test_the_short_path_gives_the_checked_paths_bits(paged, window):
     """The second call of a signature launches from the compiled kernels' own launchers; it
     must give bit for bit what Triton's launch gives, with fresh inputs and poisoned
     outputs, and must still refuse what the checks refuse (a new signature)."""
@@ -257,7 +267,7 @@ def test_the_short_path_gives_the_checked_paths_bits(paged):
         lengths = torch.tensor([3000, 1, 1777], device="cuda", dtype=torch.int32)
         if seed % 2:   # inputs the kernel cannot read as they are: q (batch, n_new, heads, d) transposed, int64
             q, lengths = q.transpose(1, 2).contiguous().transpose(1, 2), lengths.long()
-        kwargs = dict(cache_seqlens=lengths, num_splits=4)
+        kwargs = dict(cache_seqlens=lengths, num_splits=4, window=window)
         if paged:
             k, v, table = decode.paginate(k, v, 64, generator=torch.Generator().manual_seed(seed))
             kwargs["block_table"] = table
@@ -432,3 +442,144 @@ def test_paginate_refuses_a_page_size_it_cannot_read():
     k = torch.randn(1, 1, 20, 16)
     with pytest.raises(ValueError, match=re.escape(f"page_size must be one of {PAGE_SIZES}, got 48")):
         paginate(k, k, 48)
+
+
+# ------------------------------------------------------------ a sliding window (flash-attn's window_size)
+
+# (batch, heads, kv_heads, n_new, n_max, lengths, head_dim, causal, window, num_splits, dtype, page_size):
+# lengths shorter than the window, 0, and shorter than n_new; GQA; the window's lower edge
+# inside a key tile (16 keys in the interpreter) and inside a page
+WINDOW_CASES = {
+    "1-token-w20-causal": (4, 4, 2, 1, 80, [80, 9, 0, 47], 16, True, (19, 0), 3, "fp16", 16),
+    "4-tokens-w21-causal": (4, 4, 2, 4, 80, [80, 9, 0, 47], 32, True, (20, 0), 2, "fp32", 32),
+    "4-tokens-band-full": (3, 4, 2, 4, 70, [70, 3, 38], 16, False, (9, 2), 3, "fp16", 16),
+    "3-tokens-right-only": (2, 4, 1, 3, 50, [50, 22], 16, False, (-1, 1), 2, "fp32", 16),
+}
+
+
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_window_matches_float64(case):
+    """Dense and paged (shuffled pages, spare pages) against float64 with the window's mask
+    (``masks.allowed``): token i of n_new at position length - n_new + i sees keys
+    [pos - left, pos + right]; the paged call reads the same keys in the same tiles, so the
+    two agree bit for bit."""
+    b, h, h_kv, n_new, n_max, lengths, d, causal, window, splits, dtype, page_size = WINDOW_CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    q = torch.randn(b, h, n_new, d, generator=gen).to(DTYPES[dtype]).to(DEVICE)
+    k, v = (torch.randn(b, h_kv, n_max, d, generator=gen).to(DTYPES[dtype]).to(DEVICE) for _ in range(2))
+    seqlens = torch.tensor(lengths, device=DEVICE)
+    kw = dict(cache_seqlens=seqlens, num_splits=splits, causal=causal, window=window)
+    dense = flash_decode(q, k, v, **kw)
+    kp, vp, table = paginate(k, v, page_size, generator=gen, spare=2)
+    paged = flash_decode(q, kp, vp, block_table=table, check_values=True, **kw)
+    want, yard = truth_and_yardstick(q, k, v, lengths, causal, window=window)
+    assert torch.equal(dense, paged) and not dense.isnan().any()
+    assert checks.within_twice_yardstick("o", dense.cpu(), want, yard, head_dim=d) is None
+    assert all(torch.equal(dense[i], torch.zeros_like(dense[i])) for i, n in enumerate(lengths) if n == 0)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_window_reads_only_its_keys(paged):
+    """The keys below each sequence's window, [0, length - n_new - left), are NaN or inf,
+    and so are those past its length; for the paged cache, the pages wholly below the window
+    point at a page of NaN. A kernel that read any of them would give NaN (p = 0 times NaN
+    is NaN); the window's kernel gives the result of the clean cache."""
+    gen = torch.Generator().manual_seed(11)
+    n_new, left, lengths = 2, 20, [90, 45, 10]
+    q = torch.randn(3, 4, n_new, 16, generator=gen).to(DEVICE)
+    k, v = (torch.randn(3, 2, 96, 16, generator=gen).to(DEVICE) for _ in range(2))
+    kw = dict(cache_seqlens=torch.tensor(lengths, device=DEVICE), num_splits=2, window=(left, 0))
+    want = flash_decode(q, k, v, **kw)
+    bad_k, bad_v = k.clone(), v.clone()
+    starts = [max(0, n - n_new - left) for n in lengths]
+    for b, (start, n) in enumerate(zip(starts, lengths)):
+        bad_k[b, :, :start], bad_v[b, :, :start] = float("nan"), float("inf")
+        bad_k[b, :, n:], bad_v[b, :, n:] = float("inf"), float("nan")
+    if paged:
+        bad_k, bad_v, table = paginate(bad_k, bad_v, 16, generator=gen, spare=1)
+        spare = sorted(set(range(bad_k.shape[0])) - set(table.flatten().tolist()))[0]
+        bad_k[spare], bad_v[spare] = float("nan"), float("nan")
+        for b, start in enumerate(starts):
+            table[b, :start // 16] = spare
+        kw["block_table"] = table
+    got = flash_decode(q, bad_k, bad_v, **kw)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, want)   # the same keys in the same tiles: the same bits
+    truth, _ = truth_and_yardstick(q, k, v, lengths, True, window=(left, 0))
+    assert torch.allclose(got.cpu().double(), truth, rtol=0, atol=1e-5)
+
+
+def test_window_offsets_and_the_split_count(monkeypatch):
+    """What the kernel is told: no window, (-1, -1), (-1, 0) and a window wider than the
+    cache take the plain kernel; the split count is chosen for the keys the window spans."""
+    assert window_offsets(None, True, 4, 100) == window_offsets((-1, -1), True, 4, 100) == (True, False, 0, 0, 100)
+    assert window_offsets((-1, 0), False, 4, 100) == window_offsets((100, 3), True, 4, 100) == (True, False, 0, 0, 100)
+    assert window_offsets((-1, -1), False, 4, 100) == window_offsets((-1, 3), False, 4, 100) == (False, False, 0, 0, 100)
+    assert window_offsets((10, 3), True, 4, 100) == (False, True, -10, 0, 14)
+    assert window_offsets((10, 2), False, 4, 100) == (False, True, -10, 2, 14)
+    assert window_offsets((10, 3), False, 4, 100) == (False, True, -10, 104, 14)   # right >= n_new - 1: none
+    assert window_offsets((-1, 1), False, 4, 100) == (False, True, -104, 1, 100)
+    seen = []
+    monkeypatch.setattr(decode, "choose_num_splits", lambda *a, **kw: seen.append(a[2]) or 1)
+    q, k, v = _inputs(n_max=200)
+    flash_decode(q, k, v, window=(20, 0))
+    flash_decode(q, k, v)
+    assert seen == [21 + 16 - 1, 200]   # one key tile more than the window: its start is not aligned
+
+
+@pytest.mark.parametrize("window, error, match", [
+    ("20", TypeError, r"window must be a pair \(left, right\)"),
+    ((20,), ValueError, r"window must be a pair \(left, right\), got 1 values"),
+    ((-2, 0), ValueError, r"window\[0\] = -2: use -1 for no limit"),
+    ((4, 1.5), TypeError, r"window\[1\] must be an int"),
+    ((True, 0), TypeError, r"window\[0\] must be an int"),
+])
+def test_bad_windows_are_named(window, error, match):
+    with pytest.raises(error, match=match):
+        flash_decode(*_inputs(), window=window)
+
+
+GPU_WINDOW_CASES = {  # (batch, heads, kv_heads, n_new, n_max, lengths, head_dim, causal, window, num_splits)
+    "b4-mistral-4k-1-token": (4, 32, 8, 1, 20000, [20000, 4095, 4096, 9000], 128, True, (4095, 0), None),
+    "b3-band-4-tokens-many-splits": (3, 16, 2, 4, 5000, [5000, 0, 1500], 64, False, (1000, 2), 16),
+    "b2-16-tokens-w300": (2, 16, 1, 16, 3000, [3000, 7], 128, True, (300, 0), 3),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(GPU_WINDOW_CASES))
+def test_gpu_window_realistic_sizes(case, dtype):
+    """The compiled window kernels, dense and paged (64-token pages, shuffled): within the
+    yardstick of float64, and the same bits from both caches."""
+    b, h, h_kv, n_new, n_max, lengths, d, causal, window, splits = GPU_WINDOW_CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    q = torch.randn(b, h, n_new, d, generator=gen).to(DTYPES[dtype]).to(DEVICE)
+    k, v = (torch.randn(b, h_kv, n_max, d, generator=gen).to(DTYPES[dtype]).to(DEVICE) for _ in range(2))
+    kw = dict(cache_seqlens=torch.tensor(lengths, device=DEVICE), num_splits=splits, causal=causal, window=window)
+    dense = flash_decode(q, k, v, **kw)
+    kp, vp, table = paginate(k, v, 64, generator=gen)
+    paged = flash_decode(q, kp, vp, block_table=table, **kw)
+    want, yard = truth_and_yardstick(q, k, v, lengths, causal, window=window)
+    assert checks.within_twice_yardstick("o", dense.cpu(), want, yard, head_dim=d) is None
+    assert checks.within_twice_yardstick("o", paged.cpu(), want, yard, head_dim=d) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+def test_gpu_window_in_a_cuda_graph():
+    """A windowed call captured in a CUDA graph follows new lengths written into the same
+    tensor (the window's start is found on the GPU), with the eager call's bits."""
+    from flashbook.timing import graph_replay
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn(s, generator=gen, device="cuda").to(torch.bfloat16)
+               for s in ((4, 32, 1, 128), (4, 8, 8192, 128), (4, 8, 8192, 128)))
+    lengths = torch.tensor([8192, 100, 5000, 4097], device="cuda", dtype=torch.int32)
+    replay, out = graph_replay(lambda: flash_decode(q, k, v, cache_seqlens=lengths, window=(4095, 0)))
+    for new in ([8000, 4096, 1, 6000], [17, 8192, 4095, 0]):
+        lengths.copy_(torch.tensor(new, device="cuda", dtype=torch.int32))
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, flash_decode(q, k, v, cache_seqlens=lengths, window=(4095, 0)))

@@ -47,10 +47,16 @@ Causal (the default): the new tokens are the last ``n_new`` positions of each
 sequence, so new token i sees cache positions j <= length - n_new + i: the
 book's bottom-right alignment, with seq_k = length. Only the last n_new - 1
 keys are hidden from any row: they fall in the masked last tile.
+
+A sliding window (``window=(left, right)``, flash-attn's convention: the token at
+position p sees keys [p - left, p + right]) is a compile-time switch of the split kernel
+(``WINDOW``, off by default: without a window the kernels are the same instructions as
+before). With it the splits cut only the window's key tiles, from
+max(0, length - n_new - left) to length, which each program finds from the length on the
+GPU: a 4K window over a 128K cache reads 4K keys per sequence, never the rest.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -59,16 +65,17 @@ import triton.language as tl
 
 from .. import runtime
 from ..validation import check_choice, check_count, check_flag
-from .autograd import LOG2E, check_inputs, check_shapes, dot_precision, last_dim_contiguous, new_buffer
+from .autograd import LOG2E, check_inputs, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
-from .forward import (MAIN, MASKED, attend, fold_values, for_lengths, load_tile, normalised_rows,
-                      shifted_scores)
+from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
+                             _check_paged, _check_range, choose_num_splits, decode_tiles, sm_count, window_offsets)
+from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, load_tile, normalised_rows,
+                      shifted_scores, window_bounds)
 
 MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
-MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
-MAX_ROWS = 64         # query rows (group * n_new) per tile; more rows take more tiles
-PAGE_SIZES = (16, 32, 64, 128, 256)   # tokens per page of a paged KV cache
-PAGED_EXTRA_STAGES = 2   # the page indices take pipeline stages of their own (decode_tiles)
+#: The compile-time switch a window adds to the split kernel, and the run-time values only it
+#: uses (as ``forward.LATER``): ``display.source(_decode_fwd, without=LATER)`` shows it without.
+LATER = {"WINDOW": ("first", "last")}
 
 
 # ------------------------------------------------------------------ the kernels
@@ -77,7 +84,7 @@ PAGED_EXTRA_STAGES = 2   # the page indices take pipeline stages of their own (d
 def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, stride_vp, stride_kn, stride_vn,
                  rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale, PAGE_SIZE: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
-                 EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0):
     """``_fwd_inner`` over a paged cache: key tiles [lo, hi) of a sequence whose
     positions [p * PAGE_SIZE, (p + 1) * PAGE_SIZE) live in physical page ``table[p]``.
 
@@ -102,12 +109,50 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
         k_rows = k_head + (page * stride_kp + slot * stride_kn)[:, None]
         k = load_tile(k_rows, cols, 0, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL)
+        qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL,
+                                     WINDOW, first)
         p = tl.exp2(qk)
-        alpha = tl.exp2(row_max - new_max)
+        if WINDOW:
+            alpha = tl.exp2(row_max - finite(new_max))  # row_max -inf: nothing summed yet, 0
+        else:
+            alpha = tl.exp2(row_max - new_max)
         v_rows = v_head + (page * stride_vp + slot * stride_vn)[:, None]
         acc, row_sum = fold_values(acc, row_sum, p, alpha, v_rows, cols, 0, seq_k, offs_d,
                                    HEAD_DIM, STAGE == MASKED, EVEN_D, DOT_PRECISION)
+        row_max = new_max
+    return acc, row_max, row_sum
+
+
+@triton.jit
+def _window_edge(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, stride_vp, stride_kn, stride_vn,
+                 rows, offs_n, offs_d, seq_k, diagonal, first, lo, hi, qk_scale, PAGE_SIZE: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A window's lower edge, key tiles [lo, hi) masked, of a dense cache at ``k_head`` (PAGE_SIZE
+    0) or a paged one (as ``_paged_stage``): token t sees keys [t + first, t + diagonal].
+
+    Its first tile starts at a multiple of BLOCK_N, below the window's first key ``first``; the
+    keys there are not read at all (nor their page indices): they may be stale, or NaN, in a
+    cache whose keys left the window, and p = 0 times a NaN value would still be NaN."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        read = (cols >= first) & (cols < seq_k)
+        if PAGE_SIZE == 0:
+            k_rows, v_rows = k_head + cols[:, None] * stride_kn, v_head + cols[:, None] * stride_vn
+        else:
+            page = tl.load(table + cols // PAGE_SIZE, mask=read, other=0).to(tl.int64)
+            slot = cols % PAGE_SIZE
+            k_rows = k_head + (page * stride_kp + slot * stride_kn)[:, None]
+            v_rows = v_head + (page * stride_vp + slot * stride_vn)[:, None]
+        kept = tl.where(read, cols, seq_k)   # load_tile reads the rows below seq_k
+        k = load_tile(k_rows, kept, 0, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, MASKED, False,
+                                     True, first)
+        p = tl.exp2(qk)
+        alpha = tl.exp2(row_max - finite(new_max))  # row_max -inf: nothing summed yet, 0
+        acc, row_sum = fold_values(acc, row_sum, p, alpha, v_rows, kept, 0, seq_k, offs_d,
+                                   HEAD_DIM, True, EVEN_D, DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
 
@@ -118,10 +163,11 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
                 stride_kb, stride_kh, stride_kn,
                 stride_vb, stride_vh, stride_vn,
                 stride_ob, stride_oh, stride_os, stride_om, stride_tb,
-                kv_heads, n_rows, seq_max, num_splits, qk_scale,
+                kv_heads, n_rows, seq_max, num_splits, qk_scale, first, last,
                 N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                WINDOW: tl.constexpr = False):
     """One program: one split of the keys, one tile of query rows, one (batch, KV head).
 
     Grid (num_splits, cdiv(n_rows, BLOCK_M), batch * kv_heads). Q is viewed as
@@ -133,6 +179,13 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
     (``stride_kb`` is then the page stride) and TABLE (batch, pages per sequence)
     says which page holds each sequence's positions. A length read from SEQLENS is
     clamped to [0, seq_max], so no value makes the kernel read outside the cache.
+
+    ``WINDOW`` (a sliding window, ``decode_choices.window_offsets``): new token t sees keys
+    [t + first, t + last], ``first`` and ``last`` given relative to a diagonal of 0 and
+    moved onto each sequence's own, seq_k - N_NEW. The splits cut only the key tiles the
+    window touches (``window_bounds``, its rows being the N_NEW tokens), in three stages:
+    the masked lower edge, the tiles every token sees whole, the masked upper edge. The
+    tiles outside are never loaded.
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     split = tl.program_id(0)
@@ -145,19 +198,28 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
     else:
         seq_k = seq_max
 
-    # This split's keys [lo, hi): whole tiles of this sequence's own length.
-    split_len = tl.cdiv(tl.cdiv(seq_k, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_k)
-    # Keys below full_end are seen by every row (main stage, no mask): all but the
-    # last n_new - 1 keys when causal, all keys but a ragged last tile otherwise.
-    diagonal = seq_k - N_NEW
-    if CAUSAL:
-        full_end = tl.maximum(diagonal + 1, 0)
+    if WINDOW:   # this split's share [lo, hi) of the window's tiles [w_lo, w_hi)
+        first, diagonal = seq_k - N_NEW + first, seq_k - N_NEW + last
+        w_lo, full_lo, full_end, w_hi = window_bounds(0, seq_k, first, diagonal, N_NEW, BLOCK_N)
+        split_len = tl.cdiv(tl.cdiv(w_hi - w_lo, num_splits), BLOCK_N) * BLOCK_N
+        lo = w_lo + split * split_len
+        hi = tl.minimum(lo + split_len, w_hi)
+        edge = tl.minimum(tl.maximum(full_lo, lo), hi)   # [lo, edge): the lower edge, masked
+        mid = tl.minimum(tl.maximum(full_end, edge), hi)
     else:
-        full_end = seq_k
-    full_end = (full_end // BLOCK_N) * BLOCK_N
-    mid = tl.minimum(tl.maximum(full_end, lo), hi)
+        # This split's keys [lo, hi): whole tiles of this sequence's own length.
+        split_len = tl.cdiv(tl.cdiv(seq_k, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * split_len
+        hi = tl.minimum(lo + split_len, seq_k)
+        # Keys below full_end are seen by every row (main stage, no mask): all but the
+        # last n_new - 1 keys when causal, all keys but a ragged last tile otherwise.
+        diagonal = seq_k - N_NEW
+        if CAUSAL:
+            full_end = tl.maximum(diagonal + 1, 0)
+        else:
+            full_end = seq_k
+        full_end = (full_end // BLOCK_N) * BLOCK_N
+        mid = tl.minimum(tl.maximum(full_end, lo), hi)
 
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -172,20 +234,32 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
     if PAGE_SIZE == 0:
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
+        if WINDOW:   # the lower edge [lo, edge): no key below the window is read
+            acc, row_max, row_sum = _window_edge(
+                acc, row_max, row_sum, q, k_base, v_base, TABLE, stride_kb, stride_vb, stride_kn, stride_vn,
+                token, offs_n, offs_d, seq_k, diagonal, first, lo, edge, qk_scale, PAGE_SIZE,
+                HEAD_DIM, BLOCK_N, EVEN_D, DOT_PRECISION)
+            lo = edge
         acc, row_max, row_sum = attend(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, lo, mid, hi, qk_scale,
-            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION)
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
     else:   # the two stages of attend, page by page
         k_head, v_head, table = K + h_kv * stride_kh, V + h_kv * stride_vh, TABLE + b * stride_tb
+        if WINDOW:   # the lower edge [lo, edge): no key below the window is read
+            acc, row_max, row_sum = _window_edge(
+                acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
+                token, offs_n, offs_d, seq_k, diagonal, first, lo, edge, qk_scale, PAGE_SIZE,
+                HEAD_DIM, BLOCK_N, EVEN_D, DOT_PRECISION)
+            lo = edge
         acc, row_max, row_sum = _paged_stage(
             acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, lo, mid, qk_scale, PAGE_SIZE,
-            HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION)
+            HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
         acc, row_max, row_sum = _paged_stage(
             acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, mid, hi, qk_scale, PAGE_SIZE,
-            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION)
+            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
     acc, lse = normalised_rows(acc, row_max, row_sum)
 
     row_ok = rows < n_rows
@@ -224,122 +298,6 @@ def _decode_combine(O_PART, LSE, O, stride_ob, stride_oh, stride_om, kv_heads, n
              mask=offs_d < HEAD_DIM)
 
 
-# ------------------------------------------------------------------ choices
-
-@functools.lru_cache(maxsize=4096)   # a decoding loop asks the same question every step: answer it once
-def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, block_n: int,
-                      programs_per_sm: int = 2, min_tiles_per_split: int = 2,
-                      max_splits: int = MAX_SPLITS) -> int:
-    """How many splits of the keys fill a GPU of ``sm_count`` SMs. A pure function.
-
-    The ``batch * kv_heads`` programs of an unsplit cache are too few to fill the
-    ``sm_count * programs_per_sm`` slots that run at once when the batch is small.
-    With s splits, each program reads ``ceil(tiles / s)`` key tiles, plus about
-    one tile's time of its own (loading q, writing its partial result, its share
-    of the combine), and the equal programs run in ``ceil(batch * kv_heads * s /
-    slots)`` waves: the time is about the product. The answer is the smallest s
-    within 5% of the least such time (a few percent of modelled gain are not
-    worth more programs and a bigger combine), keeping at least
-    ``min_tiles_per_split`` key tiles per split.
-    """
-    for name, value, minimum in (("batch", batch, 1), ("kv_heads", kv_heads, 1), ("seq_k", seq_k, 0),
-                                 ("sm_count", sm_count, 1), ("block_n", block_n, 1),
-                                 ("programs_per_sm", programs_per_sm, 1),
-                                 ("min_tiles_per_split", min_tiles_per_split, 1), ("max_splits", max_splits, 1)):
-        check_count(value, name, minimum)
-    slots = sm_count * programs_per_sm
-    programs = batch * kv_heads
-    tiles = math.ceil(seq_k / block_n)
-    most = min(max_splits, max(1, tiles // min_tiles_per_split))
-
-    def time(s):
-        return math.ceil(programs * s / slots) * (math.ceil(tiles / s) + 1)
-
-    best = min(time(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if time(s) <= 1.05 * best)
-
-
-def decode_tiles(head_dim: int, elem_bytes: int, n_rows: int, *, page_size: int = 0,
-                 interpreter: bool | None = None) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head_dim, an element size and
-    ``n_rows = group * n_new`` query rows.
-
-    BLOCK_M: the rows, padded to a power of two >= 16 (the tensor cores' smallest
-    tile), at most ``MAX_ROWS``. BLOCK_N: keys per tile such that one K and one V
-    tile together are 32 KiB (64 keys at d = 128 in 16-bit), 3 stages deep: the
-    loads of about two tiles are in flight while one is used, which the memory
-    system needs to stream at full speed. The interpreter takes 16 keys, so that
-    small test caches span several tiles (``interpreter``: None means "if it runs here").
-    A paged cache (``page_size`` > 0) takes the same tiles and ``PAGED_EXTRA_STAGES`` more
-    stages: its page indices are loads of the loop too, issued two stages before the K/V
-    tiles they address, so two more stages keep as many K/V tiles in flight as the dense
-    cache (the compiled kernel's shared buffers show it: 2 x 64 x 128 at 3 + 2 stages).
-    """
-    bd = block_d(head_dim)
-    block_m = min(MAX_ROWS, max(16, triton.next_power_of_2(n_rows)))
-    if runtime.INTERPRET if interpreter is None else interpreter:
-        return block_m, 16, 4, 1
-    block_n = max(16, min(128, 32768 // (2 * bd * elem_bytes)))
-    stages = 3 if elem_bytes == 2 else 2
-    return block_m, block_n, 4, stages + (PAGED_EXTRA_STAGES if page_size else 0)
-
-
-def sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device; 1 on the interpreter (it runs one program at a time)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-# ------------------------------------------------------------------ checks
-
-def _check_index_tensor(x, name: str, shape: tuple, device, meaning: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of ints, got {type(x).__name__}")
-    if x.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape} ({meaning}), got {tuple(x.shape)}")
-    if x.device != device:
-        raise ValueError(f"{name} must be on q's device {device}, got {x.device}")
-
-
-def _check_range(x, name: str, lo: int, hi: int, what: str) -> None:
-    """Every value of ``x`` in [lo, hi]: one device synchronisation (``check_values=True``)."""
-    if x.numel() == 0:
-        return
-    low, high = int(x.min()), int(x.max())
-    if low < lo or high > hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}] ({what}), got values in [{low}, {high}]")
-
-
-def _check_paged(q, k_cache, v_cache, block_table):
-    """(the cache as ``check_inputs`` sees it, page_size, pages per sequence) for a paged call."""
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0:
-            raise ValueError(f"{name} must be a 4-D tensor of pages (num_pages, kv_heads, page_size, head_dim) "
-                             f"with at least one page when block_table is given, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
-                         f"{tuple(v_cache.shape)}")
-    page_size = k_cache.shape[2]
-    if page_size not in PAGE_SIZES:
-        raise ValueError(f"k_cache's page_size (axis 2) must be one of {PAGE_SIZES}, got {page_size}")
-    check_shapes(q, q, q, names=("q", "q", "q"))   # q first: the table is checked against its batch
-    batch, device = q.shape[0], q.device
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-        raise ValueError(f"block_table must be a 2-D tensor (batch, pages per sequence), got "
-                         f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
-    _check_index_tensor(block_table, "block_table", (batch, block_table.shape[1]), device,
-                        "batch, pages per sequence")
-    if block_table.shape[1] == 0:
-        raise ValueError("block_table must list at least one page per sequence, got shape "
-                         f"{tuple(block_table.shape)}")
-    as_dense = tuple(x[:1].expand(batch, -1, -1, -1) for x in (k_cache, v_cache))
-    return as_dense, page_size, block_table.shape[1]
-
-
 # ------------------------------------------------------------------ the layout
 
 def paginate(k, v, page_size: int, *, generator: torch.Generator | None = None, spare: int = 0):
@@ -375,7 +333,7 @@ def paginate(k, v, page_size: int, *, generator: torch.Generator | None = None, 
 # ------------------------------------------------------------------ the entry point
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
-                 causal: bool = True, scale=None, check_values: bool = False):
+                 causal: bool = True, window=None, scale=None, check_values: bool = False):
     """Attention of a few new tokens over a KV cache, split over the keys: returns o.
 
     Args:
@@ -395,6 +353,14 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
             None chooses from the GPU's SM count (``choose_num_splits``).
         causal: new token i (of n_new) sits at position length - n_new + i and sees the
             cache up to there (bottom-right alignment); rows that see no key give 0.
+        window: ``(left, right)``, a sliding window as flash-attn's ``flash_attn_with_kvcache
+            (..., window_size=)``: the token at position p sees key j when p - left <= j <=
+            p + right; -1 is no limit on that side (None: ``(-1, -1)``, no window), and
+            ``causal=True`` makes right 0. The kernel reads only the keys of the window,
+            [max(0, length - n_new - left), length) of each sequence (computed on the GPU
+            from ``cache_seqlens``): a 4K window over a 128K cache reads about 4K keys. A
+            model with a window of W keys including the token's own (Mistral's and Gemma's
+            ``sliding_window = W``, as vLLM passes it to flash-attn) is ``window=(W - 1, 0)``.
         scale: multiplies the scores; None means 1/sqrt(head_dim).
         check_values: also check the *values* of ``cache_seqlens`` (in [0, n_max]) and
             ``block_table`` (in [0, num_pages)), which costs a device synchronisation, so
@@ -405,10 +371,12 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
     Returns:
         o, (batch, heads, n_new, head_dim), q's dtype, contiguous.
     """
-    key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values)
+    key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
+                     window)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
-        plan = _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values)
+        plan = _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
+                     window)
         if plan is None:   # nobody attending: an empty output, nothing launched
             return torch.zeros_like(q)
         if key is not None:
@@ -424,10 +392,12 @@ MAX_PLANS = 1024   # call signatures remembered (a model has a few per layer); f
 _PLANS: dict = {}
 
 
-def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values):
+def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
+               window=None):
     """Everything the checks and the launch of a call depend on, as a dict key; None when
     the call must take the checked path (a value check asked for, an argument that is
-    not a tensor, a scale that is not a plain number, or no GPU).
+    not a tensor, a scale that is not a plain number, a window that is not None or a
+    tuple of two ints, or no GPU).
 
     A call whose signature matches one that passed the checks would pass them again:
     each property they read (types, shapes, strides, dtypes, devices, the flags) is in
@@ -437,13 +407,15 @@ def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, caus
     on the GPU, never by the host."""
     if (check_values is not False or runtime.INTERPRET or (causal is not True and causal is not False)
             or not (num_splits is None or type(num_splits) is int)
-            or not (scale is None or type(scale) is float or type(scale) is int)):
+            or not (scale is None or type(scale) is float or type(scale) is int)
+            or not (window is None or type(window) is tuple and len(window) == 2
+                    and type(window[0]) is int and type(window[1]) is int)):
         return None
     try:
         tensors = tuple((x.__class__, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0)
                         if x is not None else None
                         for x in (q, k_cache, v_cache, cache_seqlens, block_table))
-        return tensors + (num_splits, causal, scale, dot_precision(q.dtype))
+        return tensors + (num_splits, causal, scale, dot_precision(q.dtype), window)
     except (AttributeError, TypeError):
         return None
 
@@ -521,7 +493,7 @@ def _contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
-def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values):
+def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window=None):
     """Check a call's arguments (errors name them) and decide its launch; None when there
     is nothing to compute (no batch or no new token)."""
     names = ("q", "k_cache", "v_cache")
@@ -546,14 +518,16 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
                          "the pages of block_table hold" if page_size else "the cache's length")
     if page_size and check_values:
         _check_range(block_table, "block_table", 0, k_cache.shape[0] - 1, "pages of k_cache")
+    causal, windowed, first, last, keys = window_offsets(window, causal, n_new, n_max)
     if batch == 0 or n_new == 0:
         return None
     group = heads // kv_heads
     n_rows = group * n_new
     block_m, block_n, num_warps, num_stages = decode_tiles(head_dim, q.element_size(), n_rows,
                                                            page_size=page_size)
-    if num_splits is None:
-        num_splits = choose_num_splits(batch, kv_heads, n_max, sm_count=sm_count(q.device), block_n=block_n)
+    if num_splits is None:   # a window's keys span at most one tile more than its length
+        num_splits = choose_num_splits(batch, kv_heads, min(n_max, keys + block_n - 1), sm_count=sm_count(q.device),
+                                       block_n=block_n)
     elif check_count(num_splits, "num_splits") > MAX_SPLITS:
         raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
 
@@ -580,10 +554,11 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
         [None] * 7 + [q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
                       k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                       v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                      *part_strides, table_stride, kv_heads, n_rows, n_max, num_splits, scale * LOG2E],
+                      *part_strides, table_stride, kv_heads, n_rows, n_max, num_splits, scale * LOG2E,
+                      first, last],
         dict(N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
              CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None, PAGE_SIZE=page_size,
-             DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages),
+             DOT_PRECISION=dot_precision(q.dtype), WINDOW=windowed, num_warps=num_warps, num_stages=num_stages),
         slots=range(7))
     combine = None
     if num_splits > 1:

@@ -47,7 +47,8 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     ``dot_precision`` is the ``input_precision`` of the kernels' ``tl.dot`` (what
     ``autograd.dot_precision`` passes at launch): it only matters for fp32 inputs,
     "tf32" (tensor cores) or "ieee" (PyTorch's default "highest"). ``window``, ``softcap``:
-    the attention kernels with a sliding window or a soft cap (``autograd.kernel_mask``);
+    the attention kernels with a sliding window or a soft cap (``autograd.kernel_mask``;
+    ``window`` also for the decode kernel, ``flash_decode(..., window=)``);
     ``varlen``: for packed documents (``varlen.flash_attention_varlen``); ``prefix``: a
     prefix-LM (causal after a prefix every row sees)."""
     import triton
@@ -67,7 +68,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
         if not varlen:   # the cu_seqlens pointers: None, as a launch without documents leaves them
             constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
     if kernel == "decode":
-        constexprs.update(N_NEW=n_new, HAS_SEQLENS=True, PAGE_SIZE=page_size)
+        constexprs.update(N_NEW=n_new, HAS_SEQLENS=True, PAGE_SIZE=page_size, WINDOW=window)
         fp32 |= {"O"} if splits else set()
     if kernel == "decode_combine":
         constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_S": config.block_n}

@@ -1,0 +1,168 @@
+"""Flash-decoding's host-side choices and checks (``decode.flash_decode``, chapter 11).
+
+Pure functions of the shapes and the GPU, apart from the value checks: how many splits of
+the keys fill the GPU (``choose_num_splits``), which tiles (``decode_tiles``), what a
+window tells the kernel (``window_offsets``), and the checks of the index tensors and of
+a paged cache. ``flashbook.kernels.decode`` imports them all (``decode.choose_num_splits``...).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from .. import masks, runtime
+from ..validation import check_count
+from .autograd import check_shapes
+from .configs import block_d
+
+MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
+MAX_ROWS = 64         # query rows (group * n_new) per tile; more rows take more tiles
+PAGE_SIZES = (16, 32, 64, 128, 256)   # tokens per page of a paged KV cache
+PAGED_EXTRA_STAGES = 2   # the page indices take pipeline stages of their own (decode_tiles)
+
+
+# ------------------------------------------------------------------ choices
+
+@functools.lru_cache(maxsize=4096)   # a decoding loop asks the same question every step: answer it once
+def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, block_n: int,
+                      programs_per_sm: int = 2, min_tiles_per_split: int = 2,
+                      max_splits: int = MAX_SPLITS) -> int:
+    """How many splits of the keys fill a GPU of ``sm_count`` SMs. A pure function.
+
+    The ``batch * kv_heads`` programs of an unsplit cache are too few to fill the
+    ``sm_count * programs_per_sm`` slots that run at once when the batch is small.
+    With s splits, each program reads ``ceil(tiles / s)`` key tiles, plus about
+    one tile's time of its own (loading q, writing its partial result, its share
+    of the combine), and the equal programs run in ``ceil(batch * kv_heads * s /
+    slots)`` waves: the time is about the product. The answer is the smallest s
+    within 5% of the least such time (a few percent of modelled gain are not
+    worth more programs and a bigger combine), keeping at least
+    ``min_tiles_per_split`` key tiles per split.
+    """
+    for name, value, minimum in (("batch", batch, 1), ("kv_heads", kv_heads, 1), ("seq_k", seq_k, 0),
+                                 ("sm_count", sm_count, 1), ("block_n", block_n, 1),
+                                 ("programs_per_sm", programs_per_sm, 1),
+                                 ("min_tiles_per_split", min_tiles_per_split, 1), ("max_splits", max_splits, 1)):
+        check_count(value, name, minimum)
+    slots = sm_count * programs_per_sm
+    programs = batch * kv_heads
+    tiles = math.ceil(seq_k / block_n)
+    most = min(max_splits, max(1, tiles // min_tiles_per_split))
+
+    def time(s):
+        return math.ceil(programs * s / slots) * (math.ceil(tiles / s) + 1)
+
+    best = min(time(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if time(s) <= 1.05 * best)
+
+
+def decode_tiles(head_dim: int, elem_bytes: int, n_rows: int, *, page_size: int = 0,
+                 interpreter: bool | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head_dim, an element size and
+    ``n_rows = group * n_new`` query rows.
+
+    BLOCK_M: the rows, padded to a power of two >= 16 (the tensor cores' smallest
+    tile), at most ``MAX_ROWS``. BLOCK_N: keys per tile such that one K and one V
+    tile together are 32 KiB (64 keys at d = 128 in 16-bit), 3 stages deep: the
+    loads of about two tiles are in flight while one is used, which the memory
+    system needs to stream at full speed. The interpreter takes 16 keys, so that
+    small test caches span several tiles (``interpreter``: None means "if it runs here").
+    A paged cache (``page_size`` > 0) takes the same tiles and ``PAGED_EXTRA_STAGES`` more
+    stages: its page indices are loads of the loop too, issued two stages before the K/V
+    tiles they address, so two more stages keep as many K/V tiles in flight as the dense
+    cache (the compiled kernel's shared buffers show it: 2 x 64 x 128 at 3 + 2 stages).
+    """
+    bd = block_d(head_dim)
+    block_m = min(MAX_ROWS, max(16, triton.next_power_of_2(n_rows)))
+    if runtime.INTERPRET if interpreter is None else interpreter:
+        return block_m, 16, 4, 1
+    block_n = max(16, min(128, 32768 // (2 * bd * elem_bytes)))
+    stages = 3 if elem_bytes == 2 else 2
+    return block_m, block_n, 4, stages + (PAGED_EXTRA_STAGES if page_size else 0)
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device; 1 on the interpreter (it runs one program at a time)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# ------------------------------------------------------------------ checks
+
+def _check_index_tensor(x, name: str, shape: tuple, device, meaning: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of ints, got {type(x).__name__}")
+    if x.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} ({meaning}), got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {x.device}")
+
+
+def _check_range(x, name: str, lo: int, hi: int, what: str) -> None:
+    """Every value of ``x`` in [lo, hi]: one device synchronisation (``check_values=True``)."""
+    if x.numel() == 0:
+        return
+    low, high = int(x.min()), int(x.max())
+    if low < lo or high > hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}] ({what}), got values in [{low}, {high}]")
+
+
+def _check_paged(q, k_cache, v_cache, block_table):
+    """(the cache as ``check_inputs`` sees it, page_size, pages per sequence) for a paged call."""
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0:
+            raise ValueError(f"{name} must be a 4-D tensor of pages (num_pages, kv_heads, page_size, head_dim) "
+                             f"with at least one page when block_table is given, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
+    page_size = k_cache.shape[2]
+    if page_size not in PAGE_SIZES:
+        raise ValueError(f"k_cache's page_size (axis 2) must be one of {PAGE_SIZES}, got {page_size}")
+    check_shapes(q, q, q, names=("q", "q", "q"))   # q first: the table is checked against its batch
+    batch, device = q.shape[0], q.device
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        raise ValueError(f"block_table must be a 2-D tensor (batch, pages per sequence), got "
+                         f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
+    _check_index_tensor(block_table, "block_table", (batch, block_table.shape[1]), device,
+                        "batch, pages per sequence")
+    if block_table.shape[1] == 0:
+        raise ValueError("block_table must list at least one page per sequence, got shape "
+                         f"{tuple(block_table.shape)}")
+    as_dense = tuple(x[:1].expand(batch, -1, -1, -1) for x in (k_cache, v_cache))
+    return as_dense, page_size, block_table.shape[1]
+
+
+def window_offsets(window, causal: bool, n_new: int, n_max: int) -> tuple[bool, bool, int, int, int]:
+    """What the split kernel is told about ``window=(left, right)``: ``(causal, WINDOW,
+    first, last, keys)``, with ``keys`` the most keys one sequence's window spans.
+
+    flash-attn's convention (``flash_attn_with_kvcache``): new token i of n_new sits at
+    position p = length - n_new + i and sees cache key j when p - left <= j <= p + right;
+    -1 is no limit on that side, and ``causal=True`` sets right to 0. The kernel's token t
+    sees keys [t + first, t + last] moved onto the sequence's diagonal length - n_new
+    (``first`` = -left, ``last`` = right; a far value for no limit). A side that reaches
+    past every key of every length up to n_max is no limit (a left side >= n_max, a right
+    side >= n_new - 1); what is left of no window, or of (-1, 0), is the plain kernel
+    (``WINDOW`` off) without or with its causal mask, so such a call runs exactly the
+    kernel it ran before there were windows.
+    """
+    left, right = masks.check_window(window)
+    if causal:
+        right = 0
+    if left >= n_max:
+        left = -1
+    if right > 0 and right >= n_new - 1:
+        right = -1
+    if left < 0 and right <= 0:
+        return causal or right == 0, False, 0, 0, n_max
+    far = n_max + n_new   # "no limit": further than any key is from any new token
+    keys = n_max if left < 0 else min(n_max, left + n_new)
+    return False, True, -left if left >= 0 else -far, right if right >= 0 else far, keys
