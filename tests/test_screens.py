@@ -59,7 +59,10 @@ FIND_OVERFLOW = """() => {
   return {found, hidden, scrollWidth: document.documentElement.scrollWidth, width};
 }"""
 
+#: Resolves once MathJax has typeset the page; at once on a page that does not load it
+#: (waiting there for a MathJax that never comes took 10 s per screen size).
 TYPESET = """() => new Promise(done => {
+  if (!document.querySelector('script[src*="mathjax"]')) { done(false); return; }
   const ready = () => window.MathJax && MathJax.startup && MathJax.startup.promise;
   const wait = (n) => ready() ? MathJax.startup.promise.then(() => done(true))
                              : (n > 0 ? setTimeout(() => wait(n - 1), 100) : done(false));

@@ -65,7 +65,11 @@ INTERPRETER_PAIRS = ((1, 1), (17, 17), (1, 40), (40, 1), (17, 33), (33, 17))
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize("n_q,n_k", INTERPRETER_PAIRS, ids=[f"{a}x{b}" for a, b in INTERPRETER_PAIRS])
 def test_interpreter_class_few_seeds(n_q, n_k, dtype, causal):
-    cases = stress.attention_class(n_q, n_k, dtype, causal, 2, groups=(1, 4), head_dims=(16, 24))
+    # one batch of 4 query heads: a masking bug shows in every program alike, and GQA
+    # groups 1 and 4 still map query heads to KV heads both ways (a quarter of the
+    # programs of the default 2 x 8: 149 s of CI became a quarter of it)
+    cases = stress.attention_class(n_q, n_k, dtype, causal, 2, batch=1, heads=4, groups=(1, 4),
+                                   head_dims=(16, 24))
     result = stress.run_class(f"{dtype}-{n_q}x{n_k}", cases, DEVICE, first_seed=n_q * 1000 + n_k)
     assert result.passed, stress.report(result)
 
@@ -74,7 +78,7 @@ def test_interpreter_class_few_seeds(n_q, n_k, dtype, causal):
 @pytest.mark.parametrize("page_size", [0, 16], ids=["dense", "paged16"])
 @pytest.mark.parametrize("n_new", [1, 3])
 def test_interpreter_decode_few_seeds(n_new, page_size):
-    cases = stress.decode_class(n_new, "fp16", True, 2, n_max=40, groups=(1, 4), head_dims=(16,),
+    cases = stress.decode_class(n_new, "fp16", True, 2, n_max=40, heads=4, groups=(1, 4), head_dims=(16,),
                                 page_size=page_size)
     result = stress.run_class(f"decode-{n_new}", cases, DEVICE, first_seed=n_new)
     assert result.passed, stress.report(result)
