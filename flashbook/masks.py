@@ -27,11 +27,18 @@ The conventions are flash-attn's, so that code written against it carries over:
 * **Prefix-LM** ``prefix=p``: the first p keys (of each document) are visible to
   every row, whatever the causal or window rule says: a bidirectional prompt
   followed by causal generation.
+* **ALiBi** ``alibi_slopes``: a bias, not a mask (Press et al. 2022; flash-attn's
+  ``alibi_slopes``): the score of row i and key j gets ``-slope * |i + diag - j|``,
+  one slope per head (or per batch entry and head), positions and diag per document.
+  It is added after the soft cap, uncapped, as flash-attn's kernels add it
+  (Dao-AILab/flash-attention, csrc/flash_attn/src/flash_fwd_kernel.h as of commit
+  0251105: ``apply_softcap``, then the mask of mask.h that adds the bias, with the slope
+  divided by the softmax scale there; the backward takes tanh's derivative before it).
 
 A row that sees no key at all attends to nothing: its output is 0 and its
 logsumexp is -inf, never NaN.
 
-1. the arguments, checked     ``check_window``, ``check_softcap``, ``doc_ids_from_cu_seqlens``
+1. the arguments, checked     ``check_window``, ``check_softcap``, ``check_alibi``, ``doc_ids_from_cu_seqlens``
 2. the rule                   ``allowed``
 3. forward and backward       ``attention``, ``attention_backward``
 4. what a kernel may skip     ``tile_kinds``, ``tile_counts``
@@ -46,8 +53,9 @@ import numpy as np
 from . import reference, softmax, tiled
 from .validation import check_count, check_flag
 
-__all__ = ["check_window", "check_softcap", "check_prefix", "check_cu_seqlens", "doc_ids_from_cu_seqlens", "allowed",
-           "attention", "attention_backward", "tile_kinds", "tile_counts"]
+__all__ = ["check_window", "check_softcap", "check_alibi", "check_prefix", "check_cu_seqlens",
+           "doc_ids_from_cu_seqlens", "allowed", "alibi_bias", "attention", "attention_backward", "tile_kinds",
+           "tile_counts"]
 
 NO_WINDOW = (-1, -1)
 
@@ -96,6 +104,23 @@ def check_softcap(softcap) -> float | None:
         raise ValueError(f"softcap must be a finite number > 0 (or None or 0 for off), "
                          f"got {softcap}")
     return float(softcap)
+
+
+def check_alibi(alibi_slopes, lead: tuple = ()) -> np.ndarray | None:
+    """``alibi_slopes`` as a float64 array of shape ``(*shape, 1, 1)``, to broadcast against
+    scores (..., N_q, N_k); None when off. Its shape must be the last dimensions of ``lead``
+    (q's dimensions before (N_q, d)): (heads,) or (batch, heads) for q (batch, heads, N, d)
+    as flash-attn takes them, or () for one slope everywhere."""
+    if alibi_slopes is None:
+        return None
+    arr = np.asarray(alibi_slopes)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"alibi_slopes must be real numbers (one per head), got dtype {arr.dtype}")
+    lead = tuple(lead)
+    if arr.ndim > len(lead) or arr.shape != lead[len(lead) - arr.ndim:]:
+        raise ValueError(f"alibi_slopes must have shape (heads,) or (batch, heads), the last of q's leading "
+                         f"dimensions {lead}, got {arr.shape}")
+    return arr.astype(np.float64).reshape(arr.shape + (1, 1))
 
 
 def check_prefix(prefix) -> int:
@@ -220,36 +245,47 @@ def allowed(n_q: int, n_k: int, *, causal: bool = False, window=NO_WINDOW, prefi
 
 # ============================================================ 3. forward and backward
 
-def _capped_scores(q, k, scale, softcap):
-    """(pre-cap scores s, capped scores, tanh(s / c) or None)."""
+def _capped_scores(q, k, scale, softcap, bias=None):
+    """(pre-cap scores s, the scores the softmax sees: capped, plus ``bias``, tanh(s / c) or None)."""
     s = reference.scores(q, k, scale=scale)
-    if softcap is None:
-        return s, s, None
-    t = np.tanh(s / softcap)
-    return s, softcap * t, t
+    t = None if softcap is None else np.tanh(s / softcap)
+    seen = s if t is None else softcap * t
+    return s, seen if bias is None else seen + bias, t
 
 
-def _prepare(q, k, v, scale, causal, window, softcap, prefix, doc_ids_q, doc_ids_k):
+def alibi_bias(alibi_slopes, lead, n_q: int, n_k: int, doc_ids_q=None, doc_ids_k=None):
+    """ALiBi's bias (..., N_q, N_k), -slope * |i + diag - j| with positions and diag per
+    document (``_layout``), float64; None without slopes (``check_alibi``)."""
+    slopes = check_alibi(alibi_slopes, lead)
+    if slopes is None:
+        return None
+    _, pos_q, diag, _, pos_k = _layout(n_q, n_k, doc_ids_q, doc_ids_k)
+    return -slopes * np.abs((pos_q + diag)[:, None] - pos_k[None, :])
+
+
+def _prepare(q, k, v, scale, causal, window, softcap, prefix, doc_ids_q, doc_ids_k, alibi_slopes=None):
     q, k, v, scale = reference.check_qkv(q, k, v, scale)
     softcap = check_softcap(softcap)
     mask = allowed(q.shape[-2], k.shape[-2], causal=causal, window=window, prefix=prefix,
                    doc_ids_q=doc_ids_q, doc_ids_k=doc_ids_k)
+    bias = alibi_bias(alibi_slopes, q.shape[:-2], q.shape[-2], k.shape[-2], doc_ids_q, doc_ids_k)
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    return q, k, v, scale, softcap, mask
+    return q, k, v, scale, softcap, mask, bias
 
 
 def attention(q, k, v, *, causal: bool = False, window=NO_WINDOW, softcap=None, scale=None,
-              prefix: int = 0, doc_ids_q=None, doc_ids_k=None, return_lse: bool = False):
-    """O = softmax(cap(scale * Q K^T) restricted to ``allowed``) V, in float64.
+              prefix: int = 0, doc_ids_q=None, doc_ids_k=None, alibi_slopes=None, return_lse: bool = False):
+    """O = softmax(cap(scale * Q K^T) + bias, restricted to ``allowed``) V, in float64.
 
     q is (..., N_q, d), k is (..., N_k, d), v is (..., N_k, d_v), leading dimensions
     equal (as ``reference.attention``); the mask is the same for all of them. With
-    ``return_lse`` also the logsumexp (..., N_q) of the capped scores. A row that
-    sees no key gets o = 0 and lse = -inf.
+    ``return_lse`` also the logsumexp (..., N_q) of the scores the softmax sees. A row
+    that sees no key gets o = 0 and lse = -inf. ``alibi_slopes``: ALiBi's bias, one slope
+    per head, (heads,) or (batch, heads) for q (batch, heads, N_q, d) (``check_alibi``).
     """
-    q, k, v, scale, softcap, mask = _prepare(q, k, v, scale, causal, window, softcap,
-                                             prefix, doc_ids_q, doc_ids_k)
-    _, s, _ = _capped_scores(q, k, scale, softcap)
+    q, k, v, scale, softcap, mask, bias = _prepare(q, k, v, scale, causal, window, softcap,
+                                                   prefix, doc_ids_q, doc_ids_k, alibi_slopes)
+    _, s, _ = _capped_scores(q, k, scale, softcap, bias)
     o = reference.softmax_rows(s, mask) @ v
     if check_flag(return_lse, "return_lse"):
         return o, softmax.logsumexp(np.where(mask, s, -np.inf))   # -inf for a row that sees no key
@@ -257,7 +293,7 @@ def attention(q, k, v, *, causal: bool = False, window=NO_WINDOW, softcap=None, 
 
 
 def attention_backward(q, k, v, do, *, causal: bool = False, window=NO_WINDOW, softcap=None,
-                       scale=None, prefix: int = 0, doc_ids_q=None, doc_ids_k=None):
+                       scale=None, prefix: int = 0, doc_ids_q=None, doc_ids_k=None, alibi_slopes=None):
     """Analytic gradients (dq, dk, dv) of ``attention`` for an upstream gradient ``do``.
 
     As ``reference.attention_backward``, with one more link in the chain for the cap.
@@ -269,13 +305,15 @@ def attention_backward(q, k, v, do, *, causal: bool = False, window=NO_WINDOW, s
         dS = dS_capped * (1 - t^2)            (just dS_capped without a cap)
         dQ = scale * dS K,   dK = scale * dS^T Q
 
-    Masked entries have P = 0, so they pass no gradient.
+    Masked entries have P = 0, so they pass no gradient. ALiBi's bias does not depend on
+    q or k: it changes P, and nothing else in these formulas (the cap's 1 - t^2 is taken
+    before the bias is added).
     """
-    q, k, v, scale, softcap, mask = _prepare(q, k, v, scale, causal, window, softcap,
-                                             prefix, doc_ids_q, doc_ids_k)
+    q, k, v, scale, softcap, mask, bias = _prepare(q, k, v, scale, causal, window, softcap,
+                                                   prefix, doc_ids_q, doc_ids_k, alibi_slopes)
     do = reference.check_array(do, "do", shape=q.shape[:-1] + (v.shape[-1],))
     do = do.astype(np.float64)
-    _, s, t = _capped_scores(q, k, scale, softcap)
+    _, s, t = _capped_scores(q, k, scale, softcap, bias)
     p = reference.softmax_rows(s, mask)
     return reference.gradients(p, q, k, v, do, scale=scale, score_slope=None if t is None else 1.0 - t * t)
 

@@ -159,7 +159,7 @@ def gradients(p, q, k, v, do, *, scale: float, score_slope=None):
 
 # ----------------------------------------------------------------- the same, in PyTorch
 
-def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, softcap=None):
+def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, softcap=None, alibi_slopes=None):
     """The same formula as three plain PyTorch steps: S = scale Q K^T, P = softmax(S), O = P V.
 
     Differentiable, in q's dtype and on q's device: the one PyTorch reference of the
@@ -173,7 +173,8 @@ def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, 
     bottom-right aligned (``causal_mask``); a row that sees no key gives zeros.
     ``allowed``: a boolean (N_q, N_k) array or tensor of the scores kept, instead of
     ``causal`` (``masks.allowed`` builds the windows'); ``softcap=c``: the scaled scores
-    become c * tanh(s / c) before the softmax.
+    become c * tanh(s / c) before the softmax; ``alibi_slopes``: a tensor (heads,) or
+    (batch, heads), ALiBi's -slope * |i + N_k - N_q - j| added after the cap (``masks``).
     """
     import torch
 
@@ -186,6 +187,12 @@ def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, 
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     n_q, n_k = q.shape[-2], k.shape[-2]
+    if alibi_slopes is not None:   # in float32 at least (distances exact up to 2^24), then s's dtype
+        work = torch.promote_types(s.dtype, torch.float32)
+        i = torch.arange(n_q, device=q.device, dtype=work)[:, None] + (n_k - n_q)
+        distance = (i - torch.arange(n_k, device=q.device, dtype=work)[None, :]).abs()
+        slopes = torch.as_tensor(alibi_slopes, device=q.device, dtype=work)
+        s = s - (slopes.reshape(*slopes.shape, 1, 1) * distance).to(s.dtype)
     if allowed is not None:
         s = s.masked_fill(~torch.as_tensor(allowed, dtype=torch.bool, device=q.device), float("-inf"))
     elif causal:  # the complement of causal_mask, built on q's device

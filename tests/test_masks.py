@@ -451,3 +451,96 @@ def test_attention_checks_its_arrays(rngs):
         masks.attention_backward(q, k, v, q, causal=True)
     with pytest.raises(TypeError, match="return_lse"):
         masks.attention(q, k, v, return_lse="yes")
+
+
+# ------------------------------------------------------------------ ALiBi
+
+def alibi_loop(q, k, v, slope, causal=False, softcap=None, scale=None):
+    """ALiBi as flash-attn states it, one (i, j) at a time (2-D inputs): the score of row i
+    and key j is cap(scale * q_i . k_j) - slope * |i + N_k - N_q - j|, causal keeping
+    j <= i + N_k - N_q; then the softmax, with math.exp."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    o, lse = np.zeros((n_q, v.shape[1])), np.full(n_q, -np.inf)
+    for i in range(n_q):
+        s = {}
+        for j in range(n_k):
+            if causal and j > i + n_k - n_q:
+                continue
+            s[j] = scale * sum(q[i, c] * k[j, c] for c in range(q.shape[1]))
+            if softcap is not None:
+                s[j] = softcap * math.tanh(s[j] / softcap)
+            s[j] -= slope * abs(i + n_k - n_q - j)
+        if s:
+            m = max(s.values())
+            total = sum(math.exp(x - m) for x in s.values())
+            o[i] = sum(math.exp(s[j] - m) / total * v[j] for j in s)
+            lse[i] = m + math.log(total)
+    return o, lse
+
+
+@pytest.mark.parametrize("n_q,n_k", [(4, 5), (5, 4), (4, 4)])
+@pytest.mark.parametrize("rule", [dict(), dict(causal=True), dict(softcap=0.8), dict(causal=True, softcap=1.5)],
+                         ids=["plain", "causal", "softcap", "causal-softcap"])
+def test_alibi_equals_the_loop(rngs, n_q, n_k, rule):
+    """(heads,) and (batch, heads) slopes on (batch, heads, N, d) inputs, and one slope
+    for a 2-D input, each head against the loop with its own slope."""
+    for rng in rngs:
+        q, k, v = qkv(rng, n_q, n_k, lead=(2, 3))
+        q *= 3.0
+        for slopes in (rng.uniform(0.1, 1.5, 3), rng.uniform(0.1, 1.5, (2, 3))):
+            o, lse = masks.attention(q, k, v, alibi_slopes=slopes, return_lse=True, **rule)
+            for b, h in itertools.product(range(2), range(3)):
+                o_loop, lse_loop = alibi_loop(q[b, h], k[b, h], v[b, h], slopes[..., h] if slopes.ndim == 1
+                                              else slopes[b, h], **rule)
+                close(o[b, h], o_loop)
+                assert np.array_equal(np.isinf(lse[b, h]), np.isinf(lse_loop))
+                close(lse[b, h][np.isfinite(lse_loop)], lse_loop[np.isfinite(lse_loop)])
+        slope = float(rng.uniform(0.1, 1.5))
+        close(masks.attention(q[0, 0], k[0, 0], v[0, 0], alibi_slopes=slope, **rule),
+              alibi_loop(q[0, 0], k[0, 0], v[0, 0], slope, **rule)[0])
+    assert np.abs(masks.attention(q, k, v, alibi_slopes=slopes, **rule) - masks.attention(q, k, v, **rule)).max() > 1e-2
+
+
+def test_alibi_in_documents_counts_positions_from_each_document_start(rngs):
+    """Packed documents with (heads,) slopes == each document alone with the same slopes."""
+    cu_q, cu_k = np.array([0, 3, 3, 7, 8]), np.array([0, 5, 6, 10, 10])
+    ids = dict(doc_ids_q=masks.doc_ids_from_cu_seqlens(cu_q), doc_ids_k=masks.doc_ids_from_cu_seqlens(cu_k))
+    for rng in rngs:
+        q, k, v = qkv(rng, 8, 10, lead=(2,))
+        slopes = rng.uniform(0.1, 1.5, 2)
+        o = masks.attention(q, k, v, causal=True, alibi_slopes=slopes, **ids)
+        for b in (0, 2):   # the documents with queries and keys
+            rows, cols = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+            close(o[:, rows], masks.attention(q[:, rows], k[:, cols], v[:, cols], causal=True, alibi_slopes=slopes))
+
+
+@pytest.mark.parametrize("rule", [dict(), dict(causal=True, window=(2, 0), softcap=1.2),
+                                  dict(window=(1, 2), doc_ids_q=DOCS[0], doc_ids_k=DOCS[1])],
+                         ids=["plain", "causal-window-softcap", "window-documents"])
+def test_alibi_backward_matches_finite_differences(rngs, rule):
+    for rng in rngs[:2]:
+        q, k, v = qkv(rng, 5, 6, d=3, d_v=2, lead=(2,))
+        q *= 2.0
+        do = rng.standard_normal((2, 5, 2))
+        rule = dict(rule, alibi_slopes=rng.uniform(0.2, 1.0, 2))
+        ours = masks.attention_backward(q, k, v, do, **rule)
+        for g, fd in zip(ours, finite_differences(q, k, v, do, rule)):
+            close(g, fd, tol=1e-6)
+            assert np.abs(g).max() > 1e-3
+
+
+@pytest.mark.parametrize("slopes,exc,words", [
+    (np.ones(4), ValueError, r"alibi_slopes must have shape \(heads,\) or \(batch, heads\).*got \(4,\)"),
+    (np.ones((3, 3)), ValueError, "alibi_slopes must have shape"), (np.ones((1, 2, 3)), ValueError, "alibi_slopes"),
+    (np.array([True, False, True]), TypeError, "alibi_slopes must be real numbers"),
+    (["a", "b", "c"], TypeError, "alibi_slopes"),
+])
+def test_bad_alibi_slopes_name_them(rngs, slopes, exc, words):
+    q, k, v = qkv(rngs[0], 3, 4, lead=(2, 3))
+    with pytest.raises(exc, match=words):
+        masks.attention(q, k, v, alibi_slopes=slopes)
+    with pytest.raises(exc, match="alibi_slopes"):
+        masks.check_alibi(slopes, (2, 3))
+    assert masks.check_alibi(None, (2, 3)) is None
+    assert masks.check_alibi([1, 2, 3], (2, 3)).shape == (3, 1, 1)

@@ -44,14 +44,16 @@ def reference_grads(q, k, v, do, *, causal=False, scale=None):
 
 
 def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32, window=None, softcap=None,
-                prefix=0):
+                prefix=0, alibi_slopes=None):
     """(o, dq, dk, dv) of ``torch_attention``, computed and returned in ``dtype``; ``window``,
-    ``softcap`` and ``prefix`` as ``flash_attention``'s (the mask from ``masks.allowed``)."""
+    ``softcap``, ``prefix`` and ``alibi_slopes`` as ``flash_attention``'s (the mask from
+    ``masks.allowed``)."""
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
     allowed = None
     if masks.check_window(window) != masks.NO_WINDOW or masks.check_prefix(prefix):
         allowed = masks.allowed(q.shape[-2], k.shape[-2], causal=causal, window=window, prefix=prefix)
-    o = torch_attention(*leaves, causal=causal, scale=scale, allowed=allowed, softcap=masks.check_softcap(softcap))
+    o = torch_attention(*leaves, causal=causal, scale=scale, allowed=allowed, softcap=masks.check_softcap(softcap),
+                        alibi_slopes=alibi_slopes)
     o.backward(do.detach().to(dtype))
     return (o.detach(), *(t.grad for t in leaves))
 
