@@ -6,13 +6,15 @@ stress classes (``kernels.stress.MASKS``: 60 seeds each, outputs poisoned with N
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 import flashbook
 from flashbook import masks, runtime
-from flashbook.kernels import autograd, probes, stress
+from flashbook.kernels import autograd, checks, probes, stress
 
 DEVICE = runtime.device()
 
@@ -282,3 +284,139 @@ def test_the_stress_harness_checks_packed_documents(window, causal, cap):
         result = stress.run_class(f"varlen-{dtype}", cases, DEVICE, first_seed=11)
         assert result.runs == 1 and result.passed, stress.report(result)
     assert any(name.startswith("varlen-bf16-max129") for name, _ in stress.all_classes(("varlen",), runs=2))
+
+
+# --- ALiBi biases (flash-attn's alibi_slopes) -----------------------------------------
+
+def _fresh_seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"random seed: {seed}")
+    return seed
+
+
+def _slopes(shape, gen):
+    """Slopes in [0.05, 0.55]: at ~40 keys the bias (up to ~20) reshapes every row's softmax."""
+    return 0.05 + 0.5 * torch.rand(shape, generator=gen)
+
+
+def _alibi_truth(q, k, v, do, **rule):
+    """float64 (o, lse, dq, dk, dv) from ``flashbook.masks``, GQA's K/V heads repeated for the
+    formula and their gradients summed back over the group."""
+    group = q.shape[1] // k.shape[1]
+    to64 = lambda x: x.detach().double().numpy()  # noqa: E731
+    kn, vn = (np.repeat(to64(x), group, axis=1) for x in (k, v))
+    o, lse = masks.attention(to64(q), kn, vn, return_lse=True, **rule)
+    dq, dk, dv = masks.attention_backward(to64(q), kn, vn, to64(do), **rule)
+    fold = lambda g: g.reshape(k.shape[0], k.shape[1], group, *g.shape[2:]).sum(2)  # noqa: E731
+    return [torch.from_numpy(x) for x in (o, lse, dq, fold(dk), fold(dv))]
+
+
+#: (dtype, seq_q, seq_k, batch, heads, group, head_dim, causal, window, softcap, slopes per batch entry)
+ALIBI_CASES = {
+    "alone": (torch.float32, 17, 33, 2, 2, 1, 24, False, None, None, False),
+    "causal-more-queries-gqa": (torch.float16, 40, 9, 1, 4, 2, 16, True, None, None, False),
+    "causal-more-keys-batch-slopes": (torch.float32, 9, 40, 2, 2, 1, 16, True, None, None, True),
+    "window-softcap-batch-slopes": (torch.float32, 33, 17, 1, 4, 2, 16, False, (3, 2), 2.0, True),
+    "causal-window-softcap-gqa4": (torch.float16, 33, 33, 2, 4, 4, 16, True, (5, 0), 1.5, True),
+    "one-query": (torch.float32, 1, 17, 1, 2, 1, 16, True, None, None, False),
+}
+
+
+@pytest.mark.parametrize("case", ALIBI_CASES)
+def test_alibi_forward_and_backward_match_float64(case):
+    """o, lse and the three gradients against ``masks`` in float64, by the book's rule: within
+    twice the error of PyTorch's own math in the same dtype (``checks.within_twice_yardstick``).
+    The bias is large here (slopes up to 0.55 over up to 40 positions), so a bias left out, a
+    wrong sign or a distance off by one puts o off by O(0.1), far outside the rule."""
+    dtype, n_q, n_k, batch, heads, group, d, causal, window, cap, per_batch = ALIBI_CASES[case]
+    gen = torch.Generator().manual_seed(_fresh_seed())
+    q = torch.randn(batch, heads, n_q, d, generator=gen).to(dtype)
+    k, v = (torch.randn(batch, heads // group, n_k, d, generator=gen).to(dtype) for _ in range(2))
+    do = torch.randn(batch, heads, n_q, d, generator=gen).to(dtype)
+    slopes = _slopes((batch, heads) if per_batch else (heads,), gen)
+    rule = dict(causal=causal, window=window, softcap=cap)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    with autograd.poisoned_outputs():
+        o = autograd.flash_attention(*leaves, alibi_slopes=slopes, **rule)
+        o.backward(do)
+        _, lse = autograd.flash_forward(q, k, v, alibi_slopes=slopes, **rule)
+    o_want, lse_want, *grads_want = _alibi_truth(q, k, v, do, alibi_slopes=slopes.numpy(),
+                                                 **dict(rule, window=window or (-1, -1)))
+    yardstick = checks.torch_grads(q, k, v, do, dtype=dtype, alibi_slopes=slopes, **rule)
+    seen = masks.allowed(n_q, n_k, causal=causal, window=window or (-1, -1)).sum(axis=1)
+    terms = (1, 1, group * max(1, int((seen == 1).sum())), 1)   # dK: rows that see one key alone
+    problems = [checks.within_twice_yardstick(name, got, want, ys, head_dim=d, terms=t)
+                for name, got, want, ys, t in zip(("o", "dq", "dk", "dv"), (o, *(x.grad for x in leaves)),
+                                                  (o_want, *grads_want), yardstick, terms)]
+    assert not any(problems), [p for p in problems if p]
+    finite = torch.isfinite(lse_want)   # rows that see no key: -inf in both
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse.double()[finite] - lse_want[finite]).abs().max() < 1e-5 * (1 + lse_want[finite].abs().max())
+    kn, vn = (x.repeat_interleave(group, 1).double().numpy() for x in (k, v))
+    plain = masks.attention(q.double().numpy(), kn, vn, **dict(rule, window=window or (-1, -1)))
+    assert np.abs(plain - o_want.numpy()).max() > 0.05   # the bias matters here
+
+
+def test_torch_attention_adds_the_same_bias_as_the_numpy_truth():
+    """``reference.torch_attention`` (the tests' yardstick) and ``masks.attention`` agree in
+    float64, for (heads,) and (batch, heads) slopes and both alignments."""
+    gen = torch.Generator().manual_seed(_fresh_seed())
+    for n_q, n_k, causal in ((5, 9, False), (9, 5, True), (7, 7, False)):
+        q, k, v = (torch.randn(2, 3, n, 8, generator=gen, dtype=torch.float64) for n in (n_q, n_k, n_k))
+        for slopes in (_slopes((3,), gen), _slopes((2, 3), gen)):
+            got = checks.torch_attention(q, k, v, causal=causal, softcap=2.0, alibi_slopes=slopes)
+            want = masks.attention(q.numpy(), k.numpy(), v.numpy(), causal=causal, softcap=2.0,
+                                   alibi_slopes=slopes.numpy())
+            assert np.abs(got.nan_to_num().numpy() - want).max() < 1e-12
+
+
+@pytest.mark.parametrize("per_document", [False, True], ids=["heads-slopes", "document-slopes"])
+def test_packed_documents_with_alibi_count_positions_within_each_document(per_document):
+    """Ragged documents (one empty, one with queries and no keys, one with keys and no queries):
+    each against float64 attention over that document alone, with its own slopes."""
+    lens_q, lens_k = [3, 0, 19, 5, 7], [6, 2, 19, 0, 11]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, seed=_fresh_seed())
+    gen = torch.Generator().manual_seed(_fresh_seed())
+    slopes = _slopes((len(lens_q), 4) if per_document else (4,), gen)
+    rule = dict(causal=True, window=(4, 0), softcap=3.0) if per_document else dict(window=(2, 5))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    with autograd.poisoned_outputs():
+        o = flashbook.flash_attention_varlen(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), alibi_slopes=slopes,
+                                             **rule)
+        do = torch.randn(o.shape, generator=gen)
+        o.backward(do)
+    heads_first = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  (total, h, d) -> (1, h, total, d)
+    for b in range(len(lens_q)):
+        rows, cols = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if rows.stop == rows.start or cols.stop == cols.start:   # no query, or no key: zeros
+            assert not o[rows].any() and not leaves[0].grad[rows].any(), b
+            assert not any(x.grad[cols].any() for x in leaves[1:]), b
+            continue
+        o_want, _, *grads_want = _alibi_truth(*(heads_first(x[s]) for x, s in ((q, rows), (k, cols), (v, cols),
+                                                                                (do, rows))),
+                                              alibi_slopes=(slopes[b] if per_document else slopes).numpy(), **rule)
+        got = (o[rows], leaves[0].grad[rows], leaves[1].grad[cols], leaves[2].grad[cols])
+        for name, g, want in zip(("o", "dq", "dk", "dv"), got, (o_want, *grads_want)):
+            assert (heads_first(g).double() - want).abs().max() < 2e-5, (b, name)   # float32, as above
+
+
+def test_bad_alibi_slopes_are_refused_by_name():
+    q, k, v = _qkv()   # batch 1, 2 heads
+    cases = [(torch.rand(2, dtype=torch.float64), TypeError, "alibi_slopes must be a float32"),
+             ([0.5, 0.25], TypeError, "alibi_slopes must be a float32 torch.Tensor"),
+             (torch.rand(3), ValueError, r"alibi_slopes must have shape \(2,\) or \(1, 2\)"),
+             (torch.rand(2, 2), ValueError, r"got \(2, 2\)"),
+             (torch.rand(1, 1, 2), ValueError, "alibi_slopes must have shape"),
+             (torch.rand(2, device="meta"), ValueError, "alibi_slopes must be on q's device")]
+    for bad, error, match in cases:
+        for call in (flashbook.flash_attention, autograd.flash_attention):
+            with pytest.raises(error, match=match):
+                call(q, k, v, alibi_slopes=bad)
+    qp, kp, vp, cu_q, cu_k = _packed([3, 6], [5, 2])   # 2 documents, 4 heads
+    with pytest.raises(ValueError, match=r"\(4,\) or \(2, 4\)"):
+        flashbook.flash_attention_varlen(qp, kp, vp, cu_q, cu_k, 6, 5, alibi_slopes=torch.rand(1, 4))
+    from flashbook.kernels import dispatch
+
+    assert "ALiBi" in dispatch.gluon_refusal(q, k, v, alibi_slopes=torch.rand(2))
+    with pytest.raises(ValueError, match="ALiBi"):
+        flashbook.flash_attention(q, k, v, alibi_slopes=torch.rand(2), backend="gluon")

@@ -7,7 +7,8 @@
                  and the autograd Function around the Triton kernels
 - ``dispatch``:  the front door ``flash_attention(..., backend="auto" | "triton" | "gluon")``:
                  which forward kernel runs a call (``last_backend``, ``explain_backend``);
-                 ``window=`` and ``softcap=`` (the Triton kernels' WINDOW and SOFTCAP stages)
+                 ``window=``, ``softcap=``, ``prefix=`` and ``alibi_slopes=`` (the Triton kernels'
+                 WINDOW, SOFTCAP, PREFIX and ALIBI switches)
 - ``varlen``:    ``flash_attention_varlen``: documents packed along one sequence (cu_seqlens)
 - ``decode``:    flash-decoding: a few new tokens against a KV cache, split over the keys,
                  the splits merged with chapter 3's merge (``flash_decode``, chapter 11)

@@ -334,24 +334,45 @@ def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: fl
     return causal, qk_scale, extra
 
 
+def alibi_args(alibi_slopes, q, batch: int | None = None) -> dict:
+    """The kernels' ``ALIBI`` keyword arguments for flash-attn's ``alibi_slopes`` ({} for None), checked:
+    a float32 tensor on q's device of shape (heads,) or (batch, heads), heads = q's heads, batch =
+    q's batch or ``batch`` (the documents of ``flash_attention_varlen``). The slopes get no gradient."""
+    if alibi_slopes is None:
+        return {}
+    heads, batch = q.shape[1], q.shape[0] if batch is None else batch
+    if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+        got = alibi_slopes.dtype if isinstance(alibi_slopes, torch.Tensor) else type(alibi_slopes).__name__
+        raise TypeError(f"alibi_slopes must be a float32 torch.Tensor (as flash-attn's), got {got}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (heads, or batch x heads, "
+                         f"counting q's heads), got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
+    slopes = alibi_slopes.detach().contiguous()
+    return dict(ALIBI_SLOPES=slopes, alibi_stride=heads if slopes.dim() == 2 else 0, ALIBI=True)
+
+
 # ------------------------------------------------------------------ forward / backward
 
 def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
-                  window=None, softcap=None, packed=None, prefix=0):
+                  window=None, softcap=None, packed=None, prefix=0, alibi_slopes=None):
     """Run the forward kernel: returns (o, lse), lse float32 of shape (batch, heads, seq_q).
 
     ``lse`` is the natural-log logsumexp of each scaled score row (-inf for a row
     that sees no key). No autograd: ``flash_attention`` is the differentiable entry.
     ``config`` overrides the block sizes (see ``configs``). ``window`` and ``softcap``:
     see ``kernel_mask``. ``packed``: q, k, v are (1, heads, total, head_dim) views of
-    documents packed along one sequence (``varlen.flash_attention_varlen``).
+    documents packed along one sequence (``varlen.flash_attention_varlen``). ``alibi_slopes``:
+    ``alibi_args``; lse is then that of the biased scores (flash-attn's causal kernels add
+    slope * j instead, which moves each row's lse by slope * (i + seq_k - seq_q), not o).
     """
     return forward_with(_attn_fwd, q, k, v, causal=causal, scale=scale, config=config, window=window,
-                        softcap=softcap, packed=packed, prefix=prefix)
+                        softcap=softcap, packed=packed, prefix=prefix, alibi_slopes=alibi_slopes)
 
 
 def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
-                 log2_scores: bool = True, window=None, softcap=None, packed=None, prefix=0):
+                 log2_scores: bool = True, window=None, softcap=None, packed=None, prefix=0, alibi_slopes=None):
     """``flash_forward`` with another kernel that takes ``_attn_fwd``'s arguments
     (chapter 10's rungs, ``ladder.rung_kernel``). ``log2_scores``: the kernel wants
     the scale times log2(e) (exp2); False passes the plain scale (natural exp).
@@ -364,8 +385,10 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     kv_heads, seq_k = k.shape[1], k.shape[2]
     causal, qk_scale, extra = kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
                                           diagonal=0 if packed is not None else None, prefix=prefix)
+    extra.update(alibi_args(alibi_slopes, q, None if packed is None else packed.documents))
     if (extra or packed is not None) and kernel is not _attn_fwd:
-        raise ValueError("window, softcap and packed documents need the library's forward kernel (forward._attn_fwd)")
+        raise ValueError("window, softcap, prefix, alibi_slopes and packed documents need the library's forward "
+                         "kernel (forward._attn_fwd)")
     if not log2_scores:
         qk_scale = scale
     bd = configs.block_d(head_dim)
@@ -392,7 +415,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
 
 def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_mode: str = "separate",
              config_dkdv: Config | None = None, config_dq: Config | None = None, window=None, softcap=None,
-             packed=None, prefix=0):
+             packed=None, prefix=0, alibi_slopes=None):
     """Run the backward kernels: returns (dq, dk, dv) for upstream gradient ``do``.
 
     ``dq_mode="separate"`` (default) computes dQ in its own kernel: deterministic.
@@ -401,8 +424,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     dQ, may change between runs on a GPU. It uses the dK/dV tiles chosen for the
     separate mode; on sm_90 at head_dim 128 without a mask those are 64 x 64, which
     doubles the atomic traffic: 44.5 ms against 16.3 ms with 64 x 128 tiles at
-    N = 4096 (benchmarks/results/*-ladder*/ladder.csv). ``window`` and ``softcap`` must
-    be the forward's (``kernel_mask``), and ``packed`` too (``flash_forward``).
+    N = 4096 (benchmarks/results/*-ladder*/ladder.csv). ``window``, ``softcap``, ``prefix`` and
+    ``alibi_slopes`` must be the forward's (``kernel_mask``, ``alibi_args``), and ``packed`` too.
     """
     scale = check_inputs(q, k, v, causal, scale, dq_mode)
     for name, x, like in (("o", o, q), ("do", do, q)):
@@ -431,6 +454,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     precision = dot_precision(q.dtype)
     causal, qk_scale, extra = kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
                                           diagonal=0 if packed is not None else None, prefix=prefix)
+    extra.update(alibi_args(alibi_slopes, q, None if packed is None else packed.documents))
 
     # a length of 1 launches each kernel's twin that takes the lengths as run-time values
     # (forward.LENGTH_ARGS says why); new_buffer is torch.empty, NaN-filled in the stress tests
@@ -498,9 +522,10 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None, window=None, softcap=None, packed=None,
-                prefix=0):
-        masked = {} if window is None and softcap is None and packed is None and not prefix else dict(
-            window=window, softcap=softcap, packed=packed, prefix=prefix)
+                prefix=0, alibi_slopes=None):
+        plain = window is None and softcap is None and packed is None and not prefix and alibi_slopes is None
+        masked = {} if plain else dict(window=window, softcap=softcap, packed=packed, prefix=prefix,
+                                       alibi_slopes=alibi_slopes)
         o, lse = (forward or flash_forward)(q, k, v, causal=causal, scale=scale, **masked)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.dq_mode, ctx.masked = causal, scale, dq_mode, masked
@@ -511,11 +536,11 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale,
                                     dq_mode=ctx.dq_mode, **ctx.masked)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str = "separate",
-                    window=None, softcap=None, prefix=0):
+                    window=None, softcap=None, prefix=0, alibi_slopes=None):
     """softmax(scale * q k^T) v with the Triton kernels of chapters 7 and 8; differentiable.
 
     This is ``flashbook.flash_attention(..., backend="triton")``; the front door
@@ -539,6 +564,9 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
             logit soft-capping), in the forward and its gradient; None is off.
         prefix: ``p > 0`` with ``causal=True`` (prefix-LM): the first p keys are seen by
             every query as well, a bidirectional prompt before causal generation.
+        alibi_slopes: flash-attn's ALiBi, float32 (heads,) or (batch, heads) on q's device:
+            the score of query i and key j gets -slope * |i + seq_k - seq_q - j| added (after
+            the soft cap, as flash-attn). No gradient flows to the slopes.
 
     Returns:
         o with q's shape, dtype and memory layout.
@@ -551,4 +579,5 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, dq_mode: str =
     """
     check_inputs(q, k, v, causal, scale, dq_mode)
     kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
-    return FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, None, prefix)
+    alibi_args(alibi_slopes, q)
+    return FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, None, prefix, alibi_slopes)

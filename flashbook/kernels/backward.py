@@ -36,8 +36,9 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import (MAIN, MASKED, causal_bounds, documents, load_lse, load_tile, prefix_bounds, prefix_query_bounds,
-                      query_bounds, query_tile_index, soft_cap, visible_keys, window_bounds, window_query_bounds)
+from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, documents, load_lse, load_tile,
+                      prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap, visible_keys,
+                      window_bounds, window_query_bounds)
 
 
 @triton.jit
@@ -77,14 +78,21 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
                     qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, STAGE: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0,
-                    PREFIX: tl.constexpr = False, prefix=0):
+                    PREFIX: tl.constexpr = False, prefix=0, ALIBI: tl.constexpr = False, ALIBI_SLOPES=None,
+                    alibi_head=0, alibi_diagonal=0):
     """Add query tiles [lo, hi) into this K/V tile's (dk, dv); optionally push dq out.
 
     ``WINDOW``: key j is kept for row i when i + first <= j <= i + diagonal. ``SOFTCAP``:
     P is recomputed from the capped scores, and dS picks up the cap's derivative,
     d(c tanh(s / c)) / ds = 1 - tanh(s / c)^2.
 
-    ``PREFIX``: keys below ``prefix`` are kept for every row as well."""
+    ``PREFIX``: keys below ``prefix`` are kept for every row as well.
+
+    ``ALIBI``: P is recomputed with the forward's bias (``forward._fwd_inner``); the bias does
+    not depend on q or k, so dS = P * (dP - delta) is unchanged, and the cap's derivative is
+    still taken at the capped score before the bias (flash-attn's dtanh, flash_bwd_kernel.h)."""
+    if ALIBI:
+        slope = alibi_slope(ALIBI_SLOPES, alibi_head, qk_scale)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
@@ -99,7 +107,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         if SOFTCAP:
             qkT = soft_cap(qkT * cap_scale)
-        pT = tl.exp2(qkT * qk_scale - lse[None, :])
+        if ALIBI:
+            pT = tl.exp2((qkT - alibi_bias(rows[None, :], cols[:, None], alibi_diagonal, slope)) * qk_scale
+                         - lse[None, :])
+        else:
+            pT = tl.exp2(qkT * qk_scale - lse[None, :])
         if STAGE == MASKED and CAUSAL:
             if PREFIX:
                 pT = tl.where((cols[:, None] <= rows[None, :] + diagonal) | (cols[:, None] < prefix), pT, 0.0)
@@ -138,12 +150,14 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
+              ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-              PREFIX: tl.constexpr = False):
+              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads).
 
-    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX`` and their arguments: as in ``forward._attn_fwd``
-    (varlen: grid (cdiv(max_seqlen_k, BLOCK_N), documents * kv_heads))."""
+    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
+    ``forward._attn_fwd`` (varlen: grid (cdiv(max_seqlen_k, BLOCK_N), documents * kv_heads);
+    ALiBi: each query head of the group its own slope)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_n = tl.program_id(0) * BLOCK_N
     bh_kv = tl.program_id(1)
@@ -200,17 +214,23 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, lo, band_end, qk_scale,
                                  HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
+                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
+                                 ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                                 alibi_diagonal=seq_k - seq_q)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, band_end, full_end, qk_scale,
                                  HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
+                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
+                                 ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                                 alibi_diagonal=seq_k - seq_q)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm,
                                  offs_m, offs_d, seq_q, seq_k, diagonal, main_end, hi, qk_scale,
                                  HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
+                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
+                                 ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                                 alibi_diagonal=seq_k - seq_q)
 
     dk = dk * scale  # dK = scale * dS^T Q: the scale is applied once, at the end
     keep = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
@@ -231,10 +251,13 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, r
                   seq_k, diagonal, lo, hi, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   STAGE: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
-                  SOFTCAP: tl.constexpr = False, cap_scale=1.0, PREFIX: tl.constexpr = False, prefix=0):
+                  SOFTCAP: tl.constexpr = False, cap_scale=1.0, PREFIX: tl.constexpr = False, prefix=0,
+                  ALIBI: tl.constexpr = False, ALIBI_SLOPES=None, alibi_head=0, alibi_diagonal=0):
     """Add key tiles [lo, hi) into this query tile's dq.
 
-    ``WINDOW``, ``SOFTCAP``, ``PREFIX``: as in ``_bwd_dkdv_inner``."""
+    ``WINDOW``, ``SOFTCAP``, ``PREFIX``, ``ALIBI``: as in ``_bwd_dkdv_inner``."""
+    if ALIBI:
+        slope = alibi_slope(ALIBI_SLOPES, alibi_head, qk_scale)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -243,7 +266,11 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, r
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if SOFTCAP:
             qk = soft_cap(qk * cap_scale)
-        p = tl.exp2(qk * qk_scale - lse[:, None])
+        if ALIBI:
+            p = tl.exp2((qk - alibi_bias(rows[:, None], cols[None, :], alibi_diagonal, slope)) * qk_scale
+                        - lse[:, None])
+        else:
+            p = tl.exp2(qk * qk_scale - lse[:, None])
         if STAGE == MASKED:
             p = tl.where(visible_keys(rows, cols, seq_k, diagonal, CAUSAL, WINDOW, first, PREFIX, prefix), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
@@ -266,11 +293,13 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
             first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
+            ALIBI_SLOPES=None, alibi_stride=0,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-            PREFIX: tl.constexpr = False):
+            PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
-    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX`` and their arguments: as in ``forward._attn_fwd``."""
+    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
+    ``forward._attn_fwd``."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_m = query_tile_index(CAUSAL) * BLOCK_M  # the heaviest query tiles first, as in the forward
     bh = tl.program_id(1)
@@ -321,15 +350,18 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                            rows, offs_n, offs_d, seq_k, diagonal, lo, full_lo, qk_scale,
                            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
-                           PREFIX, prefix)
+                           PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                           alibi_diagonal=seq_k - seq_q)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                        rows, offs_n, offs_d, seq_k, diagonal, full_lo, full_end, qk_scale,
                        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
-                       PREFIX, prefix)
+                       PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                       alibi_diagonal=seq_k - seq_q)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                        rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
                        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
-                       PREFIX, prefix)
+                       PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                       alibi_diagonal=seq_k - seq_q)
     dq = dq * scale  # dQ = scale * dS K
     if VARLEN:
         tl.store(DQ + q_start * stride_dqm + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],

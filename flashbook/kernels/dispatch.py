@@ -32,12 +32,13 @@ BACKENDS = ("auto", "triton", "gluon")
 _last = threading.local()
 
 
-def gluon_refusal(q, k, v, causal: bool = False, window=None, softcap=None, prefix=0) -> str | None:
+def gluon_refusal(q, k, v, causal: bool = False, window=None, softcap=None, prefix=0,
+                  alibi_slopes=None) -> str | None:
     """Why the Gluon forward cannot take this call on this machine, or None if it can.
 
     The inputs are assumed valid for the Triton kernel (``autograd.check_inputs``)."""
-    if autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)[2]:
-        return "it has no sliding window, soft cap or prefix (the Triton kernel has them)"
+    if autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)[2] or alibi_slopes is not None:
+        return "it has no sliding window, soft cap, prefix or ALiBi (the Triton kernel has them)"
     if runtime.INTERPRET or q.device.type != "cuda":
         return "no CUDA GPU (the Triton interpreter runs the Triton kernel)"
     from . import hopper
@@ -52,13 +53,13 @@ def gluon_refusal(q, k, v, causal: bool = False, window=None, softcap=None, pref
 
 
 def choose_backend(q, k, v, causal: bool = False, backend: str = "auto", window=None,
-                   softcap=None, prefix=0) -> tuple[str, str]:
+                   softcap=None, prefix=0, alibi_slopes=None) -> tuple[str, str]:
     """(the backend that runs, why) for these inputs; raises for a backend that cannot run."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton":
         return "triton", "asked for"
-    refusal = gluon_refusal(q, k, v, causal, window, softcap, prefix)
+    refusal = gluon_refusal(q, k, v, causal, window, softcap, prefix, alibi_slopes)
     if backend == "gluon":
         if refusal:
             raise ValueError(f"backend='gluon' cannot run this call: {refusal}; backend='auto' or 'triton' can")
@@ -69,7 +70,7 @@ def choose_backend(q, k, v, causal: bool = False, backend: str = "auto", window=
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str = "auto",
-                    dq_mode: str = "separate", window=None, softcap=None, prefix=0):
+                    dq_mode: str = "separate", window=None, softcap=None, prefix=0, alibi_slopes=None):
     """softmax(scale * q k^T) v, differentiable, with the fastest kernel that takes the call.
 
     Args:
@@ -87,25 +88,29 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
             ``causal=True`` makes right 0); the Triton kernel skips the key tiles outside it.
         softcap: ``c > 0``: scores c * tanh(s / c) (Gemma 2); None is off.
         prefix: ``p > 0`` with ``causal=True``: a prefix-LM, the first p keys seen by every query.
+        alibi_slopes: flash-attn's ALiBi, float32 (heads,) or (batch, heads) on q's device: the
+            scores get -slope * |i + seq_k - seq_q - j| (Triton only; ``autograd.flash_attention``).
 
     Returns:
         o with q's shape and dtype (the Triton forward keeps q's memory layout; the Gluon
         forward returns it contiguous).
     """
     autograd.check_inputs(q, k, v, causal, scale, dq_mode)
+    autograd.alibi_args(alibi_slopes, q)   # checked here, so a bad one fails before any backend is chosen
     plain_causal, _, extra = autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)
     if not extra:   # no window (or the causal one, (-1, 0)), no cap, no prefix: the plain kernels
         causal, window, softcap, prefix = plain_causal, None, None, 0
     if autograd.is_empty(q, k):
         chosen, why = "triton", "an empty input (nothing is launched)"
     else:
-        chosen, why = choose_backend(q, k, v, causal, backend, window, softcap, prefix)
+        chosen, why = choose_backend(q, k, v, causal, backend, window, softcap, prefix, alibi_slopes)
     _last.backend, _last.reason = chosen, why
     if chosen == "gluon":
         from .hopper import gluon_forward
 
         return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, gluon_forward)
-    return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, None, prefix)
+    return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, None, prefix,
+                                         alibi_slopes)
 
 
 def last_backend() -> str | None:

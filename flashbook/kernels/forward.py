@@ -36,13 +36,13 @@ MASKED: tl.constexpr = tl.constexpr(2)   # the causal diagonal and the ragged en
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e)); LOG2E.value on the host
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 back into a natural log
 
-#: The compile-time switches that sliding windows, soft caps and packed documents add to the
-#: kernels ("One kernel, many masks"), and the run-time arguments only each one uses. Off
-#: (their defaults) they compile away, to the same instructions as before they existed
-#: (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
+#: The compile-time switches that sliding windows, soft caps, packed documents, prefixes and
+#: ALiBi biases add to the kernels ("One kernel, many masks"), and the run-time arguments only
+#: each one uses. Off (their defaults) they compile away, to the same instructions as before
+#: they existed (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
 #: (``display.source(..., without=LATER)``).
 LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K"),
-         "PREFIX": ("prefix",)}
+         "PREFIX": ("prefix",), "ALIBI": ("ALIBI_SLOPES", "alibi_stride", "alibi_head", "alibi_diagonal")}
 
 #: The length arguments of the kernels. Triton compiles a separate kernel when an integer
 #: argument is 1 (folding it in as a constant) or a multiple of 16. With seq_q = seq_k = 1
@@ -263,6 +263,23 @@ def soft_cap(x):
 
 
 @triton.jit
+def alibi_slope(ALIBI_SLOPES, alibi_head, qk_scale):
+    """One head's ALiBi slope (flash-attn's ``alibi_slopes[b, h]``, at ``alibi_head`` = b *
+    batch stride + h), divided by the score scale, as flash-attn's kernels divide it by theirs
+    (csrc/flash_attn/src/flash_fwd_kernel.h): the bias is added to the scores before
+    ``qk_scale`` multiplies them, so it comes out as slope * log2(e) in the log2 units of exp2."""
+    return tl.load(ALIBI_SLOPES + alibi_head) * (LOG2E / qk_scale)
+
+
+@triton.jit
+def alibi_bias(i, j, diagonal, slope):
+    """ALiBi's bias before ``qk_scale``, to subtract from the scores of query rows ``i`` and keys
+    ``j`` (broadcast against each other): slope * |i + diagonal - j|, diagonal = seq_k - seq_q,
+    bottom-right aligned as flash-attn (csrc/flash_attn/src/alibi.h)."""
+    return slope * tl.abs(i + diagonal - j).to(tl.float32)
+
+
+@triton.jit
 def load_lse(lse_base, rows, seq_q, MASK_ROWS: tl.constexpr):
     """The saved lse of ``rows``, times log2(e) (the backward's exp2 wants it in base 2).
 
@@ -319,11 +336,18 @@ def _fwd_inner(acc, row_max, row_sum, q,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
                CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0,
-               PREFIX: tl.constexpr = False, prefix=0):
+               PREFIX: tl.constexpr = False, prefix=0, ALIBI: tl.constexpr = False, ALIBI_SLOPES=None,
+               alibi_head=0, alibi_diagonal=0):
     """Fold key tiles [lo, hi) into (acc, row_max, row_sum): the online softmax, in base 2.
 
     ``SOFTCAP``: the scores become tanh(q.k * cap_scale) first, with cap_scale = scale / c
-    and ``qk_scale`` = c * log2(e), so the softmax sees c * tanh(scale * q.k / c)."""
+    and ``qk_scale`` = c * log2(e), so the softmax sees c * tanh(scale * q.k / c).
+
+    ``ALIBI``: then the bias -slope * |i + alibi_diagonal - j| is added (after the cap, uncapped,
+    as flash-attn's kernels do: apply_softcap, then the mask that adds the bias), so the
+    softmax sees cap(scale * q.k) - slope * |i + seq_k - seq_q - j|."""
+    if ALIBI:
+        slope = alibi_slope(ALIBI_SLOPES, alibi_head, qk_scale)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -331,6 +355,8 @@ def _fwd_inner(acc, row_max, row_sum, q,
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if SOFTCAP:
             qk = soft_cap(qk * cap_scale)
+        if ALIBI:
+            qk = qk - alibi_bias(rows[:, None], cols[None, :], alibi_diagonal, slope)
         qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL,
                                      WINDOW, first, PREFIX, prefix)
         p = tl.exp2(qk)
@@ -363,17 +389,20 @@ def attend(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
            EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
            WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0,
-           PREFIX: tl.constexpr = False, prefix=0):
+           PREFIX: tl.constexpr = False, prefix=0, ALIBI: tl.constexpr = False, ALIBI_SLOPES=None,
+           alibi_head=0, alibi_diagonal=0):
     """Both stages for one query tile: key tiles [lo, full_end) without a mask (main),
     then [full_end, hi) with one (the causal diagonal and a ragged last tile)."""
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, qk_scale,
-        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
+        HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix,
+        ALIBI, ALIBI_SLOPES, alibi_head, alibi_diagonal)
     acc, row_max, row_sum = _fwd_inner(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
+        HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix,
+        ALIBI, ALIBI_SLOPES, alibi_head, alibi_diagonal)
     return acc, row_max, row_sum
 
 
@@ -402,8 +431,9 @@ def _attn_fwd(Q, K, V, O, LSE,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
+              ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-              PREFIX: tl.constexpr = False):
+              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
@@ -418,6 +448,11 @@ def _attn_fwd(Q, K, V, O, LSE,
 
     ``PREFIX`` (with ``CAUSAL``, prefix-LM): the first ``prefix`` keys (of each document) are
     seen by every row as well (``prefix_bounds``).
+
+    ``ALIBI`` (flash-attn's ``alibi_slopes``): float32 slopes at ``ALIBI_SLOPES``, one per query
+    head, ``alibi_stride`` apart per batch entry (document, under ``VARLEN``; 0: one row for the
+    whole batch); the scores get -slope * |i + seq_k - seq_q - j| (``_fwd_inner``), positions
+    counted within each document. Every tile pays for it, masked or not.
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_m = query_tile_index(CAUSAL) * BLOCK_M
@@ -456,11 +491,13 @@ def _attn_fwd(Q, K, V, O, LSE,
         acc, row_max, row_sum = _fwd_inner(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             rows, offs_n, offs_d, seq_k, last, lo, full_lo, qk_scale,
-            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
+            ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h, alibi_diagonal=seq_k - seq_q)
         acc, row_max, row_sum = attend(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             rows, offs_n, offs_d, seq_k, last, full_lo, full_end, hi, qk_scale,
-            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
+            ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h, alibi_diagonal=seq_k - seq_q)
     else:
         diagonal = seq_k - seq_q
         full_end, hi = causal_bounds(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
@@ -469,7 +506,8 @@ def _attn_fwd(Q, K, V, O, LSE,
         acc, row_max, row_sum = attend(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             rows, offs_n, offs_d, seq_k, diagonal, 0, full_end, hi, qk_scale,
-            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix)
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix,
+            ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h, alibi_diagonal=diagonal)
 
     acc, lse = normalised_rows(acc, row_max, row_sum)
     row_ok = rows < seq_q

@@ -104,11 +104,13 @@ def attend_natural(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_v
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
                    SOFTCAP: tl.constexpr = False, cap_scale=1.0, PREFIX: tl.constexpr = False,
-                   prefix=0):  # attend's arguments, as a swap needs
+                   prefix=0, ALIBI: tl.constexpr = False, ALIBI_SLOPES=None, alibi_head=0,
+                   alibi_diagonal=0):  # attend's arguments, as a swap needs
     """Instead of ``attend``: natural exp, scores and maxima in natural units (``qk_scale``
     is the plain softmax scale here), and every key tile in [lo, hi) masked, whatever
     ``full_end`` says (the split into two stages came later, with exp2)."""
-    tl.static_assert(not WINDOW and not SOFTCAP and not PREFIX, "the ladder's rungs know no window, cap or prefix")
+    tl.static_assert(not WINDOW and not SOFTCAP and not PREFIX and not ALIBI,
+                     "the ladder's rungs know no window, cap, prefix or ALiBi")
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = load_tile(k_base, cols, stride_kn, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)

@@ -37,7 +37,7 @@ def _kernel_fn(kernel: str):
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
                    causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True,
                    dot_precision: str = "tf32", page_size: int = 0, window: bool = False, softcap: bool = False,
-                   varlen: bool = False, prefix: bool = False):
+                   varlen: bool = False, prefix: bool = False, alibi: bool = False):
     """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
 
     The decode kernels (``flash_decode``, chapter 11) take ``n_new`` new tokens; with
@@ -50,7 +50,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     the attention kernels with a sliding window or a soft cap (``autograd.kernel_mask``;
     ``window`` also for the decode kernel, ``flash_decode(..., window=)``);
     ``varlen``: for packed documents (``varlen.flash_attention_varlen``); ``prefix``: a
-    prefix-LM (causal after a prefix every row sees)."""
+    prefix-LM (causal after a prefix every row sees); ``alibi``: ALiBi biases (``alibi_slopes``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -60,13 +60,15 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "CAUSAL": causal,
         "DOT_PRECISION": dot_precision,
     }
-    fp32 = {"LSE", "DELTA"} | ({"DQ"} if atomic_dq else set())
+    fp32 = {"LSE", "DELTA", "ALIBI_SLOPES"} | ({"DQ"} if atomic_dq else set())
     if kernel == "backward_dkdv":
         constexprs["ATOMIC_DQ"] = atomic_dq
     if kernel in ("forward", "backward_dkdv", "backward_dq"):
-        constexprs.update(WINDOW=window, SOFTCAP=softcap, VARLEN=varlen, PREFIX=prefix)
+        constexprs.update(WINDOW=window, SOFTCAP=softcap, VARLEN=varlen, PREFIX=prefix, ALIBI=alibi)
         if not varlen:   # the cu_seqlens pointers: None, as a launch without documents leaves them
             constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
+        if not alibi:    # the slopes' pointer likewise
+            constexprs.update(ALIBI_SLOPES=None)
     if kernel == "decode":
         constexprs.update(N_NEW=n_new, HAS_SEQLENS=True, PAGE_SIZE=page_size, WINDOW=window)
         fp32 |= {"O"} if splits else set()
@@ -150,7 +152,7 @@ def run_job(job: dict, compile_gluon=None) -> dict:
                                       dot_precision=job.get("dot_precision", "tf32"),
                                       page_size=job.get("page_size", 0), window=job.get("window", False),
                                       softcap=job.get("softcap", False), varlen=job.get("varlen", False),
-                                      prefix=job.get("prefix", False))
+                                      prefix=job.get("prefix", False), alibi=job.get("alibi", False))
         out["shared"] = resources(compiled)["shared_bytes"]
         # Tensor-core instructions in the PTX: mma (sm_80) or wgmma (sm_90). On sm_75
         # Triton emits none: tl.dot becomes plain fused multiply-adds there.

@@ -88,7 +88,7 @@ def packed_views(q, k, v):
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                            causal: bool = False, scale=None, window=None, softcap=None, prefix=0,
-                           dq_mode: str = "separate", check_values: bool = True):
+                           alibi_slopes=None, dq_mode: str = "separate", check_values: bool = True):
     """Attention within each of several documents packed along one sequence; differentiable.
 
     Args (flash-attn's ``flash_attn_varlen_func`` names and layout):
@@ -100,6 +100,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         causal, scale, window, softcap, prefix: as ``flash_attention``, applied to each
             document alone (bottom-right aligned per document; a prefix counts from each
             document's start).
+        alibi_slopes: float32 (heads,) or (documents, heads), flash-attn's ALiBi: within
+            document b, query i and key j get -slope * |i + seq_k_b - seq_q_b - j| (positions
+            counted from the document's start).
         check_values: check ``cu_seqlens`` on the host first (``check_packed``).
 
     Returns:
@@ -111,7 +114,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode)
     autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
     packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_values=check_values)
+    autograd.alibi_args(alibi_slopes, q4, packed.documents)   # checked: (heads,) or (documents, heads)
     if packed.documents == 0:
         return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
-    o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed, prefix)
+    o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed, prefix,
+                                      alibi_slopes)
     return o.transpose(1, 2).squeeze(0)
