@@ -273,3 +273,89 @@ def test_pages_carry_no_widget_state(slug):
         html = f.read()
     assert "application/vnd.jupyter.widget-state+json" not in html
     assert "application/vnd.jupyter.widget-view+json" not in html
+
+
+MASK_MOVES = [  # (setting, value) applied in turn: each changes what is shown
+    ("tile", "64x64"), ("window", 128), ("n", 8192), ("mask", "documents"), ("n", 1024),
+    ("tile", "128x128"), ("mask", "prefix"), ("prefix", 256), ("n", 2048), ("mask", "none"),
+    ("mask", "causal"), ("n", 8192), ("tile", "128x64"), ("mask", "window"), ("window", 2048),
+    ("n", 1024), ("mask", "prefix"), ("prefix", 2048),
+]
+
+
+def test_chapter_12_explorer_shows_the_librarys_tile_counts(server, browser):
+    from flashbook import bench, masks
+    from flashbook.explorers import maskmap
+
+    require(os.path.exists(os.path.join(HTML, "notebooks", "12_masks.html")), "chapter 12 is not built")
+    page, root, external, errors = open_explorer(browser, server, "12_masks", "masks")
+    _, s = shown(root)
+    assert s == {"mask": "window", "n": 4096, "window": 1024, "prefix": 1024, "tile": "128x64"}   # the cell's
+    before = None
+    for name, value in [(None, None), *MASK_MOVES]:
+        if name is not None:
+            set_control(root, name, value)
+        now, s = shown(root)
+        assert now != before, f"nothing changed after {name} = {value}"
+        before = now
+        if name is not None:
+            assert s[name] == value, (name, value, s)
+        n, (bm, bn) = s["n"], maskmap.parse_tile(s["tile"])
+        rule = {"none": {}, "causal": {"causal": True},
+                "window": {"causal": True, "window": (s["window"] - 1, 0)},
+                "prefix": {"causal": True, "prefix": s["prefix"]}}.get(s["mask"])
+        if rule is None:     # the explorer's seeded documents, which it lists
+            cu = maskmap.cu_seqlens(n)
+            assert now["doc-lengths"] == ",".join(str(b - a) for a, b in zip(cu, cu[1:]))
+            ids = masks.doc_ids_from_cu_seqlens(cu)
+            rule = {"causal": True, "doc_ids_q": ids, "doc_ids_k": ids}
+        counts = masks.tile_counts(n, n, bm, bn, **rule)
+        for key in ("skipped", "full", "partial", "visited", "total"):
+            assert int(now[key]) == counts[key], (key, s, now[key], counts[key])
+        assert float(now["work-fraction"]) == counts["work_fraction"]
+        full = bench.attention_flops(1, 1, n, n, 128)
+        visited = full // (n * n) * counts["visited"] * bm * bn      # N is a multiple of the tiles
+        assert (int(now["flops-full"]), int(now["flops-visited"])) == (full, visited)
+        assert int(now["flops-saved"]) == full - visited
+        assert float(now["flops-saved-fraction"]) == (full - visited) / full
+        allowed = masks.allowed(n, n, **rule)
+        assert float(now["allowed-fraction"]) == allowed.sum() / allowed.size
+        assert now["call"] == maskmap.call_text(s["mask"], n, s["window"], s["prefix"], bm, bn)
+        text = shown(root, "text")[0]
+        assert text["work-fraction"] == f"{counts['work_fraction']:.3f}"
+        assert text["flops-visited"] == maskmap.human_flops(visited)
+        assert text["flops-saved"] == maskmap.human_flops(full - visited)
+        assert text["flops-saved-fraction"] == f"{100 * (full - visited) / full:.1f} %"
+        assert text["allowed-fraction"] == f"{allowed.sum() / allowed.size:.3f}"
+        # the grid draws each kind's tiles at their true size: its area is their count
+        areas = root.evaluate("""(r, tile) => { const a = {}; for (const e of r.querySelectorAll("rect[data-kind]"))
+            a[e.dataset.kind] = (a[e.dataset.kind] || 0) + e.width.baseVal.value * e.height.baseVal.value / tile;
+            return a; }""", (300 / n) ** 2 * bm * bn)
+        for kind in ("skipped", "full", "partial"):
+            assert abs(areas.get(kind, 0) - counts[kind]) < 1e-6 * counts["total"], (kind, s, areas)
+        assert root.locator('[data-fb-control="window"]').is_disabled() == (s["mask"] != "window")
+        assert root.locator('[data-fb-control="prefix"]').is_disabled() == (s["mask"] != "prefix")
+    # the page carries the library's views; each one's text, written by the page's module, is Python's
+    with open(os.path.join(HTML, "notebooks", "12_masks.html"), encoding="utf-8") as f:
+        body = f.read().split('data-kind="masks"><script type="application/json">')[1].split("</script>")[0]
+    cfg = json.loads(body)
+    assert cfg == json.loads(json.dumps(maskmap.masks_config({"mask": "window", "n": 4096, "window": 1024})))
+    texts = page.evaluate("""async (views) => {
+        const m = await import("../_static/flashbook_explorers.js");
+        return Object.fromEntries(Object.entries(views).map(([k, v]) => [k, [m.pyFixed(v.counts.work_fraction, 3),
+            m.pyFixed(v.allowed_fraction, 3), m.humanFlops(v.flops.visited), m.humanFlops(v.flops.full),
+            m.humanFlops(v.flops.saved), m.pyFixed(100 * v.flops.saved_fraction, 1)]])); }""", cfg["views"])
+    assert len(texts) == len(cfg["views"]) == 144
+    for key, v in cfg["views"].items():
+        f = v["flops"]
+        assert texts[key] == [f"{v['counts']['work_fraction']:.3f}", f"{v['allowed_fraction']:.3f}",
+                              *map(maskmap.human_flops, (f["visited"], f["full"], f["saved"])),
+                              f"{100 * f['saved_fraction']:.1f}"], key
+    # a phone: the explorer fits the screen, and so does the page
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(300)
+    wide = page.evaluate("""() => ({page: document.documentElement.scrollWidth,
+        explorer: document.querySelector("[data-fb-explorer=masks]").getBoundingClientRect().right})""")
+    assert wide["page"] <= 391 and wide["explorer"] <= 391, wide
+    assert external == [] and errors == [], (external, errors)
+    page.close()

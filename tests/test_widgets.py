@@ -263,3 +263,175 @@ def test_the_first_names_are_the_same_explorers():
 
     for name in explorers.__all__:
         assert getattr(live, name) is getattr(explorers, name) is getattr(widgets, name), name
+
+
+# ----------------------------------------------------------------- chapter 12: mask tiles
+
+def _rule_of(mask, n, window, prefix):
+    """The explorer's rule, written out here from flash-attn's conventions."""
+    from flashbook import masks
+    from flashbook.explorers import maskmap
+
+    if mask == "none":
+        return {}
+    extra = {"causal": {}, "window": {"window": (window - 1, 0)}, "prefix": {"prefix": prefix}}.get(mask)
+    if extra is None:   # documents: the seeded lengths the explorer states
+        ids = masks.doc_ids_from_cu_seqlens(maskmap.cu_seqlens(n))
+        extra = {"doc_ids_q": ids, "doc_ids_k": ids}
+    return {"causal": True, **extra}
+
+
+def _expect_view(n, block_m, block_n, rule, head_dim=128):
+    """The library's numbers for one view: masks.tile_counts, masks.tile_kinds,
+    masks.allowed and bench.attention_flops."""
+    from flashbook import bench, masks
+
+    kinds = masks.tile_kinds(n, n, block_m, block_n, **rule)
+    counts = masks.tile_counts(n, n, block_m, block_n, **rule)
+    rows = [min(block_m, n - a) for a in range(0, n, block_m)]
+    cols = [min(block_n, n - b) for b in range(0, n, block_n)]
+    pairs = sum(rows[a] * cols[b] for a, b in zip(*np.nonzero(kinds != "skipped")))
+    allowed = int(masks.allowed(n, n, **rule).sum())
+    full = bench.attention_flops(1, 1, n, n, head_dim)
+    assert full == 4 * n * n * head_dim
+    return kinds, counts, pairs, allowed, full
+
+
+def _check_view(view, n, block_m, block_n, rule, head_dim=128):
+    from flashbook.explorers import maskmap
+
+    kinds, counts, pairs, allowed, full = _expect_view(n, block_m, block_n, rule, head_dim)
+    assert view["counts"] == counts
+    assert np.array_equal(maskmap.decode_grid(view["grid"]), kinds)
+    assert view["pairs_visited"] == pairs and view["pairs_allowed"] == allowed
+    assert view["allowed_fraction"] == allowed / (n * n)
+    per_pair = 4 * head_dim
+    assert view["flops"] == {"visited": per_pair * pairs, "full": full, "saved": full - per_pair * pairs,
+                             "saved_fraction": (full - per_pair * pairs) / full}
+
+
+def test_masks_config_holds_the_librarys_tile_counts_for_every_view():
+    """A small option grid, ragged tiles included: every view is masks.tile_counts's."""
+    from flashbook.explorers import maskmap
+
+    grid = dict(seq_lens=(200, 256), windows=(1, 48, 300), prefixes=(40, 64), tiles=("32x32", "64x16", "48x40"))
+    cfg = explorers.masks_config({"n": 200, "window": 48, "prefix": 40, "tile": "48x40"}, head_dim=64, **grid)
+    json.dumps(cfg, allow_nan=False)
+    assert len(cfg["views"]) == 2 * 3 * (3 + 3 + 2)        # N x tiles x (none, causal, documents; windows; prefixes)
+    for key, view in cfg["views"].items():
+        mask, n, param, tile = key.split(",")
+        n, param, (bm, bn) = int(n), int(param), maskmap.parse_tile(tile)
+        _check_view(view, n, bm, bn, _rule_of(mask, n, param, param), head_dim=64)
+        assert view["call"].startswith(f"masks.tile_counts({n}, {n}, {bm}, {bn}")
+    for n in grid["seq_lens"]:   # the documents: seeded, packed end to end
+        cu = cfg["documents"][str(n)]
+        assert cu == maskmap.cu_seqlens(n) and cu[0] == 0 and cu[-1] == n and len(cu) > 2
+        assert all(b > a for a, b in zip(cu, cu[1:]))
+    assert cfg["colors"] == {"full": plots.STAGE_COLORS["main"], "partial": plots.STAGE_COLORS["masked"],
+                             "skipped": plots.STAGE_COLORS["skipped"]}
+
+
+@pytest.mark.parametrize("settings", [
+    {"mask": "window", "n": 4096, "window": 1024, "tile": "128x64"},
+    {"mask": "window", "n": 8192, "window": 128, "tile": "128x128"},
+    {"mask": "documents", "n": 8192, "tile": "128x64"},
+    {"mask": "documents", "n": 1024, "tile": "64x64"},
+    {"mask": "prefix", "n": 2048, "prefix": 512, "tile": "64x64"},
+    {"mask": "prefix", "n": 1024, "prefix": 2048, "tile": "128x64"},   # prefix past N: everything
+    {"mask": "causal", "n": 8192, "tile": "128x128"},
+    {"mask": "none", "n": 2048, "tile": "128x64"},
+])
+def test_the_books_mask_explorer_states_are_the_librarys(settings):
+    from flashbook.explorers import maskmap
+
+    cfg = explorers.masks_config()
+    s = {**maskmap.START, **settings}
+    state = explorers.masks_state(cfg, s)
+    assert state["settings"] == s and state["key"] == maskmap.view_key(*(s[k] for k in maskmap.SETTINGS))
+    bm, bn = maskmap.parse_tile(s["tile"])
+    _check_view(state, s["n"], bm, bn, _rule_of(s["mask"], s["n"], s["window"], s["prefix"]))
+
+
+def test_the_books_mask_explorer_page_stays_small():
+    from flashbook.explorers import maskmap
+
+    cfg = explorers.masks_config()
+    assert cfg["options"] == {"mask": list(maskmap.MASKS), "n": [1024, 2048, 4096, 8192],
+                              "window": [128, 256, 512, 1024, 2048], "prefix": [256, 512, 1024, 2048],
+                              "tile": ["64x64", "128x64", "128x128"]}
+    assert len(cfg["views"]) == 4 * 3 * (3 + 5 + 4)                     # every combination
+    html = explorers.placeholder_html("masks", cfg)
+    assert len(html.encode()) < 200_000, len(html.encode())            # the page stays well under 300 KB
+    body = html.split('<script type="application/json">')[1].split("</script>")[0]
+    assert json.loads(body) == json.loads(json.dumps(cfg))
+    # the chapter's table: N = 8192, 128 x 64 tiles, a 1K window
+    s = {**maskmap.START, "n": 8192, "window": 1024}
+    from flashbook import masks
+    assert explorers.masks_state(cfg, s)["counts"] == masks.tile_counts(8192, 8192, 128, 64, causal=True,
+                                                                        window=(1023, 0))
+
+
+def test_grid_runs_round_trip(rng):
+    from flashbook.explorers import maskmap
+
+    kinds = rng.choice(["skipped", "full", "partial"], size=(int(rng.integers(1, 9)), int(rng.integers(1, 40))))
+    text = maskmap.encode_grid(kinds)
+    assert np.array_equal(maskmap.decode_grid(text), kinds)
+    assert maskmap.encode_grid(np.array([["full"] * 3 + ["partial"] + ["skipped"] * 12])) == "f3p1s12"
+    rows = np.array([["full", "skipped"]] * 3 + [["partial", "partial"]])
+    assert maskmap.encode_grid(rows) == "f1s1*3,p2"
+    assert np.array_equal(maskmap.decode_grid("f1s1*3,p2"), rows)
+
+
+def test_human_flops():
+    from flashbook.explorers import maskmap
+
+    assert maskmap.human_flops(4 * 8192**2 * 128) == "34.4 GFLOP"
+    assert maskmap.human_flops(2_113_929_216) == "2.11 GFLOP"
+    assert maskmap.human_flops(537_000_000) == "537 MFLOP"
+    assert maskmap.human_flops(12) == "12.0 FLOP"
+
+
+@pytest.mark.parametrize("bad,error,word", [
+    ({"mask": "diagonal"}, ValueError, "mask"), ({"n": 3000}, ValueError, "n must"),
+    ({"n": "4096"}, TypeError, "n must"), ({"n": True}, TypeError, "n must"),
+    ({"window": 100}, ValueError, "window"), ({"prefix": 2.5}, TypeError, "prefix"),
+    ({"tile": "96x64"}, ValueError, "tile"), ({"tile": "big"}, ValueError, "tile"),
+    ({"tile": (128, 64.0)}, ValueError, "tile"), ({"block_m": 64}, TypeError, "block_m"),
+])
+def test_bad_mask_settings_are_named(bad, error, word):
+    from flashbook.explorers import maskmap
+
+    with pytest.raises(error, match=word):
+        explorers.mask_explorer(**bad)
+    if "block_m" not in bad:
+        with pytest.raises(error, match=word):
+            explorers.masks_state(explorers.masks_config(), {**maskmap.START, **bad})
+
+
+def test_mask_explorer_widget_follows_its_controls():
+    require(_anywidget(), "anywidget is not installed (it is in requirements.txt)")
+    from flashbook import masks
+
+    w = explorers.mask_explorer(mask="window", n=4096, window=1024, tile=(128, 64))
+    assert w.kind == "masks" and w._esm == explorers.ESM.read_text()
+    assert w.settings == {"mask": "window", "n": 4096, "window": 1024, "prefix": 1024, "tile": "128x64"}
+    assert w.state["counts"] == masks.tile_counts(4096, 4096, 128, 64, causal=True, window=(1023, 0))
+    w.settings = {**w.settings, "mask": "prefix", "prefix": 256, "tile": "64x64"}   # what the controls do
+    assert w.state["counts"] == masks.tile_counts(4096, 4096, 64, 64, causal=True, prefix=256)
+    bundle = w._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert data["text/html"] == explorers.placeholder_html("masks", w.config)
+
+
+def test_without_anywidget_the_mask_explorer_is_the_placeholder(monkeypatch):
+    import sys
+
+    explorers.widget_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "anywidget", None)
+    try:
+        w = explorers.mask_explorer(mask="causal")
+        assert isinstance(w, explorers.StaticExplorer) and w.settings["mask"] == "causal"
+        assert 'data-kind="masks"' in w._repr_mimebundle_()["text/html"]
+    finally:
+        explorers.widget_class.cache_clear()

@@ -3,8 +3,9 @@
 // Each explorer is a pure `state(config, settings)` (the numbers) and a `view` that
 // draws it (HTML tables and SVG) and owns the controls. The numbers mirror
 // flashbook's Python (flashbook.tiled, flashbook.softmax and, beside this file,
-// blocksize.py, qkv.py, sweep.py); the constants come from the config that Python
-// exports. Tests compare the two (how the numbers get here: __init__.py, beside this).
+// blocksize.py, qkv.py); the constants come from the config that Python exports. The
+// sweep (sweep.py) and the mask tiles (maskmap.py) only look up what Python computed.
+// Tests compare the two (how the numbers get here: __init__.py, beside this).
 // No imports, no network: this file is served as it is.
 
 const SVGNS = "http://www.w3.org/2000/svg";
@@ -236,6 +237,54 @@ export function sweepState(cfg, s) {
   return { key, view: cfg.views[key], ranking: cfg.ranking[String(s.head_dim)] || [] };
 }
 
+// ------------------------------------------------------------ chapter 12: mask tiles
+
+// flashbook.explorers.maskmap.view_key: the window counts only for "window", the prefix
+// only for "prefix"
+export function masksKey(s) {
+  const param = s.mask === "window" ? s.window : s.mask === "prefix" ? s.prefix : 0;
+  return `${s.mask},${s.n},${param},${s.tile}`;
+}
+
+// maskmap.encode_grid's runs: "f3p1s12*2,..." -> per tile row [[kind, count], ...]
+// ("*k": the row k times)
+const KIND_NAMES = { s: "skipped", f: "full", p: "partial" };
+export function decodeGrid(text) {
+  return text.split(",").flatMap((token) => {
+    const [row, repeat] = token.split("*");
+    const runs = [...row.matchAll(/([sfp])(\d+)/g)].map((m) => [KIND_NAMES[m[1]], parseInt(m[2], 10)]);
+    return Array.from({ length: repeat ? parseInt(repeat, 10) : 1 }, () => runs);
+  });
+}
+
+// maskmap.masks_state: the view Python computed for these settings, looked up
+export function masksState(cfg, s) {
+  const key = masksKey(s), view = cfg.views[key];
+  const [bm, bn] = s.tile.split("x").map((x) => parseInt(x, 10));
+  return { key, view, bm, bn, runs: view ? decodeGrid(view.grid) : [] };
+}
+
+// Python's f"{x:.{d}f}": x's exact value rounded to d decimals, a tie to even (toFixed
+// rounds a tie away from zero: 0.5625 gives "0.563" where Python writes "0.562")
+export function pyFixed(x, d) {
+  const exact = Math.abs(x).toFixed(100).replace(/0+$/, ""), dot = exact.indexOf(".");
+  if (dot >= 0 && exact.slice(dot + 1 + d) === "5") {
+    const down = exact.slice(0, d ? dot + 1 + d : dot);
+    if (parseInt(down[down.length - 1], 10) % 2 === 0) return (x < 0 ? "-" : "") + down;
+  }
+  return x.toFixed(d);
+}
+
+export function humanFlops(x) {  // mirrors maskmap.human_flops
+  for (const unit of ["", "K", "M", "G", "T", "P"]) {
+    if (Math.abs(x) < 1000 || unit === "P") {
+      const digits = Math.abs(x) >= 100 ? 0 : Math.abs(x) >= 10 ? 1 : 2;
+      return `${pyFixed(x, digits)} ${unit}FLOP`;
+    }
+    x /= 1000;
+  }
+}
+
 // ------------------------------------------------------------ the views
 
 const STYLE = `
@@ -260,6 +309,12 @@ const STYLE = `
 .fbx .fbx-ok { color: #1b7a1b; font-weight: 600; }
 .fbx .fbx-edit td { padding: 1px; }
 .fbx .fbx-edit input { width: 5.5em; }
+.fbx .fbx-legend { display: flex; flex-wrap: wrap; gap: 4px 14px; margin: 4px 0; font-size: 13px; }
+.fbx .fbx-legend > span { display: inline-flex; align-items: center; gap: 5px; }
+.fbx .fbx-swatch { display: inline-block; width: 14px; height: 14px; border: 1px solid #bbb; }
+.fbx .fbx-note { font-size: 13px; margin: 4px 0; overflow-wrap: anywhere; }
+.fbx .fbx-controls .fbx-wide { grid-column: span 2; }
+.fbx select:disabled { opacity: 0.55; }
 `;
 
 function control(label, input) { return el("label", {}, el("span", { text: label }), input); }
@@ -506,7 +561,100 @@ function sweepView(root, cfg, store) {
   draw();
 }
 
-const VIEWS = { blocksize: blocksizeView, qkv: qkvView, sweep: sweepView };
+// ---- chapter 12
+const MASK_KEYS = ["mask", "n", "window", "prefix", "tile"];
+const KIND_LABELS = { full: "full: no mask (main)", partial: "partial: masked", skipped: "skipped" };
+
+function maskGridSvg(cfg, s, st) {
+  const { n } = s, { bm, bn, view } = st, W = 300, sx = W / n;
+  const c = view.counts;
+  const g = svg("svg", { viewBox: `-1 -1 ${W + 2} ${W + 20}`, role: "img", "data-fb-figure": "mask-grid",
+    "aria-label": `tile grid, ${n} x ${n} in ${s.tile} tiles: ${c.skipped} skipped, ${c.full} full, ${c.partial} partial` });
+  st.runs.forEach((runs, i) => {
+    let j = 0;
+    const y = i * bm * sx, h = Math.min(bm, n - i * bm) * sx;
+    for (const [kind, count] of runs) {
+      const x0 = j * bn * sx, x1 = Math.min((j + count) * bn, n) * sx;
+      g.append(svg("rect", { x: x0, y, width: x1 - x0, height: h, fill: cfg.colors[kind], "data-kind": kind,
+        "shape-rendering": "crispEdges" }));   // no seams between rows thinner than a pixel
+      j += count;
+    }
+  });
+  // tile edges, where the tiles are large enough on screen to show them
+  const lines = svg("g", { stroke: "#fff", "stroke-width": 0.6 });
+  if (bn * sx >= 3) for (let x = bn; x < n; x += bn) lines.append(svg("line", { x1: x * sx, x2: x * sx, y1: 0, y2: W }));
+  if (bm * sx >= 3) for (let y = bm; y < n; y += bm) lines.append(svg("line", { x1: 0, x2: W, y1: y * sx, y2: y * sx }));
+  g.append(lines);
+  if (s.mask === "documents") {   // each document's own square on the diagonal
+    const cu = cfg.documents[String(n)];
+    for (let b = 0; b + 1 < cu.length; b++) g.append(svg("rect", { x: cu[b] * sx, y: cu[b] * sx, width: (cu[b + 1] - cu[b]) * sx,
+      height: (cu[b + 1] - cu[b]) * sx, fill: "none", stroke: "#333", "stroke-width": 0.8, "stroke-dasharray": "3 2" }));
+  }
+  g.append(svg("rect", { x: 0, y: 0, width: W, height: W, fill: "none", stroke: "#999", "stroke-width": 0.8 }));
+  g.append(svg("text", { x: 0, y: W + 14, text: `keys j → (N = ${n}); queries i ↓; tile ${bm} × ${bn}` }));
+  return g;
+}
+
+function masksView(root, cfg, store) {
+  const s0 = store.get(), o = cfg.options;
+  const k = (x) => (x % 1024 === 0 ? `${x / 1024}K` : String(x));
+  const controls = {
+    mask: select("mask", o.mask.map((m) => [m, cfg.labels[m]]), s0.mask),
+    n: select("n", o.n.map((x) => [x, `${k(x)} (${x})`]), s0.n),
+    window: select("window", o.window.map((x) => [x, `${k(x)} (${x})`]), s0.window),
+    prefix: select("prefix", o.prefix.map((x) => [x, `${k(x)} (${x})`]), s0.prefix),
+    tile: select("tile", o.tile.map((t) => [t, t.replace("x", " × ")]), s0.tile),
+  };
+  const wide = control("mask", controls.mask);
+  wide.classList.add("fbx-wide");
+  const box = el("div", { class: "fbx-controls" }, wide, control("sequence length N", controls.n),
+    control("tile B_r × B_c", controls.tile), control("window W (keys)", controls.window),
+    control("prefix (keys)", controls.prefix));
+  const out = el("div", { "aria-live": "polite" });
+  root.append(box, out);
+  const read = () => ({ mask: controls.mask.value, n: parseInt(controls.n.value, 10), window: parseInt(controls.window.value, 10),
+    prefix: parseInt(controls.prefix.value, 10), tile: controls.tile.value });
+  for (const c of Object.values(controls)) { c.addEventListener("input", () => store.set(read())); c.addEventListener("change", () => store.set(read())); }
+  const draw = () => {
+    const s = store.get(), st = masksState(cfg, s), v = st.view;
+    root.setAttribute("data-fb-settings", JSON.stringify(s));
+    for (const key of MASK_KEYS) controls[key].value = String(s[key]);
+    controls.window.disabled = s.mask !== "window";
+    controls.prefix.disabled = s.mask !== "prefix";
+    if (!v) { out.replaceChildren(el("p", { "data-fb": "status", "data-value": "missing", text: `no view for ${st.key}` })); return; }
+    const c = v.counts, f = v.flops;
+    const legend = el("div", { class: "fbx-legend" }, ...["full", "partial", "skipped"].map((kind) =>
+      el("span", {}, el("span", { class: "fbx-swatch", style: `background:${cfg.colors[kind]}` }), `${KIND_LABELS[kind]} (${c[kind]})`)));
+    const row = (label, name, value, text) => el("tr", {}, el("th", { text: label }), el("td", {}, num(name, value, text)));
+    const pct = (x) => `${pyFixed(100 * x, 1)} %`;
+    const t = el("table", { "data-fb-table": "mask-counts" }, el("caption", { text: "what a kernel computes" }),
+      row("tiles skipped", "skipped", c.skipped), row("tiles full (no mask)", "full", c.full),
+      row("tiles partial (masked)", "partial", c.partial), row("tiles visited", "visited", c.visited),
+      row("tiles in all", "total", c.total),
+      row("share of tiles computed", "work-fraction", c.work_fraction, pyFixed(c.work_fraction, 3)),
+      row("FLOPs of the visited tiles", "flops-visited", f.visited, humanFlops(f.visited)),
+      row("FLOPs of the full N × N", "flops-full", f.full, humanFlops(f.full)),
+      row("FLOPs saved", "flops-saved", f.saved, humanFlops(f.saved)),
+      row("share of FLOPs saved", "flops-saved-fraction", f.saved_fraction, pct(f.saved_fraction)),
+      row("share of pairs the mask allows", "allowed-fraction", v.allowed_fraction, pyFixed(v.allowed_fraction, 3)));
+    const notes = [el("p", { class: "fbx-note" }, "The same counts in Python: ", el("code", { "data-fb": "call", "data-value": v.call, text: v.call }), ".")];
+    if (s.mask === "documents") {
+      const cu = cfg.documents[String(s.n)], lengths = cu.slice(1).map((x, b) => x - cu[b]);
+      notes.push(el("p", { class: "fbx-note" }, `${lengths.length} packed documents, a fixed set of lengths drawn with seed ${cfg.doc_seed}: `,
+        num("doc-lengths", lengths.join(","), lengths.join(", ")), " (dashed: each document's square); ",
+        el("code", { text: `ids = masks.doc_ids_from_cu_seqlens([${cu.join(", ")}])` }), "."));
+    }
+    notes.push(el("p", { class: "fbx-note" }, `FLOPs: the forward's Q Kᵀ and P V, 2 per multiply-add, so 4 · N² · d for the full N × N, per head, at d = ${cfg.head_dim}. `
+      + "A visited tile costs all its B_r · B_c pairs, masked or not; the allowed pairs are what the mask keeps."));
+    out.replaceChildren(el("div", { class: "fbx-figs" },
+      el("div", { class: "fbx-fig" }, maskGridSvg(cfg, s, st), legend),
+      el("div", { class: "fbx-fig fbx-table-wrap" }, t)), ...notes);
+  };
+  store.on(draw);
+  draw();
+}
+
+const VIEWS = { blocksize: blocksizeView, qkv: qkvView, sweep: sweepView, masks: masksView };
 
 // A store over plain settings: {get, set, on}. The widget's store writes through to
 // the model (and so to Python); the static page's keeps them in the page.

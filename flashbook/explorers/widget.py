@@ -17,13 +17,13 @@ import html
 import json
 import pathlib
 
-from . import blocksize, qkv, sweep
+from . import blocksize, maskmap, qkv, sweep
 
 #: This folder: the JavaScript beside the Python (the book's build copies its ``*.js``).
 STATIC = pathlib.Path(__file__).parent
 #: The one front end: anywidget's ``_esm`` and the static book's module.
 ESM = STATIC / "flashbook_explorers.js"
-KINDS = ("blocksize", "qkv", "sweep")
+KINDS = ("blocksize", "qkv", "sweep", "masks")
 
 
 def placeholder_html(kind: str, config: dict) -> str:
@@ -57,6 +57,8 @@ def widget_class():
                 return blocksize.blocksize_state(self.settings)
             if self.kind == "qkv":
                 return qkv.qkv_state(self.settings, self.config["scale"])
+            if self.kind == "masks":
+                return maskmap.masks_state(self.config, self.settings)
             return sweep.sweep_state(self.config, self.settings)
 
         def _repr_mimebundle_(self, **kwargs):
@@ -81,7 +83,7 @@ class StaticExplorer:
 
 
 def explorer_widget(kind: str, config: dict):
-    """The live explorer for ``kind`` ("blocksize", "qkv" or "sweep") and its config."""
+    """The live explorer for ``kind`` ("blocksize", "qkv", "sweep" or "masks") and its config."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     try:
@@ -96,3 +98,13 @@ def explorer(**settings):
     and Colab, the same JavaScript mounted by the page in the static book. Its
     ``state`` is ``blocksize.explorer_state`` of its settings."""
     return explorer_widget("blocksize", blocksize.blocksize_config(blocksize.Settings(**settings)))
+
+
+def mask_explorer(**settings):
+    """Chapter 12's explorer of mask tiles, e.g. ``mask_explorer(mask="window", n=4096,
+    window=1024)``; the settings are ``mask`` (one of ``maskmap.MASKS``), ``n``,
+    ``window`` (W keys: ``window=(W - 1, 0)``), ``prefix`` and ``tile`` ("128x64" or
+    (128, 64)), each one of the options of ``maskmap.masks_config``; the others start at
+    ``maskmap.START``. An anywidget in Jupyter and Colab, the same JavaScript mounted by
+    the page in the static book; its ``state`` is ``maskmap.masks_state`` of its settings."""
+    return explorer_widget("masks", maskmap.masks_config(settings))
