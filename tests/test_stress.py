@@ -101,3 +101,18 @@ def test_a_key_seen_alone_lets_dk_sum_the_roundings_of_an_exact_zero():
     assert "dk: max error" in checks.within_twice_yardstick("dk", off, zero, zero, head_dim=80, terms=256)
     assert "dk: max error" in checks.within_twice_yardstick("dk", near, zero, zero, head_dim=80)
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window,causal,cap", stress.ALIBI_MASKS,
+                         ids=[stress.mask_name(*m, alibi=True) for m in stress.ALIBI_MASKS])
+def test_interpreter_alibi_classes_few_seeds(window, causal, cap):
+    """The GPU suite's ALiBi classes, in float32 here (17 x 33: ragged, N_q != N_k), and
+    packed documents with ALiBi, through the same harness."""
+    cases = stress.attention_class(17, 33, "fp32", causal, 2, batch=1, heads=4, groups=(1, 4), head_dims=(16,),
+                                   window=window, softcap=cap, alibi=True)
+    if causal and window == (-1, -1):
+        cases += stress.attention_class(17, 17, "fp32", True, 1, batch=3, heads=4, groups=(1,), head_dims=(16,),
+                                        kernel="varlen", alibi=True)
+    result = stress.run_class(f"alibi-{stress.mask_name(window, causal, cap)}", cases, DEVICE, first_seed=17)
+    assert result.passed, stress.report(result)

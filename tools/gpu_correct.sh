@@ -2,7 +2,7 @@
 # Correct every time, on a GPU, in one run from the repository root of a CUDA machine:
 #   bash tools/gpu_correct.sh OUT_DIR [WORKERS] [PART]
 #   PART: all (the default), base (the suite without the mask classes), masks (the sliding
-#   window, soft-cap and packed-document classes alone), sanitizer (the four tools alone).
+#   window, soft-cap, prefix, ALiBi and packed-document classes alone), sanitizer (the four tools alone).
 #   The whole suite took 420-650 s on 16 workers before the mask classes came; with them
 #   it may need two calls of a 10-minute limit (GPU_CORRECT_PYTEST="--deselect ..." for
 #   the second).
@@ -22,7 +22,7 @@ part=${3:-all}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 status=0
-masks="window or softcap or prefix or varlen"
+masks="window or softcap or prefix or varlen or alibi"
 case "$part" in
   all) select=() ;;
   base) select=(-k "not ($masks)") ;;

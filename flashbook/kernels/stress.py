@@ -65,6 +65,7 @@ class Case:
     window: tuple = (-1, -1)  # attention: flash_attention's sliding window (left, right)
     softcap: float = 0.0     # attention: the soft cap c (0: off)
     prefix: int = 0          # attention (causal): a prefix-LM's prefix, keys every row sees
+    alibi: bool = False      # attention, varlen: ALiBi biases with ``alibi_slopes(heads)``
 
     def label(self) -> str:
         return (f"{self.kernel}-{self.dtype}-b{self.batch}h{self.heads}/{self.kv_heads}-"
@@ -73,7 +74,8 @@ class Case:
                 + (f"-pages{self.page_size}" if self.page_size else "")
                 + (f"-window{self.window[0]},{self.window[1]}" if self.window != (-1, -1) else "")
                 + (f"-softcap{self.softcap:g}" if self.softcap else "")
-                + (f"-prefix{self.prefix}" if self.prefix else ""))
+                + (f"-prefix{self.prefix}" if self.prefix else "")
+                + ("-alibi" if self.alibi else ""))
 
 
 @dataclass
@@ -86,6 +88,16 @@ class ClassResult:
     @property
     def passed(self) -> bool:
         return self.runs > 0 and not self.failures
+
+
+def alibi_slopes(heads: int, device):
+    """The ALiBi paper's slopes for ``heads`` query heads, 2^(-8 (h + 1) / heads): float32,
+    (heads,), as ``flash_attention(alibi_slopes=)`` takes them."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=device)
+
+
+def _slopes(case: Case, device):
+    return alibi_slopes(case.heads, device) if case.alibi else None
 
 
 def _draw(shapes, dtype, seed, device):
@@ -144,7 +156,7 @@ def _launch(case: Case, seed: int, device):
         with poisoned_outputs():
             o = flash_attention_varlen(*leaves, cu_q.to(device, torch.int32), cu_k.to(device, torch.int32), nq, nk,
                                        causal=case.causal, window=case.window, softcap=case.softcap,
-                                       prefix=case.prefix)
+                                       prefix=case.prefix, alibi_slopes=_slopes(case, device))
             o.backward(do)
         return (q, k, v, do), (cu_q.tolist(), cu_k.tolist()), (o.detach(), *(x.grad for x in leaves))
     q, k, v, do = _draw(((b, h, nq, d), (b, hk, nk, d), (b, hk, nk, d), (b, h, nq, d)), dtype, seed, device)
@@ -156,7 +168,8 @@ def _launch(case: Case, seed: int, device):
             o = gluon_attention(*leaves, causal=case.causal)
         else:
             o = autograd.flash_attention(*leaves, causal=case.causal, dq_mode=case.dq_mode,
-                                         window=case.window, softcap=case.softcap, prefix=case.prefix)
+                                         window=case.window, softcap=case.softcap, prefix=case.prefix,
+                                         alibi_slopes=_slopes(case, device))
         o.backward(do)
     return (q, k, v, do), None, (o.detach(), *(x.grad for x in leaves))
 
@@ -165,7 +178,8 @@ def run_attention(case: Case, seed: int, device) -> list:
     """Forward and backward of ``case`` on inputs drawn from ``seed``: the problems found
     (empty when every output and gradient is within the rule)."""
     (q, k, v, do), _, got = _launch(case, seed, device)
-    mask = dict(causal=case.causal, window=case.window, softcap=case.softcap, prefix=case.prefix)
+    mask = dict(causal=case.causal, window=case.window, softcap=case.softcap, prefix=case.prefix,
+                alibi_slopes=_slopes(case, q.device))
     truth = checks.torch_grads(q, k, v, do, dtype=torch.float64, **mask)
     yardstick = checks.torch_grads(q, k, v, do, dtype=DTYPES[case.dtype], **mask)
     return _compare(GRADS, got, truth, yardstick, case.head_dim, terms=(1, 1, alone_rows(case), 1))
@@ -213,7 +227,8 @@ def run_varlen(case: Case, seed: int, device) -> list:
             problems += [f"document {b}: {name} not 0" for name, x in zip(GRADS, mine) if bool(x.ne(0).any())]
             continue
         inputs = (one(q, rows), one(k, keys), one(v, keys), one(do, rows))
-        mask = dict(causal=case.causal, window=case.window, softcap=case.softcap, prefix=case.prefix)
+        mask = dict(causal=case.causal, window=case.window, softcap=case.softcap, prefix=case.prefix,
+                    alibi_slopes=_slopes(case, q.device))
         truth = checks.torch_grads(*inputs, dtype=torch.float64, **mask)
         yardstick = checks.torch_grads(*inputs, dtype=DTYPES[case.dtype], **mask)
         alone = alone_rows(replace(case, seq_q=rows.stop - rows.start, seq_k=keys.stop - keys.start))
@@ -244,11 +259,12 @@ def run_case(case: Case, seed: int, device, *, check: bool = True) -> list:
 
 def attention_class(seq_q: int, seq_k: int, dtype: str, causal: bool, runs: int, *, batch: int = 2,
                     heads: int = 8, groups=GROUPS, head_dims=HEAD_DIMS, dq_mode: str = "separate",
-                    kernel: str = "attention", window=(-1, -1), softcap: float = 0.0, prefix: int = 0) -> list:
+                    kernel: str = "attention", window=(-1, -1), softcap: float = 0.0, prefix: int = 0,
+                    alibi: bool = False) -> list:
     """``runs`` cases of one class (lengths, dtype, mask), cycling through (group, head_dim)."""
     combos = list(itertools.product(groups, head_dims))
     return [Case(kernel, batch, heads, heads // g, seq_q, seq_k, d, causal, dtype, dq_mode,
-                 window=tuple(window), softcap=softcap, prefix=prefix)
+                 window=tuple(window), softcap=softcap, prefix=prefix, alibi=alibi)
             for g, d in itertools.islice(itertools.cycle(combos), runs)]
 
 
@@ -262,11 +278,17 @@ MASK_LENGTH_PAIRS = ((1, 1), (17, 17), (65, 65), (17, 65), (65, 17), (129, 2))
 #: the prefixes of the prefix-LM classes (causal): one key, a ragged tile's worth, past every length
 PREFIXES = (1, 17, 200)
 
+#: (window, causal, softcap) of the ALiBi classes: the bias alone (both sides of the
+#: diagonal), under causal, and with a band and the soft cap (the cap first, then the bias)
+ALIBI_MASKS = (((-1, -1), False, 0.0), ((-1, -1), True, 0.0), ((16, 8), False, 5.0))
 
-def mask_name(window, causal: bool, softcap: float, prefix: int = 0) -> str:
-    """A mask class's name: ``window3,0-causal``, ``softcap5-full``, ``prefix17-causal``, ..."""
+
+def mask_name(window, causal: bool, softcap: float, prefix: int = 0, alibi: bool = False) -> str:
+    """A mask class's name: ``window3,0-causal``, ``softcap5-full``, ``prefix17-causal``,
+    ``alibi-causal``, ..."""
     parts = ([f"window{window[0]},{window[1]}"] if tuple(window) != (-1, -1) else []) + (
-        [f"softcap{softcap:g}"] if softcap else []) + ([f"prefix{prefix}"] if prefix else [])
+        [f"softcap{softcap:g}"] if softcap else []) + ([f"prefix{prefix}"] if prefix else []) + (
+        ["alibi"] if alibi else [])
     return "-".join(parts + ["causal" if causal else "full"])
 
 
@@ -313,6 +335,10 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
                 for prefix in PREFIXES:
                     found.append((f"attention-{dtype}-{n_q}x{n_k}-{mask_name((-1, -1), True, 0.0, prefix)}",
                                   attention_class(n_q, n_k, dtype, True, runs, prefix=prefix)))
+                for window, causal, cap in ALIBI_MASKS:
+                    found.append((f"attention-{dtype}-{n_q}x{n_k}-{mask_name(window, causal, cap, alibi=True)}",
+                                  attention_class(n_q, n_k, dtype, causal, runs, window=window, softcap=cap,
+                                                  alibi=True)))
     if "decode" in kernels:
         for dtype in ("fp16", "bf16", "fp32"):
             for n_new in NEW_TOKENS:
@@ -331,6 +357,9 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
                     found.append((f"varlen-{dtype}-max{longest}-{mask_name(window, causal, cap)}",
                                   attention_class(longest, longest, dtype, causal, runs, batch=4, kernel="varlen",
                                                   window=window, softcap=cap)))
+                found.append((f"varlen-{dtype}-max{longest}-{mask_name((-1, -1), True, 0.0, alibi=True)}",
+                              attention_class(longest, longest, dtype, True, runs, batch=4, kernel="varlen",
+                                              alibi=True)))
     if "gluon" in kernels:
         for dtype in ("fp16", "bf16"):
             for n_q, n_k in GLUON_LENGTH_PAIRS:
