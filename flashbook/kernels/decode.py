@@ -231,33 +231,31 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Where this (sequence, KV head)'s keys and values are, then the loops that read them.
     if PAGE_SIZE == 0:
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
-        if WINDOW:   # the lower edge [lo, edge): no key below the window is read
-            acc, row_max, row_sum = _window_edge(
-                acc, row_max, row_sum, q, k_base, v_base, TABLE, stride_kb, stride_vb, stride_kn, stride_vn,
-                token, offs_n, offs_d, seq_k, diagonal, first, lo, edge, qk_scale, PAGE_SIZE,
-                HEAD_DIM, BLOCK_N, EVEN_D, DOT_PRECISION)
-            lo = edge
+        table = TABLE
+    else:   # the cache is pages: the head's first page, and this sequence's row of the table
+        k_base, v_base, table = K + h_kv * stride_kh, V + h_kv * stride_vh, TABLE + b * stride_tb
+    if WINDOW:   # the lower edge [lo, edge): no key below the window is read
+        acc, row_max, row_sum = _window_edge(
+            acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
+            token, offs_n, offs_d, seq_k, diagonal, first, lo, edge, qk_scale, PAGE_SIZE,
+            HEAD_DIM, BLOCK_N, EVEN_D, DOT_PRECISION)
+        lo = edge
+    if PAGE_SIZE == 0:
         acc, row_max, row_sum = attend(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, lo, mid, hi, qk_scale,
             HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
     else:   # the two stages of attend, page by page
-        k_head, v_head, table = K + h_kv * stride_kh, V + h_kv * stride_vh, TABLE + b * stride_tb
-        if WINDOW:   # the lower edge [lo, edge): no key below the window is read
-            acc, row_max, row_sum = _window_edge(
-                acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
-                token, offs_n, offs_d, seq_k, diagonal, first, lo, edge, qk_scale, PAGE_SIZE,
-                HEAD_DIM, BLOCK_N, EVEN_D, DOT_PRECISION)
-            lo = edge
         acc, row_max, row_sum = _paged_stage(
-            acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
+            acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, lo, mid, qk_scale, PAGE_SIZE,
             HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
         acc, row_max, row_sum = _paged_stage(
-            acc, row_max, row_sum, q, k_head, v_head, table, stride_kb, stride_vb, stride_kn, stride_vn,
+            acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, mid, hi, qk_scale, PAGE_SIZE,
             HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
     acc, lse = normalised_rows(acc, row_max, row_sum)
