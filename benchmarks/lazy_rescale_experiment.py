@@ -81,8 +81,10 @@ def attend_lazy(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
                 SOFTCAP: tl.constexpr = False, cap_scale=1.0, PREFIX: tl.constexpr = False,
-                prefix=0):   # attend's arguments (no window, cap or prefix here)
-    tl.static_assert(not WINDOW and not SOFTCAP and not PREFIX, "the lazy-rescale experiment knows no window, cap or prefix")
+                prefix=0, ALIBI: tl.constexpr = False, ALIBI_SLOPES=None, alibi_head=0,
+                alibi_diagonal=0):   # attend's arguments (no window, cap, prefix or ALiBi here)
+    tl.static_assert(not WINDOW and not SOFTCAP and not PREFIX and not ALIBI,
+                     "the lazy-rescale experiment knows no window, cap, prefix or ALiBi")
     acc, row_max, row_sum = _lazy_inner(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
                                         rows, offs_n, offs_d, seq_k, diagonal, lo, full_end, qk_scale,
                                         HEAD_DIM, BLOCK_N, 1, CAUSAL, EVEN_D, DOT_PRECISION)
