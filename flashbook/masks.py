@@ -55,7 +55,7 @@ from .validation import check_count, check_flag
 
 __all__ = ["check_window", "check_softcap", "check_alibi", "check_prefix", "check_cu_seqlens",
            "doc_ids_from_cu_seqlens", "allowed", "alibi_bias", "attention", "attention_backward", "tile_kinds",
-           "tile_counts"]
+           "tile_counts", "kind_counts"]
 
 NO_WINDOW = (-1, -1)
 
@@ -326,22 +326,26 @@ def tile_kinds(n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool =
 
     A tile is skipped when the rule hides all of it, full when it hides none of its
     entries (rows < N_q, keys < N_k: a ragged tile is judged on what it holds), and
-    partial otherwise. Each tile's mask is evaluated on its own, as a kernel would,
-    so no N_q x N_k array is built. With ``causal`` alone it equals ``tiled.tile_kinds``.
+    partial otherwise. The rule is evaluated one row of tiles at a time (B_r x N_k
+    entries), so no N_q x N_k array is built. With ``causal`` alone it equals
+    ``tiled.tile_kinds``.
     """
     n_q, n_k = check_count(n_q, "n_q", 0), check_count(n_k, "n_k", 0)
     block_q, block_k = check_count(block_q, "block_q"), check_count(block_k, "block_k")
     left, right, prefix = _rule(causal, window, prefix)
     layout = _layout(n_q, n_k, doc_ids_q, doc_ids_k)
-    row_tiles, col_tiles = tiled.tile_slices(n_q, block_q), tiled.tile_slices(n_k, block_k)
-    kinds = np.full((len(row_tiles), len(col_tiles)), "skipped", dtype="<U7")
+    row_tiles = tiled.tile_slices(n_q, block_q)
+    t_c = -(-n_k // block_k)
+    kinds = np.full((len(row_tiles), t_c), "skipped", dtype="<U7")
+    pad = t_c * block_k - n_k   # a ragged last key tile, padded with what changes neither test
+
+    def by_tile(ok, fill):     # (rows, T_c, B_c)
+        return (np.pad(ok, ((0, 0), (0, pad)), constant_values=fill) if pad else ok).reshape(len(ok), t_c, block_k)
+
     for a, rows in enumerate(row_tiles):
-        for b, cols in enumerate(col_tiles):
-            ok = _visible(layout, rows, cols, left, right, prefix)
-            if ok.all():
-                kinds[a, b] = "full"
-            elif ok.any():
-                kinds[a, b] = "partial"
+        ok = _visible(layout, rows, slice(None), left, right, prefix)
+        whole, seen = by_tile(ok, True).all(axis=(0, 2)), by_tile(ok, False).any(axis=(0, 2))
+        kinds[a] = np.where(whole, "full", np.where(seen, "partial", "skipped"))
     return kinds
 
 
@@ -353,8 +357,12 @@ def tile_counts(n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool 
     a kernel computes), ``total`` and ``work_fraction`` (visited / total; 0.0 when
     there are no tiles). The arguments are those of ``tile_kinds``.
     """
-    kinds = tile_kinds(n_q, n_k, block_q, block_k, causal=causal, window=window,
-                       prefix=prefix, doc_ids_q=doc_ids_q, doc_ids_k=doc_ids_k)
+    return kind_counts(tile_kinds(n_q, n_k, block_q, block_k, causal=causal, window=window,
+                                  prefix=prefix, doc_ids_q=doc_ids_q, doc_ids_k=doc_ids_k))
+
+
+def kind_counts(kinds: np.ndarray) -> dict:
+    """``tile_counts``' dict for a (T_r, T_c) array of ``tile_kinds``."""
     counts = {kind: int(np.count_nonzero(kinds == kind))
               for kind in ("skipped", "full", "partial")}
     counts["visited"] = counts["full"] + counts["partial"]

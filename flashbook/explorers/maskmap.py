@@ -5,13 +5,9 @@ Every view is computed here, in Python, by ``flashbook.masks`` (the float64/NumP
 of the masks, in flash-attn's conventions), and ``flashbook_explorers.js`` only looks it
 up and draws it, as chapter 9's sweep explorer does:
 
-- ``masks.allowed`` gives the rule's N x N boolean matrix once per (mask, N, window or
-  prefix); its tiles, reduced with "all" and "any", are ``masks.tile_kinds``'s kinds by
-  that function's own definition (skipped: nothing allowed; full: everything allowed;
-  partial: the rest), for the three tile sizes at once, and its sum is the allowed
-  pairs. ``masks.tile_kinds`` itself evaluates each tile in a Python loop, about 80 us
-  a tile, half a minute for the whole option grid (this takes a few seconds).
-  ``tests/test_widgets.py`` holds the views equal to ``masks.tile_counts`` and
+- ``masks.tile_kinds`` and ``masks.kind_counts`` give each view's tile grid and counts
+  (the same numbers as ``masks.tile_counts``), and ``masks.allowed`` the pairs the rule
+  keeps, once per (mask, N, window or prefix). ``tests/test_widgets.py`` holds the views equal to ``masks.tile_counts`` and
   ``masks.tile_kinds``: every view of a small option grid (ragged tiles included) and a
   spread of the book's; ``tests/test_browser.py`` the page's numbers to the library's.
 - FLOPs follow ``bench.attention_flops``: the forward's two products Q K^T and P V,
@@ -117,22 +113,6 @@ def tile_name(tile) -> str:
 
 # ----------------------------------------------------------------- one view
 
-def kinds_from_allowed(ok: np.ndarray, block_m: int, block_n: int) -> np.ndarray:
-    """``masks.tile_kinds``'s (T_r, T_c) kinds from the rule's boolean matrix: skipped
-    when a tile allows nothing, full when it allows everything (ragged tiles judged on
-    what they hold), partial otherwise."""
-    n_q, n_k = ok.shape
-    t_r, t_c = -(-n_q // block_m), -(-n_k // block_n)
-
-    def tiles(fill):    # (T_r, B_r, T_c, B_c), a ragged edge padded with what changes nothing
-        pad = ((0, t_r * block_m - n_q), (0, t_c * block_n - n_k))
-        x = ok if pad == ((0, 0), (0, 0)) else np.pad(ok, pad, constant_values=fill)
-        return x.reshape(t_r, block_m, t_c, block_n)
-
-    any_, all_ = tiles(False).any(axis=(1, 3)), tiles(True).all(axis=(1, 3))
-    return np.where(all_, "full", np.where(any_, "partial", "skipped")).astype("<U7")
-
-
 def encode_grid(kinds: np.ndarray) -> str:
     """Each tile row as runs of kinds ("f3p1s12": 3 full, 1 partial, 12 skipped), rows
     joined by ","; a row that repeats the one above k - 1 times ends in "*k"."""
@@ -169,24 +149,22 @@ def _flops_per_pair(head_dim: int) -> int:
     return costs.attention_flops(1, 1, 1, 1, head_dim)
 
 
-def tile_view(ok: np.ndarray, block_m: int, block_n: int, head_dim: int = HEAD_DIM) -> dict:
-    """What the explorer shows for one rule (its N x N ``masks.allowed``) and one tile
-    size: the counts of ``masks.tile_counts``, the grid, FLOPs and allowed pairs."""
+def tile_view(n: int, mask_rule: dict, allowed_pairs: int, block_m: int, block_n: int,
+              head_dim: int = HEAD_DIM) -> dict:
+    """What the explorer shows for one rule (``rule``'s keyword arguments, with the pairs
+    ``masks.allowed`` keeps) at length ``n`` and one tile size: ``masks.tile_kinds``' grid
+    and ``masks.tile_counts``' counts, FLOPs and allowed pairs."""
     from ..bench import costs
 
-    n_q, n_k = ok.shape
-    kinds = kinds_from_allowed(ok, block_m, block_n)
-    counts = {kind: int(np.count_nonzero(kinds == kind)) for kind in ("skipped", "full", "partial")}
-    counts["visited"] = counts["full"] + counts["partial"]
-    counts["total"] = int(kinds.size)
-    counts["work_fraction"] = counts["visited"] / kinds.size if kinds.size else 0.0
+    n_q = n_k = n
+    kinds = masks.tile_kinds(n_q, n_k, block_m, block_n, **mask_rule)
+    counts = masks.kind_counts(kinds)
     heights = np.diff(np.r_[np.arange(0, n_q, block_m), n_q])
     widths = np.diff(np.r_[np.arange(0, n_k, block_n), n_k])
     pairs_visited = int((heights[:, None] * widths[None, :])[kinds != "skipped"].sum())
     per_pair = _flops_per_pair(head_dim)
     full = costs.attention_flops(1, 1, n_q, n_k, head_dim)
     assert full == per_pair * n_q * n_k
-    allowed_pairs = int(np.count_nonzero(ok))
     return {"counts": counts, "grid": encode_grid(kinds),
             "pairs_visited": pairs_visited, "pairs_allowed": allowed_pairs,
             "allowed_fraction": allowed_pairs / (n_q * n_k),
@@ -212,13 +190,13 @@ def _views(seq_lens: tuple, windows: tuple, prefixes: tuple, tiles: tuple, head_
         params = windows if mask == "window" else prefixes if mask == "prefix" else (0,)
         for n in seq_lens:
             for p in params:
-                ok = masks.allowed(n, n, **rule(mask, n, p, p, seed))
+                mask_rule = rule(mask, n, p, p, seed)
+                allowed_pairs = int(np.count_nonzero(masks.allowed(n, n, **mask_rule)))
                 for tile in tiles:
                     bm, bn = parse_tile(tile)
-                    view = tile_view(ok, bm, bn, head_dim)
+                    view = tile_view(n, mask_rule, allowed_pairs, bm, bn, head_dim)
                     view["call"] = call_text(mask, n, p, p, bm, bn)
                     views[view_key(mask, n, p, p, tile)] = view
-                del ok
     return views
 
 
