@@ -15,7 +15,7 @@ import triton
 
 from .. import masks, runtime
 from ..validation import check_count
-from .autograd import check_shapes
+from .autograd import check_shapes, kernel_mask
 from .configs import block_d
 
 MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
@@ -161,8 +161,10 @@ def window_offsets(window, causal: bool, n_new: int, n_max: int) -> tuple[bool, 
         left = -1
     if right > 0 and right >= n_new - 1:
         right = -1
-    if left < 0 and right <= 0:
-        return causal or right == 0, False, 0, 0, n_max
-    far = n_max + n_new   # "no limit": further than any key is from any new token
+    # the attention kernels' reading of a window, with the n_new tokens as rows and the
+    # offsets relative to a diagonal of 0 (the kernel adds each sequence's own)
+    causal, _, extra = kernel_mask(causal, (left, right), None, n_new, n_max, 1.0, diagonal=0)
+    if not extra:
+        return causal, False, 0, 0, n_max
     keys = n_max if left < 0 else min(n_max, left + n_new)
-    return False, True, -left if left >= 0 else -far, right if right >= 0 else far, keys
+    return False, True, extra["first"], extra["last"], keys
