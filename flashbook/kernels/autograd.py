@@ -27,7 +27,6 @@ twice the error of PyTorch's FlashAttention (SDPA flash backend) against float64
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from typing import Callable
 
@@ -40,15 +39,16 @@ except ImportError:  # older Triton kept it beside the autotuner
     from triton.runtime.autotuner import OutOfResources
 
 from .. import masks, runtime
-from ..reference import resolve_scale
 from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq
 from .configs import Config
 from . import forward as forward_kernel
 from .forward import _attn_fwd, for_lengths
+from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous,  # noqa: F401 (re-exported)
+                     _interpreter_problem)
+from .launch import AttentionPlan, Launch, Plans, call_key
 
 LOG2E = forward_kernel.LOG2E.value  # log2(e), defined once beside the kernels that use it
-DQ_MODES = ("separate", "atomic")
 
 _state = {
     "fp32_precision": None,  # None: follow torch.get_float32_matmul_precision()
@@ -118,107 +118,14 @@ def set_autotune(enabled: bool) -> None:
     (benchmarks/results/autotune_h200.json): the defaults are the better start.
     """
     _state["autotune"] = bool(enabled)
+    forget_plans()
 
 
-# ------------------------------------------------------------------ input checks
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
-    """The checks every attention kernel here shares (``check_inputs``, and the Gluon
-    kernel's ``hopper.check_inputs``): three 4-D tensors of one supported dtype on one
-    device, k and v shaped (batch, kv_heads, seq_k, head_dim) with kv_heads dividing q's
-    heads. The batch and the sequence lengths may be 0 (an empty result, as
-    ``scaled_dot_product_attention`` gives); heads and head_dim may not. Raises
-    TypeError / ValueError naming the argument."""
-    qn, kn, vn = names
-    for name, x in ((qn, q), (kn, k), (vn, v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions (batch, heads, seq, head_dim), "
-                             f"got shape {tuple(x.shape)}")
-        if x.dtype not in _DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
-        if x.shape[1] == 0 or x.shape[3] == 0:
-            raise ValueError(f"{name} must have at least one head and a head_dim of at least 1, "
-                             f"got shape {tuple(x.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"{qn}, {kn} and {vn} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"{qn}, {kn} and {vn} must be on the same device, got {q.device}, {k.device}, {v.device}")
-
-    batch, heads, _, head_dim = q.shape
-    if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"{kn} and {vn} must have {qn}'s batch size {batch}, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
-    if k.shape[1] != v.shape[1]:
-        raise ValueError(f"{kn} and {vn} must have the same number of heads, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
-    if heads % k.shape[1] != 0:
-        raise ValueError(f"{kn}'s number of heads ({k.shape[1]}) must divide {qn}'s ({heads}) "
-                         f"(grouped-query attention), got {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}")
-    if k.shape[2] != v.shape[2]:
-        raise ValueError(f"{kn} and {vn} must have the same sequence length, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"{kn} must have {qn}'s head_dim {head_dim}, got {kn} {tuple(k.shape)}")
-    if v.shape[3] != head_dim:
-        raise ValueError(f"{vn} must have {qn}'s head_dim {head_dim}, got {vn} {tuple(v.shape)}")
-
-
-def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k", "v")):
-    """Validate the arguments of ``flash_attention``; return the resolved scale.
-
-    ``names`` are the arguments' names in the errors (``flash_decode`` calls k and v
-    ``k_cache`` and ``v_cache``).
-
-    Raises TypeError / ValueError naming the argument and what was expected.
-    """
-    qn, kn, vn = names
-    check_shapes(q, k, v, names=names)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    if dq_mode not in DQ_MODES:
-        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
-    head_dim = q.shape[3]
-    if head_dim > configs.MAX_HEAD_DIM:
-        raise ValueError(f"{qn}'s head_dim must be at most {configs.MAX_HEAD_DIM}, got {head_dim}")
-
-    if runtime.device() == "cuda":
-        if q.device.type != "cuda":
-            raise ValueError(f"{qn}, {kn} and {vn} must be CUDA tensors on this machine (the kernels run on "
-                             f"the GPU), got device {q.device}; move them with .cuda()")
-    else:
-        if q.device.type != "cpu":
-            raise ValueError(f"{qn}, {kn} and {vn} must be CPU tensors here (the kernels run in Triton's "
-                             f"interpreter), got device {q.device}")
-        problem = _interpreter_problem()
-        if problem:
-            raise RuntimeError(problem)
-        if q.dtype == torch.bfloat16:
-            raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
-                            "correctly; use float16 or float32 here, or run on a CUDA GPU")
-    return resolve_scale(scale, head_dim)
-
-
-@functools.lru_cache(maxsize=1)
-def _interpreter_problem() -> str | None:
-    """``runtime.interpreter_problem()``, asked once: it reads the installed packages'
-    metadata (0.4 ms a call, more than a small kernel takes in the interpreter), and
-    what is installed does not change under a running process (its fix says to restart)."""
-    return runtime.interpreter_problem()
-
-
-def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether there is no score to compute: no batch, no query or no key (the output is
-    then all zeros, or empty, and nothing is launched)."""
-    return q.shape[0] == 0 or q.shape[2] == 0 or k.shape[2] == 0
-
-
-def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    # The kernels assume the head_dim axis has stride 1 (so a row loads as one vector);
-    # every other stride is passed to them. A transposed (batch, seq, heads, head_dim)
-    # tensor already satisfies this and is used as it is.
-    return x if x.stride(-1) == 1 else x.contiguous()
+def forget_plans() -> None:
+    """Forget every remembered call signature (``launch``): the next call of each checks and
+    chooses again. Switching autotuning on or off does it."""
+    for plans in _PLANS.values():
+        plans.clear()
 
 
 # ------------------------------------------------------------------ configurations
@@ -232,7 +139,7 @@ def _cc(device: torch.device) -> int:
 
 
 def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch: Callable[[Config], None],
-         config: Config | None = None) -> Config:
+         config: Config | None = None, window: bool = False) -> Config:
     """Launch ``kernel`` with a configuration, and return the one used.
 
     An explicit ``config`` is used as given. The interpreter uses its own small
@@ -249,7 +156,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch
     cc, elem = _cc(x.device), x.element_size()
     # float32's dot precision is part of the key: IEEE and TF32 compile to different kernels
     dtype_key = (x.dtype, dot_precision(x.dtype)) if x.dtype == torch.float32 else x.dtype
-    full_key = (kernel, cc, dtype_key, bd, causal) + (key if _state["autotune"] else ())
+    full_key = (kernel, cc, dtype_key, bd, causal, window) + (key if _state["autotune"] else ())
     if full_key in _chosen:
         launch(_chosen[full_key])
         return _chosen[full_key]
@@ -264,7 +171,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch
                 continue
         options = sorted(timings, key=timings.get)
     else:
-        options = configs.preferred(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal)
+        options = configs.preferred(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal, window=window)
     for candidate in options:
         try:
             launch(candidate)
@@ -272,7 +179,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch
             continue
         _chosen[full_key] = candidate
         return candidate
-    configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal)  # raises the clear error if nothing fits
+    configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal, window=window)  # the clear error
     raise RuntimeError(f"no configuration of {kernel} could be launched on sm_{cc} for head_dim tile {bd}")
 
 
@@ -355,6 +262,47 @@ def alibi_args(alibi_slopes, q, batch: int | None = None) -> dict:
 
 # ------------------------------------------------------------------ forward / backward
 
+# A call signature seen before launches from its plan (``launch``): no checks, no Triton binding.
+_PLANS = {"forward": Plans(), "backward": Plans()}
+_EXTRA_TENSORS = (("ALIBI_SLOPES", "alibi"), ("CU_SEQLENS_Q", "cu_q"), ("CU_SEQLENS_K", "cu_k"))
+
+
+def _plan_key(side: str, kernel, tensors, packed, configs_given, *flags):
+    """The signature of a forward or backward call (``launch.call_key``), or None: autotuning on
+    (it may choose again), or a call that must take the checked path."""
+    if _state["autotune"]:
+        return None
+    more = () if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k)
+    q = tensors[0]
+    precision = dot_precision(q.dtype) if isinstance(q, torch.Tensor) else None
+    sizes = (None,) if packed is None else (packed.max_seqlen_q, packed.max_seqlen_k)
+    key = call_key(tuple(tensors) + more, flags + sizes + (precision,))
+    return None if key is None else (side, kernel, configs_given) + key
+
+
+def _extras(alibi_slopes, packed) -> dict:
+    """The tensors a plan takes beyond q, k, v (and o, lse, do): the slopes, the cu_seqlens."""
+    out = {} if alibi_slopes is None else {"alibi": alibi_slopes}
+    if packed is not None:
+        out.update(cu_q=packed.cu_seqlens_q, cu_k=packed.cu_seqlens_k)
+    return out
+
+
+def _launch(kernel, grid, args, kwargs, names) -> tuple[Launch, tuple]:
+    """A launch whose first ``len(names)`` positional arguments are the tensors ``names``, and
+    the keyword tensors of ``_EXTRA_TENSORS`` among ``kwargs``; run once, as Triton binds it."""
+    extra = [(kw, name) for kw, name in _EXTRA_TENSORS if kw in kwargs]
+    run = Launch(kernel, grid, args, kwargs, list(range(len(names))) + [kw for kw, _ in extra])
+    run(*args[:len(names)], *(kwargs[kw] for kw, _ in extra))
+    return run, tuple(names) + tuple(name for _, name in extra)
+
+
+def _as_given(pairs, alibi_slopes) -> bool:
+    """Whether the kernels read each input as it was passed (no contiguous copy, no cast), so
+    that a plan can hand them the next call's tensors directly."""
+    return all(a is b for a, b in pairs) and (alibi_slopes is None or alibi_slopes.is_contiguous())
+
+
 def flash_forward(q, k, v, *, causal: bool = False, scale=None, config: Config | None = None,
                   window=None, softcap=None, packed=None, prefix=0, alibi_slopes=None):
     """Run the forward kernel: returns (o, lse), lse float32 of shape (batch, heads, seq_q).
@@ -377,6 +325,12 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     (chapter 10's rungs, ``ladder.rung_kernel``). ``log2_scores``: the kernel wants
     the scale times log2(e) (exp2); False passes the plain scale (natural exp).
     """
+    key = _plan_key("forward", kernel, (q, k, v, alibi_slopes), packed, config, causal, scale, log2_scores,
+                    window, softcap, prefix)
+    plan = _PLANS["forward"].get(key) if key is not None else None
+    if plan is not None:
+        return plan.run(new_buffer, q=q, k=k, v=v, **_extras(alibi_slopes, packed))
+    given = (q, k, v)
     scale = check_inputs(q, k, v, causal, scale)
     if is_empty(q, k):   # nothing to attend to, or nobody attending: zeros and lse -inf, no launch
         return (torch.zeros_like(q), torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32))
@@ -397,19 +351,24 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     precision = dot_precision(q.dtype)
     kernel = for_lengths(kernel, (seq_q, seq_k))   # a length of 1: the unspecialised twin (forward.LENGTH_ARGS)
 
+    made = []
+
     def launch(cfg: Config):
         grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra)   # later: windows, caps, documents
-        kernel[grid](
+        made[:] = [_launch(kernel, grid, [
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             o.stride(0), o.stride(1), o.stride(2),
-            heads, heads // kv_heads, seq_q, seq_k, qk_scale,
+            heads, heads // kv_heads, seq_q, seq_k, qk_scale], dict(
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later)
+            CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later),
+            ("q", "k", "v", "o", "lse"))]
 
     _run("forward", q, bd, causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
+    if key is not None and _as_given(zip(given, (q, k, v)), alibi_slopes):
+        _PLANS["forward"].remember(key, AttentionPlan([("o", "q"), ("lse", (batch, heads, seq_q))], made, ("o", "lse")))
     return o, lse
 
 
@@ -427,6 +386,12 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     N = 4096 (benchmarks/results/*-ladder*/ladder.csv). ``window``, ``softcap``, ``prefix`` and
     ``alibi_slopes`` must be the forward's (``kernel_mask``, ``alibi_args``), and ``packed`` too.
     """
+    signature = _plan_key("backward", None, (q, k, v, o, lse, do, alibi_slopes), packed, (config_dkdv, config_dq),
+                          causal, scale, dq_mode, window, softcap, prefix)
+    plan = _PLANS["backward"].get(signature) if signature is not None else None
+    if plan is not None:
+        return plan.run(new_buffer, q=q, k=k, v=v, o=o, lse=lse, do=do, **_extras(alibi_slopes, packed))
+    given = (q, k, v, o, do, lse)
     scale = check_inputs(q, k, v, causal, scale, dq_mode)
     for name, x, like in (("o", o, q), ("do", do, q)):
         if not isinstance(x, torch.Tensor) or x.shape != like.shape:
@@ -462,9 +427,9 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     dkdv_kernel, dq_kernel = (for_lengths(kernel, (seq_q, seq_k)) for kernel in (_bwd_dkdv, _bwd_dq))
     delta = new_buffer(None, like=lse)
     block = 64 if runtime.device() == "cuda" else 32
-    delta_kernel[(triton.cdiv(seq_q, block), batch * heads)](
+    made = {"delta": _launch(delta_kernel, (triton.cdiv(seq_q, block), batch * heads), [
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        heads, seq_q, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block)
+        heads, seq_q], dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block), ("o", "do", "delta"))}
 
     dk = new_buffer(None, like=k)
     dv = new_buffer(None, like=v)
@@ -476,7 +441,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
         if atomic:
             dq.zero_()
         grid, later = launch_shape(packed, "k", kv_heads, batch, seq_k, cfg.block_n, extra)
-        dkdv_kernel[grid](
+        made["dkdv"] = _launch(dkdv_kernel, grid, [
             q, k, v, do, lse, delta, dk, dv, dq,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -485,31 +450,35 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             dk.stride(0), dk.stride(1), dk.stride(2),
             dv.stride(0), dv.stride(1), dv.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
-            heads, kv_heads, group, seq_q, seq_k, qk_scale, scale,
+            heads, kv_heads, group, seq_q, seq_k, qk_scale, scale], dict(
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, ATOMIC_DQ=atomic, DOT_PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later), ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq"))
 
     def launch_dq(cfg: Config):
         grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra)
-        dq_kernel[grid](
+        made["dq"] = _launch(dq_kernel, grid, [
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             do.stride(0), do.stride(1), do.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
-            heads, group, seq_q, seq_k, qk_scale, scale,
+            heads, group, seq_q, seq_k, qk_scale, scale], dict(
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, DOT_PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later), ("q", "k", "v", "do", "lse", "delta", "dq"))
 
     _run("backward_dkdv", q, bd, causal, key + (atomic,), launch_dkdv, config_dkdv)
     if atomic:
         # the atomics added unscaled dS K: scale once here, then cast to the input dtype
         dq = dq.mul_(scale).to(q.dtype)
     else:
-        _run("backward_dq", q, bd, causal, key, launch_dq, config_dq)
+        _run("backward_dq", q, bd, causal, key, launch_dq, config_dq, window="WINDOW" in extra)
+        if signature is not None and _as_given(zip(given, (q, k, v, o, do, lse)), alibi_slopes):
+            _PLANS["backward"].remember(signature, AttentionPlan(
+                [("delta", "lse"), ("dk", "k"), ("dv", "v"), ("dq", "q")],
+                [made["delta"], made["dkdv"], made["dq"]], ("dq", "dk", "dv")))
     return dq, dk, dv
 
 

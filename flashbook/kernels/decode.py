@@ -67,6 +67,7 @@ from .. import runtime
 from ..validation import check_choice, check_count, check_flag
 from .autograd import LOG2E, check_inputs, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
+from .launch import Launch, Plans, tensor_key
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
                              _check_paged, _check_range, choose_num_splits, decode_tiles, sm_count, window_offsets)
 from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, load_tile, normalised_rows,
@@ -377,17 +378,13 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
                      window)
         if plan is None:   # nobody attending: an empty output, nothing launched
             return torch.zeros_like(q)
-        if key is not None:
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        _PLANS.remember(key, plan)
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
 
 
 # ------------------------------------------------------------------ the launch of a call signature
 
-MAX_PLANS = 1024   # call signatures remembered (a model has a few per layer); forgotten all at once past it
-_PLANS: dict = {}
+_PLANS = Plans()   # at most launch.MAX_PLANS call signatures; forgotten all at once past it
 
 
 def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
@@ -410,46 +407,10 @@ def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, caus
                     and type(window[0]) is int and type(window[1]) is int)):
         return None
     try:
-        tensors = tuple((x.__class__, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0)
-                        if x is not None else None
-                        for x in (q, k_cache, v_cache, cache_seqlens, block_table))
+        tensors = tuple(tensor_key(x) for x in (q, k_cache, v_cache, cache_seqlens, block_table))
         return tensors + (num_splits, causal, scale, dot_precision(q.dtype), window)
     except (AttributeError, TypeError):
         return None
-
-
-class _Launch:
-    """One kernel launch of a call signature: the kernel as Triton specialises it for the
-    call, its grid, every argument but the tensors (whose places are ``slots``), and after
-    the first launch on a GPU, the compiled kernel's own launcher.
-
-    Triton's ``kernel[grid](...)`` binds the arguments and looks up the compiled kernel on
-    every call (about 45 us on the H200's host for the split kernel, ``benchmarks/
-    decode_host.py``); the compiled kernel's launcher takes the arguments as they are
-    (about 12 us). The signature (``_signature``) fixes what the lookup would find."""
-
-    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "launcher", "constexprs")
-
-    def __init__(self, kernel, grid, args, kwargs, slots):
-        self.kernel, self.grid, self.args, self.kwargs, self.slots = kernel, grid, args, kwargs, slots
-        self.launcher, self.constexprs = None, ()
-
-    def bind(self, *tensors) -> list:
-        """Every argument of the launch, ``tensors`` in their slots."""
-        args = list(self.args)
-        for slot, x in zip(self.slots, tensors):
-            args[slot] = x
-        return args
-
-    def __call__(self, *tensors):
-        args = self.bind(*tensors)
-        if self.launcher is not None:
-            self.launcher(*args, *self.constexprs)
-            return
-        compiled = self.kernel[self.grid](*args, **self.kwargs)
-        if not runtime.INTERPRET and hasattr(compiled, "launch_metadata"):   # a CompiledKernel (Triton >= 3.2)
-            self.constexprs = tuple(self.kwargs[name] for name in self.kernel.arg_names[len(args):])
-            self.launcher = compiled[tuple(self.grid) + (1,) * (3 - len(self.grid))]
 
 
 class _Plan:
@@ -547,7 +508,7 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
 
     grid = (num_splits, triton.cdiv(n_rows, block_m), batch * kv_heads)
     lengths = (n_rows, n_max, num_splits)   # a length of 1 takes the unspecialised twin (forward.LENGTH_ARGS)
-    split = _Launch(
+    split = Launch(
         for_lengths(_decode_fwd, lengths, ("n_rows", "seq_max", "num_splits")), grid,
         [None] * 7 + [q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
                       k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -560,7 +521,7 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
         slots=range(7))
     combine = None
     if num_splits > 1:
-        combine = _Launch(
+        combine = Launch(
             for_lengths(_decode_combine, (n_rows, num_splits), ("n_rows", "num_splits")), (n_rows, batch * kv_heads),
             [None] * 3 + [o_strides[0], o_strides[1], o_strides[2], kv_heads, n_rows, num_splits],
             dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),

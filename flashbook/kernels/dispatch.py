@@ -26,6 +26,7 @@ import threading
 
 from .. import masks, runtime
 from . import autograd
+from .launch import Plans, call_key
 
 BACKENDS = ("auto", "triton", "gluon")
 
@@ -95,6 +96,12 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
         o with q's shape and dtype (the Triton forward keeps q's memory layout; the Gluon
         forward returns it contiguous).
     """
+    key = call_key((q, k, v, alibi_slopes), (causal, scale, backend, dq_mode, window, softcap, prefix))
+    choice = _CHOICES.get(key) if key is not None else None
+    if choice is not None:   # this signature passed the checks before and would again: the same choice
+        chosen, _last.reason, causal, window, softcap, prefix = choice
+        _last.backend = chosen
+        return _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes)
     autograd.check_inputs(q, k, v, causal, scale, dq_mode)
     autograd.alibi_args(alibi_slopes, q)   # checked here, so a bad one fails before any backend is chosen
     plain_causal, _, extra = autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)
@@ -105,6 +112,15 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
     else:
         chosen, why = choose_backend(q, k, v, causal, backend, window, softcap, prefix, alibi_slopes)
     _last.backend, _last.reason = chosen, why
+    if not autograd.is_empty(q, k):
+        _CHOICES.remember(key, (chosen, why, causal, window, softcap, prefix))
+    return _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes)
+
+
+_CHOICES = Plans()   # call signature -> (backend, why, the mask as the kernels take it)
+
+
+def _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes):
     if chosen == "gluon":
         from .hopper import gluon_forward
 

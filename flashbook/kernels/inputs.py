@@ -1,0 +1,112 @@
+"""The checks every attention entry point runs on its inputs, once, with errors that name the
+argument (``autograd.flash_attention``, the front door, varlen, decode, the Gluon kernel).
+``autograd`` re-exports each name, where the chapters and older code find them."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import runtime
+from ..reference import resolve_scale
+from . import configs
+
+DQ_MODES = ("separate", "atomic")
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
+    """The checks every attention kernel here shares (``check_inputs``, and the Gluon
+    kernel's ``hopper.check_inputs``): three 4-D tensors of one supported dtype on one
+    device, k and v shaped (batch, kv_heads, seq_k, head_dim) with kv_heads dividing q's
+    heads. The batch and the sequence lengths may be 0 (an empty result, as
+    ``scaled_dot_product_attention`` gives); heads and head_dim may not. Raises
+    TypeError / ValueError naming the argument."""
+    qn, kn, vn = names
+    for name, x in ((qn, q), (kn, k), (vn, v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, heads, seq, head_dim), "
+                             f"got shape {tuple(x.shape)}")
+        if x.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+        if x.shape[1] == 0 or x.shape[3] == 0:
+            raise ValueError(f"{name} must have at least one head and a head_dim of at least 1, "
+                             f"got shape {tuple(x.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{qn}, {kn} and {vn} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{qn}, {kn} and {vn} must be on the same device, got {q.device}, {k.device}, {v.device}")
+
+    batch, heads, _, head_dim = q.shape
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"{kn} and {vn} must have {qn}'s batch size {batch}, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"{kn} and {vn} must have the same number of heads, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
+    if heads % k.shape[1] != 0:
+        raise ValueError(f"{kn}'s number of heads ({k.shape[1]}) must divide {qn}'s ({heads}) "
+                         f"(grouped-query attention), got {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"{kn} and {vn} must have the same sequence length, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"{kn} must have {qn}'s head_dim {head_dim}, got {kn} {tuple(k.shape)}")
+    if v.shape[3] != head_dim:
+        raise ValueError(f"{vn} must have {qn}'s head_dim {head_dim}, got {vn} {tuple(v.shape)}")
+
+
+def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k", "v")):
+    """Validate the arguments of ``flash_attention``; return the resolved scale.
+
+    ``names`` are the arguments' names in the errors (``flash_decode`` calls k and v
+    ``k_cache`` and ``v_cache``).
+
+    Raises TypeError / ValueError naming the argument and what was expected.
+    """
+    qn, kn, vn = names
+    check_shapes(q, k, v, names=names)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    head_dim = q.shape[3]
+    if head_dim > configs.MAX_HEAD_DIM:
+        raise ValueError(f"{qn}'s head_dim must be at most {configs.MAX_HEAD_DIM}, got {head_dim}")
+
+    if runtime.device() == "cuda":
+        if q.device.type != "cuda":
+            raise ValueError(f"{qn}, {kn} and {vn} must be CUDA tensors on this machine (the kernels run on "
+                             f"the GPU), got device {q.device}; move them with .cuda()")
+    else:
+        if q.device.type != "cpu":
+            raise ValueError(f"{qn}, {kn} and {vn} must be CPU tensors here (the kernels run in Triton's "
+                             f"interpreter), got device {q.device}")
+        problem = _interpreter_problem()
+        if problem:
+            raise RuntimeError(problem)
+        if q.dtype == torch.bfloat16:
+            raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
+                            "correctly; use float16 or float32 here, or run on a CUDA GPU")
+    return resolve_scale(scale, head_dim)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_problem() -> str | None:
+    """``runtime.interpreter_problem()``, asked once: it reads the installed packages'
+    metadata (0.4 ms a call, more than a small kernel takes in the interpreter), and
+    what is installed does not change under a running process (its fix says to restart)."""
+    return runtime.interpreter_problem()
+
+
+def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether there is no score to compute: no batch, no query or no key (the output is
+    then all zeros, or empty, and nothing is launched)."""
+    return q.shape[0] == 0 or q.shape[2] == 0 or k.shape[2] == 0
+
+
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    # The kernels assume the head_dim axis has stride 1 (so a row loads as one vector);
+    # every other stride is passed to them. A transposed (batch, seq, heads, head_dim)
+    # tensor already satisfies this and is used as it is.
+    return x if x.stride(-1) == 1 else x.contiguous()

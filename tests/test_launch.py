@@ -1,0 +1,166 @@
+"""A call signature seen before launches from its plan (``flashbook.kernels.launch``).
+
+The plan skips the checks and Triton's binding, so it must give exactly what the checked
+path gives, for every mask, layout and entry point, and must never be used for a call
+that differs in anything the checks or the compiled kernel read.
+
+On the CPU the interpreter runs the kernels and plans are off (``call_key`` is None there);
+these tests switch them on by giving ``launch`` a runtime that says "no interpreter", so the
+plans' bookkeeping (which tensor goes where, what is allocated, what is kept) runs through
+the interpreter's launches. The GPU tests check the same with the compiled kernels' own
+launchers, the NaN-poisoned buffers and a CUDA graph.
+"""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import flashbook
+from flashbook import runtime
+from flashbook.kernels import autograd, dispatch, launch, varlen
+
+DEVICE = runtime.device()
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+
+
+@pytest.fixture
+def plans_on(monkeypatch):
+    """Plans as on a GPU, and none remembered from other tests."""
+    if runtime.INTERPRET:
+        monkeypatch.setattr(launch, "runtime", types.SimpleNamespace(INTERPRET=False))
+    autograd.forget_plans()
+    dispatch._CHOICES.clear()
+    yield
+    autograd.forget_plans()
+    dispatch._CHOICES.clear()
+
+
+def _grads(seed, fn, shapes, do_shape):
+    gen = torch.Generator().manual_seed(seed)
+    leaves = [torch.randn(s, generator=gen).to(DEVICE, DTYPE).requires_grad_() for s in shapes]
+    do = torch.randn(do_shape, generator=gen).to(DEVICE, DTYPE)
+    o = fn(*leaves)
+    return (o.detach(), *torch.autograd.grad(o, leaves, do))
+
+
+def _counts():
+    return len(autograd._PLANS["forward"]), len(autograd._PLANS["backward"]), len(dispatch._CHOICES)
+
+
+MASKS = [dict(causal=True), dict(causal=False), dict(causal=True, window=(7, 0), softcap=5.0),
+         dict(causal=False, window=(5, 3)), dict(causal=True, prefix=6), dict(causal=True, alibi=True),
+         dict(causal=True, scale=0.3)]
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
+def test_a_planned_call_is_the_checked_call(plans_on, mask):
+    mask = dict(mask)
+    slopes = (torch.rand(4, generator=torch.Generator().manual_seed(1)) * 0.3).to(DEVICE) if mask.pop("alibi", 0) else None
+    shapes, do_shape = ((1, 4, 24, 16), (1, 2, 19, 16), (1, 2, 19, 16)), (1, 4, 24, 16)
+
+    def fn(q, k, v):
+        return flashbook.flash_attention(q, k, v, alibi_slopes=slopes, **mask)
+
+    first = _grads(0, fn, shapes, do_shape)           # checked: makes the plans
+    assert _counts() == (1, 1, 1)
+    again = _grads(0, fn, shapes, do_shape)           # planned: the same inputs, the same bits
+    other = _grads(5, fn, shapes, do_shape)           # planned: new values, the same signature
+    assert _counts() == (1, 1, 1)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    autograd.forget_plans()
+    dispatch._CHOICES.clear()
+    checked = _grads(5, fn, shapes, do_shape)
+    for a, b in zip(other, checked):
+        assert torch.equal(a, b)
+
+
+def test_a_different_signature_gets_its_own_plan(plans_on):
+    shapes, do_shape = ((1, 2, 24, 16),) * 3, (1, 2, 24, 16)
+
+    def plain(q, k, v):
+        return flashbook.flash_attention(q, k, v, causal=True)
+
+    _grads(0, plain, shapes, do_shape)
+    _grads(0, lambda q, k, v: flashbook.flash_attention(q, k, v, causal=False), shapes, do_shape)
+    assert _counts() == (2, 2, 2)
+    # (batch, seq, heads, d) passed transposed: other strides, another plan, the same answer
+    transposed = _grads(0, lambda q, k, v: plain(*(x.transpose(1, 2) for x in (q, k, v))), ((1, 24, 2, 16),) * 3,
+                        (1, 2, 24, 16))
+    assert _counts() == (3, 3, 3)
+    again = _grads(0, lambda q, k, v: plain(*(x.transpose(1, 2) for x in (q, k, v))), ((1, 24, 2, 16),) * 3,
+                   (1, 2, 24, 16))
+    assert _counts() == (3, 3, 3) and all(torch.equal(a, b) for a, b in zip(transposed, again))
+    # a head_dim that is not the last-stride-1 axis is copied by the checked path: never planned
+    x = torch.randn(1, 2, 16, 24, device=DEVICE, dtype=DTYPE).transpose(2, 3)
+    autograd.flash_forward(x, x, x, causal=True)
+    assert len(autograd._PLANS["forward"]) == 3
+    # a window given as a list, a scale given as a tensor: not plain values, the checked path
+    assert launch.call_key((x,), ([3, 0],)) is None and launch.call_key((x,), (torch.tensor(0.5),)) is None
+    assert launch.call_key((x, "q"), ()) is None
+    autograd.set_autotune(False)   # switching autotuning forgets every plan
+    assert len(autograd._PLANS["forward"]) == 0
+
+
+def test_packed_documents_are_planned_too(plans_on):
+    cu = torch.tensor([0, 7, 20, 33], dtype=torch.int32, device=DEVICE)
+
+    def fn(q, k, v):
+        return varlen.flash_attention_varlen(q, k, v, cu, cu, 13, 13, causal=True, window=(4, 0), check_values=False)
+
+    shapes = ((33, 4, 16), (33, 2, 16), (33, 2, 16))
+    first = _grads(3, fn, shapes, (33, 4, 16))
+    assert _counts()[:2] == (1, 1)
+    again = _grads(3, fn, shapes, (33, 4, 16))
+    assert _counts()[:2] == (1, 1) and all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_launch_keeps_the_slots_it_was_given():
+    calls = []
+
+    class Kernel:
+        arg_names = ["A", "n", "B", "FLAG"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    run = launch.Launch(Kernel(), (3, 2), [None, 7], dict(B=None, FLAG=True, num_warps=4), [0, "B"])
+    run("a", "b")
+    assert calls == [((3, 2), ("a", 7), dict(B="b", FLAG=True, num_warps=4))]
+    assert run.launcher is None   # no compiled kernel came back: the next call binds again
+    plans = launch.Plans()
+    plans.remember(None, "never")
+    assert len(plans) == 0
+
+
+@pytest.mark.gpu
+def test_gpu_plans_use_the_compiled_launchers_and_poisoned_buffers(plans_on):
+    shapes, do_shape = ((2, 8, 300, 128), (2, 2, 300, 128), (2, 2, 300, 128)), (2, 8, 300, 128)
+
+    def fn(q, k, v):
+        return flashbook.flash_attention(q, k, v, causal=True, window=(100, 0), softcap=30.0)
+
+    first = _grads(0, fn, shapes, do_shape)
+    (plan,) = autograd._PLANS["backward"].values()
+    assert all(run.launcher is not None for run, _ in plan.launches)
+    with autograd.poisoned_outputs():
+        for _ in range(20):
+            again = _grads(0, fn, shapes, do_shape)
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.gpu
+def test_gpu_a_planned_forward_replays_in_a_cuda_graph(plans_on):
+    from flashbook.timing import graph_replay
+
+    q, k, v = (torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    want = flashbook.flash_attention(q, k, v, causal=True, window=(64, 0))
+    replay, out = graph_replay(lambda: flashbook.flash_attention(q, k, v, causal=True, window=(64, 0)))
+    for x in (q, k, v):
+        x.copy_(torch.randn_like(x))
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, flashbook.flash_attention(q, k, v, causal=True, window=(64, 0)))
+    assert not torch.equal(out, want)
