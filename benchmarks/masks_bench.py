@@ -1,17 +1,19 @@
 """flashbook's masks against PyTorch's FlexAttention on the same masks: right, and how fast.
 
     PYTHONPATH=. python3 benchmarks/masks_bench.py --out DIR [--head-dims 64,128]
-        [--seqs 4K,8K,16K,32K] [--windows 1K,4K] [--masks window,documents,softcap,window-softcap]
-        [--check-seq 4K] [--budget-s 500]
+        [--seqs 4K,8K,16K,32K] [--windows 1K,4K] [--masks window,documents,softcap,window-softcap,causal]
+        [--check-seq 4K] [--repeat 3] [--budget-s 500]
 
 Masks (all causal, bf16): a sliding window of W keys (Mistral, Gemma), packed documents of
 mixed lengths (varlen: ``flash_attention_varlen`` here, a document ``mask_mod`` there), the
-soft cap c = 50 (Gemma 2), and the window with the cap. FlexAttention runs compiled
+soft cap c = 50 (Gemma 2), the window with the cap, and plain causal attention (the
+reference: how fast the kernels are with no mask beyond causal). FlexAttention runs compiled
 (``torch.compile(flex_attention)``) with the ``BlockMask`` of the same mask, so it skips the
 same empty tiles.
 
 For each shape: forward and forward+backward times (``flashbook.bench.time_ms``: CUDA
-events, median), TFLOP/s counted two ways (over the pairs the mask allows, and over the
+events, median), each measured ``--repeat`` times with the two implementations taking turns
+(the row keeps every repeat, and its median and spread), TFLOP/s counted two ways (over the pairs the mask allows, and over the
 tiles flashbook's forward visits: ``masks.tile_counts`` at its block sizes), and
 flashbook / Flex time. At ``--check-seq`` every output and gradient of both is checked
 against float64 by the book's rule (``checks.within_twice_yardstick``, bf16 PyTorch as the
@@ -36,7 +38,7 @@ import torch  # noqa: E402
 import flashbook  # noqa: E402  (decides GPU or interpreter before triton is imported)
 from flashbook import masks, reference  # noqa: E402
 
-MASKS = ("window", "documents", "softcap", "window-softcap")
+MASKS = ("window", "documents", "softcap", "window-softcap", "causal")
 SOFTCAP = 50.0
 
 
@@ -117,6 +119,9 @@ def _calls(name, n, window, q, k, v, cu):
             o = flashbook.flash_attention_varlen(*packed, cu_t, cu_t, longest, longest, causal=True,
                                                  check_values=False)
             return o.transpose(0, 1).unsqueeze(0)
+    elif name == "causal":   # the reference: the same Triton kernels with no mask beyond causal
+        def ours(q, k, v):
+            return flashbook.flash_attention(q, k, v, causal=True, backend="triton")
     else:
         def ours(q, k, v):
             return flashbook.flash_attention(q, k, v, causal=True, window=win, softcap=cap)
@@ -179,7 +184,12 @@ def check(name, n, d, window, seed) -> dict:
     return out
 
 
-def time_one(name, n, d, window, seed) -> dict:
+def spread(times) -> float:
+    """(slowest - fastest) / median of repeated medians: 0.03 means 3%."""
+    return float((max(times) - min(times)) / np.median(times)) if times else float("nan")
+
+
+def time_one(name, n, d, window, seed, repeat: int = 1) -> dict:
     from flashbook import bench
     from flashbook.kernels import configs
 
@@ -200,17 +210,26 @@ def time_one(name, n, d, window, seed) -> dict:
            "forward_tile": [fwd_cfg.block_m, fwd_cfg.block_n]}
     useful = 4 * heads * pairs * d                       # 2 matrix products of 2*d FLOPs per allowed pair
     visited = 4 * heads * tiles["visited"] * fwd_cfg.block_m * fwd_cfg.block_n * d
-    for impl, fn in (("flashbook", ours), ("flex", flex)):
-        try:
-            out = fn(q, k, v)
-            fwd = bench.time_ms(lambda: fn(q, k, v))
-            both = bench.time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do))
-        except Exception as exc:  # noqa: BLE001 - recorded, the others still run
-            row[impl] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+    times = {"flashbook": {"fwd": [], "fwd_bwd": []}, "flex": {"fwd": [], "fwd_bwd": []}}
+    for _ in range(repeat):   # the two take turns, so that a slow spell of the GPU hits both
+        for impl, fn in (("flashbook", ours), ("flex", flex)):
+            if impl in row:
+                continue
+            try:
+                fn(q, k, v)
+                times[impl]["fwd"].append(bench.time_ms(lambda: fn(q, k, v)))
+                times[impl]["fwd_bwd"].append(bench.time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do)))
+                if impl == "flashbook":
+                    row["backend"] = flashbook.last_backend()
+            except Exception as exc:  # noqa: BLE001 - recorded, the others still run
+                row[impl] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+    for impl in ("flashbook", "flex"):
+        if impl in row:
             continue
-        del out
+        fwd, both = (float(np.median(times[impl][k])) for k in ("fwd", "fwd_bwd"))
         row[impl] = {"fwd_ms": fwd, "fwd_bwd_ms": both, "fwd_tflops_useful": useful / fwd / 1e9,
-                     "fwd_bwd_tflops_useful": 3.5 * useful / both / 1e9}
+                     "fwd_bwd_tflops_useful": 3.5 * useful / both / 1e9,
+                     "repeats": times[impl], "spread": {k: spread(v) for k, v in times[impl].items()}}
         if impl == "flashbook":
             row[impl]["fwd_tflops_visited"] = visited / fwd / 1e9
     if "error" not in row["flashbook"] and "error" not in row["flex"]:
@@ -231,6 +250,8 @@ def main(argv=None) -> int:
     p.add_argument("--windows", default="1K,4K")
     p.add_argument("--masks", default=",".join(MASKS))
     p.add_argument("--check-seq", default="4K")
+    p.add_argument("--repeat", type=int, default=3, help="time each shape this many times (medians and spread)")
+    p.add_argument("--skip-checks", action="store_true", help="time only (the checks ran in an earlier call)")
     p.add_argument("--budget-s", type=float, default=500.0, help="stop starting new shapes after this")
     args = p.parse_args(argv)
     from flashbook.bench.records import collect_provenance
@@ -242,12 +263,14 @@ def main(argv=None) -> int:
     head_dims = [int(x) for x in args.head_dims.split(",")]
     windows = [_size(x) for x in args.windows.split(",")]
     names = args.masks.split(",")
+    if set(names) - set(MASKS):
+        p.error(f"--masks takes names from {','.join(MASKS)}, got {args.masks}")
 
     def save():
         with open(os.path.join(args.out, "masks.json"), "w") as f:
             json.dump(record, f, indent=1)
 
-    for d in head_dims:
+    for d in head_dims if not args.skip_checks else []:
         for name in names:
             for window in (windows if "window" in name else [windows[0]]):
                 result = check(name, _size(args.check_seq), d, (window, 0), seed=d + window)
@@ -263,7 +286,7 @@ def main(argv=None) -> int:
                         record["stopped"] = f"budget of {args.budget_s} s reached"
                         save()
                         return 0
-                    row = time_one(name, n, d, (window, 0) if window else (-1, -1), seed=n + d)
+                    row = time_one(name, n, d, (window, 0) if window else (-1, -1), seed=n + d, repeat=args.repeat)
                     record["rows"].append(row)
                     print(f"{name} N={n} d={d} W={window}: " + ", ".join(
                         f"{impl} {row[impl].get('fwd_ms', float('nan')):.3f}/{row[impl].get('fwd_bwd_ms', float('nan')):.3f} ms"

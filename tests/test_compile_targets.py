@@ -24,10 +24,10 @@ from flashbook.kernels import configs, targets
 CHIP_OF = {75: "T4", 80: "A100", 90: "H100"}
 
 
-def _config(kernel, cc, bd, elem, causal=False):
+def _config(kernel, cc, bd, elem, causal=False, window=False):
     if not configs.supported(kernel, cc=cc, block_d=bd, elem_bytes=elem):
         return None
-    return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal)
+    return configs.default(kernel, cc=cc, block_d=bd, elem_bytes=elem, causal=causal, window=window)
 
 
 def _job(kernel, cc, head_dim, dtype, config, causal=True, atomic_dq=False):
@@ -73,10 +73,10 @@ def jobs_for(cc: int) -> list[dict]:
     # on sm_75 TF32 is already compiled to the same FMA code (identical shared memory).
     # packed documents with a sliding window and a soft cap (chapter "One kernel, many
     # masks"): the window's three stages, the cap's tanh and the per-document lengths, at the
-    # widest tile the half-precision kernels take
+    # widest tile the half-precision kernels take, each kernel at its window configuration
     if cc != 75:
         for kernel in configs.KERNELS:
-            jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2), causal=False),
+            jobs.append(dict(_job(kernel, cc, 128, "bf16", _config(kernel, cc, 128, 2, window=True), causal=False),
                              window=True, softcap=True, varlen=True))
             if cc == 90:   # a prefix-LM (causal, the prefix's wider bounds) with ALiBi (every tile biased):
                 # one compile for both switches, each a few CPU-minutes less of CI than a job of its own
@@ -179,8 +179,15 @@ def test_mask_specific_defaults():
             for bd in configs.BLOCK_DS:
                 if (kernel, cc, bd) != ("backward_dkdv", 90, 128):
                     assert pick(kernel, False, cc, bd) == pick(kernel, True, cc, bd), (kernel, cc, bd)
+    # a sliding window's dQ on sm_90 at head_dim 128 (masks_h200/masks_profile.json); the rest as without it
+    window = {(kernel, cc, bd): configs.default(kernel, cc=cc, block_d=bd, elem_bytes=2, window=True)
+              for kernel in configs.KERNELS for cc in CHIP_OF for bd in configs.BLOCK_DS}
+    assert window.pop(("backward_dq", 90, 128)) == configs.Config(64, 64, 4, 2)
+    assert all(cfg == pick(kernel, False, cc, bd) for (kernel, cc, bd), cfg in window.items())
     with pytest.raises(TypeError, match="causal"):
         configs.default("forward", cc=90, block_d=64, elem_bytes=2, causal="yes")
+    with pytest.raises(TypeError, match="window"):
+        configs.default("forward", cc=90, block_d=64, elem_bytes=2, window=1)
 
 
 def decode_jobs(cc: int) -> list[dict]:

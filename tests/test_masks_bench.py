@@ -62,3 +62,21 @@ def test_flex_attention_with_these_mods_is_the_float64_truth():
                            causal=True, window=window, softcap=cap)
     assert np.abs(got.numpy() - want).max() < 1e-10
     assert mb.flex_score(None) is None and mb.flex_score(0) is None
+
+
+def test_spread_and_the_mask_names():
+    assert mb.spread([1.0, 1.1, 0.9]) == pytest.approx(0.2)
+    assert mb.spread([2.0]) == 0.0 and np.isnan(mb.spread([]))
+    assert "causal" in mb.MASKS   # the reference row: no mask beyond causal
+    with pytest.raises(SystemExit):
+        mb.main(["--out", "/nonexistent-never-written", "--masks", "window,sliding"])
+
+
+def test_the_profiler_reads_its_shapes():
+    import masks_profile as mp
+
+    assert mp.parse_shape("window:4K:128:1K:8") == dict(name="window", n=4096, d=128, window=1024, batch=8)
+    assert mp.parse_shape("causal:16K:64") == dict(name="causal", n=16384, d=64, window=None, batch=1)
+    for bad in ("window:4K:128", "sliding:4K:128:1K", "causal:4K"):
+        with pytest.raises(ValueError, match="mask:N:d|needs a window"):
+            mp.parse_shape(bad)

@@ -121,11 +121,14 @@ def smem_limit(cc: int) -> int:
 # * dK/dV: 64 x 64 with 4 warps at head_dim 64; at 128, 64 x 64 with 4 warps and
 #   2 stages without a mask (two programs share a multiprocessor), 64 x 128 with
 #   8 warps under the causal mask (benchmarks/results/backward_pairs_h200.json:
-#   7-10% and 5-8% faster backward passes than the one configuration for both).
+#   7-10% and 5-8% faster backward passes than the one configuration for both);
+# * dQ under a sliding window at head_dim 128: 64 x 64 with 4 warps and 2 stages, the
+#   short key loops of many small programs (benchmarks/results/masks_h200/masks_profile.json:
+#   the backward at N = 16K, W = 1K took 1.136 ms against 1.196 ms with the causal choice).
 # sm_80 follows the same shapes with the A100's smaller shared memory; sm_75 (T4)
 # has 64 KiB and no tensor-core path in Triton.
 ANY = BLOCK_DS[-1]
-MASKS = ("full", "causal")
+MASKS = ("full", "causal", "window")
 _PREFERRED: dict[str, dict[str, list[tuple]]] = {
     "sm_90": {
         "forward": [(ANY, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
@@ -133,7 +136,8 @@ _PREFERRED: dict[str, dict[str, list[tuple]]] = {
         "backward_dkdv": [(64, Config(64, 64, 4, 3)), (ANY, Config(64, 64, 4, 2), "full"),
                           (ANY, Config(64, 128, 8, 3)), (ANY, Config(64, 128, 8, 2)),
                           (ANY, Config(32, 64, 4, 3)), (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
-        "backward_dq": [(64, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 4)), (ANY, Config(128, 64, 8, 3)),
+        "backward_dq": [(64, Config(128, 64, 8, 3)), (128, Config(64, 64, 4, 2), "window"),
+                        (ANY, Config(128, 64, 8, 4)), (ANY, Config(128, 64, 8, 3)),
                         (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
                         (ANY, Config(64, 32, 4, 2)), (ANY, Config(32, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
     },
@@ -168,24 +172,29 @@ def _family(cc: int) -> str:
     return "sm_90" if cc >= 90 else "sm_80" if cc >= 80 else "sm_75"
 
 
-def preferred(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bool = False) -> list[Config]:
-    """The preference list for this chip and mask, filtered by ``keep``: what the library tries, in order."""
+def preferred(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bool = False,
+              window: bool = False) -> list[Config]:
+    """The preference list for this chip and mask, filtered by ``keep``: what the library tries, in order.
+    ``window``: a sliding window (the kernels' ``WINDOW``): its own entries first, then the
+    entries of the mask ``causal`` names."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(causal, bool) or not isinstance(window, bool):
+        raise TypeError(f"causal and window must be True or False, got {causal!r} and {window!r}")
     limit = smem_limit(cc)
-    mask = MASKS[causal]
+    masks = (("window",) if window else ()) + (MASKS[causal],)
     entries = _PREFERRED[_family(cc)][kernel] + [(ANY, Config(16, 16, 4, 1))]  # the last resort
     return [config for bound, config, *only in entries
-            if block_d <= bound and (not only or only[0] == mask)
+            if block_d <= bound and (not only or only[0] in masks)
             and keep(kernel, config, cc=cc, block_d=block_d, elem_bytes=elem_bytes, limit_bytes=limit)]
 
 
-def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bool = False) -> Config:
+def default(kernel: str, *, cc: int, block_d: int, elem_bytes: int, causal: bool = False,
+            window: bool = False) -> Config:
     """The configuration the library uses for ``kernel`` on compute capability ``cc``
-    (for the causal mask when ``causal``: a few entries differ between the masks)."""
-    options = preferred(kernel, cc=cc, block_d=block_d, elem_bytes=elem_bytes, causal=causal)
+    (for the causal mask when ``causal``, a sliding window when ``window``: a few entries
+    differ between the masks)."""
+    options = preferred(kernel, cc=cc, block_d=block_d, elem_bytes=elem_bytes, causal=causal, window=window)
     if not options:
         raise ValueError(
             f"head_dim up to {block_d} with {8 * elem_bytes}-bit inputs needs more shared memory "

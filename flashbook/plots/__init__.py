@@ -7,6 +7,7 @@
 - ``scores``:   one row of scores: the scale's saturation, the online softmax (chapters 1, 3)
 - ``naive``:    naive attention's time, step by step (chapter 1)
 - ``parallel``: split-K, a paged KV cache, and the ring over several GPUs (chapter 11)
+- ``scaling``:  a masked kernel's recorded time against N, window against causal (chapter 12)
 
 Each function draws on a matplotlib ``Axes`` that you pass in and returns it. None of
 them touches pyplot's global state, so they work the same in a notebook, in a widget
@@ -17,6 +18,7 @@ callback and in a test. They draw what the NumPy modules compute (``tiled``,
 from .memory import LEVELS, dataflow, dataflow_counts, tensor_layout
 from .naive import measure_naive_steps, time_breakdown
 from .parallel import SPLIT_COLORS, paged_cache, paged_reads, ring_schedule, split_grid
+from .scaling import mask_label, window_scaling
 from .scores import online_merge, running_max, saturation, saturation_stats
 from .tiles import (
     BUFFER_COLORS,
@@ -37,4 +39,5 @@ __all__ = [
     "LEVELS", "dataflow_counts", "dataflow", "tensor_layout",
     "saturation_stats", "saturation", "online_merge", "running_max",
     "measure_naive_steps", "time_breakdown", "SPLIT_COLORS", "split_grid", "paged_reads", "paged_cache", "ring_schedule",
+    "mask_label", "window_scaling",
 ]

@@ -1,0 +1,243 @@
+"""Where the time of flashbook's masked attention goes on the GPU, beside FlexAttention's.
+
+    PYTHONPATH=. python3 benchmarks/masks_profile.py --out DIR
+        [--shapes window:4K:128:1K,documents:4K:128,causal:4K:128,window:4K:128:1K:8]
+        [--sweep window:4K:128:1K] [--iters 20]
+
+A shape is ``mask:N:d[:window[:batch]]`` (masks as ``masks_bench``: window, documents,
+softcap, window-softcap, causal; batch 1 unless given, H = 2048 / d). For each shape and
+each of flashbook and FlexAttention (compiled, with its ``BlockMask``):
+
+- ``fwd_ms``, ``bwd_ms`` (the backward alone, its forward kept: ``retain_graph``) and
+  ``fwd_bwd_ms``: CUDA-event medians (``flashbook.timing.time_ms``, L2 flushed);
+- ``host_us``: CPU microseconds per forward+backward call while the GPU only queues work
+  (``timing.host_us``); where it exceeds the GPU's time the GPU waits for Python;
+- ``kernels``: every GPU kernel one forward+backward launches, with its GPU time per call
+  (``torch.profiler``, ``iters`` calls), and ``gpu_busy_ms``, their sum;
+- flashbook only, ``overlap``: the same backward with the dQ kernel on a second stream, so
+  that it runs beside the dK/dV kernel (an experiment: the library does not do this).
+
+``--sweep``: at those shapes, the backward timed with each dK/dV and each dQ configuration
+of 64 rows or columns and more (``configs.kept_candidates``), the other kernel at its
+default. DIR/masks_profile.json: every number and the provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton is imported)
+import masks_bench  # noqa: E402
+
+DEFAULT_SHAPES = "window:4K:128:1K,window-softcap:4K:128:1K,documents:4K:128,causal:4K:128,window:16K:128:1K,window:4K:128:1K:8"
+
+
+def parse_shape(text: str) -> dict:
+    """``mask:N:d[:window[:batch]]`` -> dict(name, n, d, window, batch)."""
+    parts = text.split(":")
+    if len(parts) < 3 or parts[0] not in masks_bench.MASKS + ("causal",):
+        raise ValueError(f"a shape is mask:N:d[:window[:batch]] with mask in {masks_bench.MASKS + ('causal',)}, "
+                         f"got {text!r}")
+    window = masks_bench._size(parts[3]) if len(parts) > 3 and parts[3] not in ("", "-") else None
+    if "window" in parts[0] and window is None:
+        raise ValueError(f"the {parts[0]} mask needs a window: {text!r}")
+    return dict(name=parts[0], n=masks_bench._size(parts[1]), d=int(parts[2]), window=window,
+                batch=int(parts[4]) if len(parts) > 4 else 1)
+
+
+def _inputs(shape, seed=0):
+    heads = 2048 // shape["d"]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(shape["batch"], heads, shape["n"], shape["d"], generator=gen, device="cuda")
+                   .to(torch.bfloat16) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    window = (shape["window"], 0) if shape["window"] else (-1, -1)
+    cu = masks_bench.documents(shape["n"], seed)
+    ours, flex, mask = masks_bench._calls(shape["name"], shape["n"], window, q, k, v, cu)
+    return (q, k, v, do), ours, flex, mask
+
+
+def kernel_times(step, iters: int) -> dict:
+    """GPU time per call of every kernel ``step`` launches (torch.profiler), in microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    out = {}
+    for event in prof.key_averages():
+        total = getattr(event, "self_device_time_total", None)
+        if total is None:
+            total = getattr(event, "self_cuda_time_total", 0.0)
+        if total and event.count:
+            out[event.key[:120]] = {"calls_per_step": event.count / iters, "us_per_step": total / iters}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us_per_step"]))
+
+
+@contextlib.contextmanager
+def dq_beside_dkdv():
+    """The experiment: the backward's dQ kernel launched on a second stream that waits only
+    for the delta kernel, so that it can run while the dK/dV kernel does."""
+    from flashbook.kernels import autograd
+
+    original = autograd._run
+    side = torch.cuda.Stream()
+    state = {}
+
+    def run(kernel, x, *args, **kwargs):
+        main = torch.cuda.current_stream()
+        if kernel == "backward_dkdv":
+            state["ready"] = main.record_event()
+            return original(kernel, x, *args, **kwargs)
+        if kernel == "backward_dq":
+            side.wait_event(state.pop("ready"))
+            with torch.cuda.stream(side):
+                used = original(kernel, x, *args, **kwargs)
+            main.wait_stream(side)
+            return used
+        return original(kernel, x, *args, **kwargs)
+
+    autograd._run = run
+    try:
+        yield
+    finally:
+        autograd._run = original
+
+
+def profile_shape(shape, iters: int) -> dict:
+    from flashbook import timing
+
+    (q, k, v, do), ours, flex, mask = _inputs(shape)
+    row = dict(shape, mask=mask["window"], softcap=mask["softcap"])
+    for impl, fn in (("flashbook", ours), ("flex", flex)):
+        try:
+            def both():
+                return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+            out = fn(q, k, v)
+
+            def bwd():
+                return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+            res = {"fwd_ms": timing.time_ms(lambda: fn(q, k, v)), "bwd_ms": timing.time_ms(bwd),
+                   "fwd_bwd_ms": timing.time_ms(both), "host_us": timing.host_us(both, calls=50, rounds=3),
+                   "kernels": kernel_times(both, iters)}
+            res["gpu_busy_ms"] = sum(x["us_per_step"] for x in res["kernels"].values()) / 1e3
+            if impl == "flashbook":
+                res["backend"] = flashbook.last_backend()
+                with dq_beside_dkdv():
+                    res["overlap"] = {"bwd_ms": timing.time_ms(bwd), "fwd_bwd_ms": timing.time_ms(both)}
+            del out
+        except Exception as exc:  # noqa: BLE001 - recorded, the rest still runs
+            res = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+        row[impl] = res
+    return row
+
+
+def _fields(cfg) -> list:
+    return [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages]
+
+
+def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 1) -> dict:
+    """The backward at one shape with each dK/dV and dQ configuration of 64 and more; ``only``:
+    a list of (kernel, [block_m, block_n, warps, stages]) to time instead, ``repeat`` times each,
+    taking turns."""
+    from flashbook import timing
+    from flashbook.kernels import autograd, configs
+
+    (q, k, v, do), _, _, mask = _inputs(shape)
+    if shape["name"] == "documents":
+        raise ValueError("the sweep runs the dense kernels; documents go through varlen")
+    kw = dict(causal=True, window=mask["window"], softcap=mask["softcap"])
+    q, k, v = (x.detach() for x in (q, k, v))
+    o, lse = autograd.flash_forward(q, k, v, **kw)
+    bd = configs.block_d(shape["d"])
+    out = dict(shape, default={}, rows=[])
+    todo = []
+    for kernel in ("backward_dkdv", "backward_dq"):
+        windowed = "window" in shape["name"]   # the kernels take a window as WINDOW, not CAUSAL
+        out["default"][kernel] = _fields(configs.default(kernel, cc=90, block_d=bd, elem_bytes=2, causal=not windowed,
+                                                         window=windowed))
+        todo += [(kernel, cfg) for cfg in configs.kept_candidates(kernel, cc=90, block_d=bd, elem_bytes=2)
+                 if min(cfg.block_m, cfg.block_n) >= 64 and cfg.num_stages >= 2]
+    if only:
+        todo = [(kernel, configs.Config(*fields)) for kernel, fields in only] * repeat
+    for kernel, cfg in todo:
+        if time.perf_counter() > deadline:
+            out["stopped"] = "budget"
+            return out
+        arg = {"config_dkdv" if kernel == "backward_dkdv" else "config_dq": cfg}
+        start = time.perf_counter()
+        try:
+            ms = timing.time_ms(lambda: autograd.flash_backward(q, k, v, o, lse, do, **kw, **arg))
+            out["rows"].append({"kernel": kernel, "config": _fields(cfg), "bwd_ms": ms})
+        except Exception as exc:  # noqa: BLE001
+            out["rows"].append({"kernel": kernel, "config": _fields(cfg), "error": f"{type(exc).__name__}"[:200]})
+        print(f"  {kernel} {_fields(cfg)}: {out['rows'][-1].get('bwd_ms', 'error')} "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", default=DEFAULT_SHAPES)
+    p.add_argument("--sweep", default="")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--only", default="", help="configurations to sweep, e.g. dq:64,64,4,2;dkdv:64,64,4,2")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--budget-s", type=float, default=450.0)
+    args = p.parse_args(argv)
+    from flashbook.bench.records import collect_provenance
+
+    os.makedirs(args.out, exist_ok=True)
+    record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/masks_profile.py"),
+              "profiles": [], "sweeps": []}
+    path = os.path.join(args.out, "masks_profile.json")
+    start = time.perf_counter()
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+
+    for text in filter(None, args.shapes.split(",")):
+        row = profile_shape(parse_shape(text), args.iters)
+        record["profiles"].append(row)
+        save()
+        brief = {impl: {k: row[impl].get(k) for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms", "gpu_busy_ms", "overlap")}
+                 for impl in ("flashbook", "flex")}
+        print(text, json.dumps(brief), f"host {row['flashbook'].get('host_us', {}).get('median_us')} us",
+              flush=True)
+        for name, x in list(row["flashbook"].get("kernels", {}).items())[:6]:
+            print(f"    {x['us_per_step']:9.1f} us  {name}", flush=True)
+        if time.perf_counter() - start > args.budget_s:
+            record["stopped"] = "budget"
+            save()
+            return 0
+    for text in filter(None, args.sweep.split(",")):
+        only = [("backward_" + item.split(":")[0], [int(x) for x in item.split(":")[1].split(",")])
+                for item in filter(None, args.only.split(";"))]
+        record["sweeps"].append(sweep_shape(parse_shape(text), deadline=start + args.budget_s, only=only,
+                                            repeat=args.repeat))
+        save()
+        if time.perf_counter() - start > args.budget_s:
+            record["stopped"] = "budget"
+            break
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
