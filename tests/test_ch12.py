@@ -48,3 +48,33 @@ def test_a_floored_maximum_loses_very_negative_rows_and_minus_infinity_does_not(
     p = np.exp2(s - s.max())
     exact = np.exp2(s.astype(np.float64) - s.max())
     assert abs(p.sum() - exact.sum()) < 1e-6
+
+
+def test_the_repeats_and_the_profile_the_chapter_reads():
+    """Each recorded time is the median of its repeats; the profiles' GPU time is the sum of
+    their kernels; the chapter's claims on them hold in the records: plans cut the host's
+    time of the windowed call, and a window's time grows about as N while causal's grows
+    about as N^2 (from 4K to 32K)."""
+    run = _masks_run()
+    for r in run["rows"]:
+        for impl in ("flashbook", "flex"):
+            for key in ("fwd", "fwd_bwd"):
+                times = r[impl]["repeats"][key]
+                assert len(times) == 3 and r[impl][f"{key}_ms"] == pytest.approx(float(np.median(times)))
+    path = bench.run_path("masks_profile")
+    before, after = (json.load(open(path / f)) for f in ("profile_1_before_plans.json", "profile_2_plans.json"))
+    for record in (before, after):
+        for row in record["profiles"]:
+            for impl in ("flashbook", "flex"):
+                busy = sum(k["us_per_step"] for k in row[impl]["kernels"].values()) / 1e3
+                assert row[impl]["gpu_busy_ms"] == pytest.approx(busy)
+    a, b = before["profiles"][0], after["profiles"][0]
+    assert (a["name"], a["n"], a["window"]) == (b["name"], b["n"], b["window"]) == ("window", 4096, 1024)
+    assert b["flashbook"]["host_us"]["median_us"] < 0.6 * a["flashbook"]["host_us"]["median_us"]
+    assert b["flashbook"]["fwd_bwd_ms"] < b["flex"]["fwd_bwd_ms"] < a["flashbook"]["fwd_bwd_ms"]
+
+    def power(mask, window):
+        t = {r["seq"]: r["flashbook"]["fwd_bwd_ms"] for r in run["rows"] if r["mask"] == mask and r["window"][0] == window}
+        return np.log(t[32768] / t[4096]) / np.log(8)
+
+    assert 0.8 < power("window", 1024) < 1.2 and 1.6 < power("causal", -1) < 2.1
