@@ -116,3 +116,31 @@ def test_interpreter_alibi_classes_few_seeds(window, causal, cap):
                                         kernel="varlen", alibi=True)
     result = stress.run_class(f"alibi-{stress.mask_name(window, causal, cap)}", cases, DEVICE, first_seed=17)
     assert result.passed, stress.report(result)
+
+
+def test_the_rule_and_its_bound_agree_and_a_run_replays(capsys):
+    """``checks.error_bound`` is the rule's bound (a run passes exactly when its error is at most
+    2 x the first part + the second), and ``benchmarks/replay_case.py`` replays a class's runs
+    by seed, as a failure report names them, with each run's share of the bound."""
+    import os
+    import sys
+
+    gen = torch.Generator().manual_seed(4)
+    want = torch.randn(3, 40, generator=gen, dtype=torch.float64)
+    yard = (want + 1e-3 * torch.randn(3, 40, generator=gen, dtype=torch.float64)).float()
+    base, floor = checks.error_bound(yard, want, yard, head_dim=16)
+    for scale in (0.5, 0.99, 1.01, 3.0):
+        got = want.float() + scale * (2 * base + floor) * torch.sign(torch.randn(3, 40, generator=gen))
+        err, _ = checks.max_error(got, want)
+        passed = checks.within_twice_yardstick("o", got, want, yard, head_dim=16) is None
+        assert passed == (err <= 2 * base + floor)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import replay_case
+
+    assert replay_case.main(["attention-fp16-2x2-causal", "30000", "--times", "2"]) == 0
+    assert replay_case.main(["attention-fp16-2x2-causal", "30000", "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("right") == 2 and "of the bound" in out and "largest:" in out
+    for bad in (["no-such-class", "1"], ["attention-fp16-2x2-causal", "20000"]):
+        with pytest.raises(SystemExit):
+            replay_case.main(bad)

@@ -98,12 +98,18 @@ def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int, factor:
       magnitude 2 where the yardstick was 0.37 of a step off.
     """
     err, where = max_error(got, want)
+    base, floor = error_bound(got, want, yardstick, head_dim=head_dim, terms=terms)
+    if err <= factor * base + floor:
+        return None
+    return (f"{name}: max error {err:.3e} at {where} (got {float(got[where]):.6g}, want "
+            f"{float(want[where]):.6g}) exceeds {factor:g} x {base:.3e} (yardstick) + {floor:.1e} (floors)")
+
+
+def error_bound(got, want, yardstick, *, head_dim: int, terms: int = 1) -> tuple[float, float]:
+    """``within_twice_yardstick``'s two parts: (the yardstick's max error, the floors). The
+    rule passes ``got`` when its max error is at most factor x the first plus the second."""
     base, _ = max_error(yardstick, want)
     largest = float(want.abs().max()) if want.numel() else 0.0
     floor = (8 * torch.finfo(torch.float32).eps * math.sqrt(head_dim * max(1, terms)) * (1 + largest)
              + torch.finfo(got.dtype).eps * max(0.25, largest / 2))
-    bound = factor * base + floor
-    if err <= bound:
-        return None
-    return (f"{name}: max error {err:.3e} at {where} (got {float(got[where]):.6g}, want "
-            f"{float(want[where]):.6g}) exceeds {factor:g} x {base:.3e} (yardstick) + {floor:.1e} (floors)")
+    return base, floor
