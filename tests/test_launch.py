@@ -32,9 +32,11 @@ def plans_on(monkeypatch):
         monkeypatch.setattr(launch, "runtime", types.SimpleNamespace(INTERPRET=False))
     autograd.forget_plans()
     dispatch._CHOICES.clear()
+    varlen._CHECKED.clear()
     yield
     autograd.forget_plans()
     dispatch._CHOICES.clear()
+    varlen._CHECKED.clear()
 
 
 def _grads(seed, fn, shapes, do_shape):
@@ -115,6 +117,12 @@ def test_packed_documents_are_planned_too(plans_on):
     assert _counts()[:2] == (1, 1)
     again = _grads(3, fn, shapes, (33, 4, 16))
     assert _counts()[:2] == (1, 1) and all(torch.equal(a, b) for a, b in zip(first, again))
+    assert len(varlen._CHECKED) == 1   # the entry point's checks, remembered once
+    # with its value checks on (the default), a call is checked every time: cu_seqlens' values may change
+    varlen.flash_attention_varlen(*(torch.randn(s).to(DEVICE, DTYPE) for s in shapes), cu, cu, 13, 13, causal=True)
+    assert len(varlen._CHECKED) == 1
+    with pytest.raises(ValueError, match="more than max_seqlen_q"):
+        varlen.flash_attention_varlen(*(torch.randn(s).to(DEVICE, DTYPE) for s in shapes), cu, cu, 12, 13)
 
 
 def test_launch_keeps_the_slots_it_was_given():

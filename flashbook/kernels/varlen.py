@@ -26,6 +26,7 @@ import torch
 from .. import masks
 from ..validation import check_count
 from . import autograd
+from .launch import Plans, call_key
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,29 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     Returns:
         o of shape (total_q, heads, head_dim), q's dtype.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_3d(x, name)
-    q4, k4, v4 = packed_views(q, k, v)
-    autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode)
-    autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
-    packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_values=check_values)
-    autograd.alibi_args(alibi_slopes, q4, packed.documents)   # checked: (heads,) or (documents, heads)
-    if packed.documents == 0:
-        return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
+    # a signature that passed the checks before passes them again (``launch``); the values in
+    # cu_seqlens are not in it, so only a call without value checks is remembered
+    key = None if check_values is not False else call_key(
+        (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes),
+        (max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix, dq_mode))
+    if key is not None and key in _CHECKED:
+        q4, k4, v4 = packed_views(q, k, v)
+        packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    else:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _check_3d(x, name)
+        q4, k4, v4 = packed_views(q, k, v)
+        autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode)
+        autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
+        packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              check_values=check_values)
+        autograd.alibi_args(alibi_slopes, q4, packed.documents)   # checked: (heads,) or (documents, heads)
+        if packed.documents == 0:
+            return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
+        _CHECKED.remember(key, True)
     o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed, prefix,
                                       alibi_slopes)
     return o.transpose(1, 2).squeeze(0)
+
+
+_CHECKED = Plans()   # the signatures of calls that passed the checks
