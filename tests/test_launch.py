@@ -125,6 +125,26 @@ def test_packed_documents_are_planned_too(plans_on):
         varlen.flash_attention_varlen(*(torch.randn(s).to(DEVICE, DTYPE) for s in shapes), cu, cu, 12, 13)
 
 
+def test_a_plan_keeps_no_tensor_of_its_call_alive(plans_on):
+    import gc
+    import weakref
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=gen).to(DEVICE, DTYPE).requires_grad_() for _ in range(3))
+    slopes = torch.rand(2, generator=gen).to(DEVICE)
+    o = flashbook.flash_attention(q, k, v, causal=True, window=(5, 0), alibi_slopes=slopes)
+    o.sum().backward()   # dO is a stride-0 view: the checked path copies it, and so does the plan
+    assert _counts() == (1, 1, 1)
+    grads = [x.grad.clone() for x in (q, k, v)]
+    q.grad = k.grad = v.grad = None
+    flashbook.flash_attention(q, k, v, causal=True, window=(5, 0), alibi_slopes=slopes).sum().backward()
+    assert _counts() == (1, 1, 1) and all(torch.equal(a, x.grad) for a, x in zip(grads, (q, k, v)))
+    refs = [weakref.ref(x) for x in (q, k, v, o, slopes)]
+    del q, k, v, o, slopes
+    gc.collect()
+    assert all(r() is None for r in refs)   # a model's activations are not held by the plans
+
+
 def test_launch_keeps_the_slots_it_was_given():
     calls = []
 
@@ -153,6 +173,7 @@ def test_gpu_plans_use_the_compiled_launchers_and_poisoned_buffers(plans_on):
     first = _grads(0, fn, shapes, do_shape)
     (plan,) = autograd._PLANS["backward"].values()
     assert all(run.launcher is not None for run, _ in plan.launches)
+    assert all(run.values[p] is None for run, _ in plan.launches for p in run.places)   # no tensor kept
     with autograd.poisoned_outputs():
         for _ in range(20):
             again = _grads(0, fn, shapes, do_shape)

@@ -292,8 +292,9 @@ def _launch(kernel, grid, args, kwargs, names) -> tuple[Launch, tuple]:
     """A launch whose first ``len(names)`` positional arguments are the tensors ``names``, and
     the keyword tensors of ``_EXTRA_TENSORS`` among ``kwargs``; run once, as Triton binds it."""
     extra = [(kw, name) for kw, name in _EXTRA_TENSORS if kw in kwargs]
+    tensors = (*args[:len(names)], *(kwargs[kw] for kw, _ in extra))
     run = Launch(kernel, grid, args, kwargs, list(range(len(names))) + [kw for kw, _ in extra])
-    run(*args[:len(names)], *(kwargs[kw] for kw, _ in extra))
+    run(*tensors)
     return run, tuple(names) + tuple(name for _, name in extra)
 
 
@@ -475,10 +476,13 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
         dq = dq.mul_(scale).to(q.dtype)
     else:
         _run("backward_dq", q, bd, causal, key, launch_dq, config_dq, window="WINDOW" in extra)
-        if signature is not None and _as_given(zip(given, (q, k, v, o, do, lse)), alibi_slopes):
+        # dO may have been copied or cast (o.sum()'s is a stride-0 view): the plan does the same
+        if signature is not None and _as_given(zip(given[:4] + given[5:], (q, k, v, o, lse)), alibi_slopes):
+            dtype = q.dtype
             _PLANS["backward"].remember(signature, AttentionPlan(
                 [("delta", "lse"), ("dk", "k"), ("dv", "v"), ("dq", "q")],
-                [made["delta"], made["dkdv"], made["dq"]], ("dq", "dk", "dv")))
+                [made["delta"], made["dkdv"], made["dq"]], ("dq", "dk", "dv"),
+                prepare=None if do is given[4] else {"do": lambda x: last_dim_contiguous(x).to(dtype)}))
     return dq, dk, dv
 
 

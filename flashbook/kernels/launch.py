@@ -78,6 +78,11 @@ class Launch:
         self.kernel, self.grid, self.args, self.kwargs = kernel, tuple(grid), list(args), dict(kwargs)
         self.slots = tuple(slots)
         self.launcher, self.values, self.places = None, None, ()
+        for slot in self.slots:   # a plan lives long: it must not keep a call's tensors alive
+            if isinstance(slot, str):
+                self.kwargs[slot] = None
+            else:
+                self.args[slot] = None
 
     def __call__(self, *tensors):
         if self.launcher is not None:
@@ -98,6 +103,8 @@ class Launch:
             given = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
             self.values = [given[n] if n in given else p.default for n, p in zip(names, self.kernel.params)]
             self.places = tuple(s if isinstance(s, int) else names.index(s) for s in self.slots)
+            for place in self.places:
+                self.values[place] = None
             self.launcher = compiled[self.grid + (1,) * (3 - len(self.grid))]
 
 
@@ -106,12 +113,15 @@ class AttentionPlan:
     allocate (each like an input, or a float32 shape), then the launches in order, each
     with the names of the tensors it takes. ``run(**tensors)`` returns the buffers."""
 
-    __slots__ = ("buffers", "launches", "returns")
+    __slots__ = ("buffers", "launches", "returns", "prepare")
 
-    def __init__(self, buffers, launches, returns):
+    def __init__(self, buffers, launches, returns, prepare=None):
         self.buffers, self.launches, self.returns = buffers, launches, returns
+        self.prepare = prepare or {}   # name -> what the checked path did to that input (a copy, a cast)
 
     def run(self, new_buffer, **tensors):
+        for name, fn in self.prepare.items():
+            tensors[name] = fn(tensors[name])
         for name, like in self.buffers:
             if isinstance(like, str):
                 tensors[name] = new_buffer(None, like=tensors[like])
