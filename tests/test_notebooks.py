@@ -174,3 +174,18 @@ def test_every_exercise_has_a_check(path):
         if c.cell_type == "code" and "solution" not in c.metadata.get("tags", []):
             assert not re.search(r"^\s+(return None|\.\.\.)\s*(#.*)?$", c.source, re.M), \
                 f"a stub returns None or `...`: raise NotImplementedError instead\n{c.source[:200]}"
+
+
+def test_no_glued_value_inside_math():
+    """A glue role inside $...$ is not rendered (the page shows 'glue:text' as symbols), so a
+    glued number goes in the text beside the formula."""
+    bad = []
+    for path in NOTEBOOKS + sorted(glob.glob(os.path.join(ROOT, "book", "*.md"))):
+        if path.endswith(".md"):
+            texts = [open(path, encoding="utf-8").read()]
+        else:
+            texts = ["".join(c["source"]) for c in json.load(open(path))["cells"] if c["cell_type"] == "markdown"]
+        for text in texts:
+            bad += [(os.path.basename(path), m.group(0)[:60])
+                    for m in re.finditer(r"\$\$(.+?)\$\$|\$([^$\n]+?)\$", text, re.S) if "{glue" in m.group(0)]
+    assert not bad, bad
