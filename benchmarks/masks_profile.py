@@ -15,7 +15,8 @@ each of flashbook and FlexAttention (compiled, with its ``BlockMask``):
 - ``kernels``: every GPU kernel one forward+backward launches, with its GPU time per call
   (``torch.profiler``, ``iters`` calls), and ``gpu_busy_ms``, their sum;
 - flashbook only, ``overlap``: the same backward with the dQ kernel on a second stream, so
-  that it runs beside the dK/dV kernel (an experiment: the library does not do this).
+  that it runs beside the dK/dV kernel (an experiment: the library does not do this; its calls
+  take the checked path, ``dq_beside_dkdv``).
 
 ``--sweep``: at those shapes, the backward timed with each dK/dV and each dQ configuration
 of 64 rows or columns and more (``configs.kept_candidates``), the other kernel at its
@@ -89,10 +90,12 @@ def kernel_times(step, iters: int) -> dict:
 @contextlib.contextmanager
 def dq_beside_dkdv():
     """The experiment: the backward's dQ kernel launched on a second stream that waits only
-    for the delta kernel, so that it can run while the dK/dV kernel does."""
+    for the delta kernel, so that it can run while the dK/dV kernel does. Every call takes the
+    checked path meanwhile (no call plans: a plan launches without ``_run``, so the experiment
+    would not run), as the library's calls did before plans."""
     from flashbook.kernels import autograd
 
-    original = autograd._run
+    original, original_key = autograd._run, autograd._plan_key
     side = torch.cuda.Stream()
     state = {}
 
@@ -109,11 +112,13 @@ def dq_beside_dkdv():
             return used
         return original(kernel, x, *args, **kwargs)
 
-    autograd._run = run
+    autograd.forget_plans()
+    autograd._run, autograd._plan_key = run, (lambda *args, **kwargs: None)
     try:
         yield
     finally:
-        autograd._run = original
+        autograd._run, autograd._plan_key = original, original_key
+        autograd.forget_plans()
 
 
 def profile_shape(shape, iters: int) -> dict:

@@ -163,6 +163,43 @@ def test_launch_keeps_the_slots_it_was_given():
     assert len(plans) == 0
 
 
+def test_later_calls_take_the_compiled_kernels_launcher(monkeypatch):
+    """After a launch through Triton returned a compiled kernel, the calls go to that kernel's
+    own launcher with every parameter in order: the given ones, the defaults, this call's
+    tensors in their places, and none of an earlier call's tensors kept."""
+    monkeypatch.setattr(launch, "runtime", types.SimpleNamespace(INTERPRET=False))
+    bound, launched = [], []
+
+    class Param:
+        def __init__(self, default=None):
+            self.default = default
+
+    class Compiled:
+        launch_metadata = None
+
+        def __getitem__(self, grid):
+            return lambda *values: launched.append((grid, values))
+
+    class Kernel:
+        arg_names = ["A", "n", "B", "FLAG", "LATE"]
+        params = [Param(), Param(), Param(), Param(), Param("late default")]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: bound.append((grid, args, kwargs)) or Compiled()
+
+    a1, b1 = torch.ones(2), torch.zeros(2)
+    run = launch.Launch(Kernel(), (3, 2), [a1, 7], dict(B=b1, FLAG=True, num_warps=4), [0, "B"])
+    run(a1, b1)   # through Triton's binding
+    assert len(bound) == 1 and bound[0][1][0] is a1 and bound[0][2]["B"] is b1
+    a2, b2 = torch.ones(3), torch.zeros(3)
+    run(a2, b2)   # the compiled kernel's launcher
+    assert len(bound) == 1 and len(launched) == 1
+    grid, values = launched[0]
+    assert grid == (3, 2, 1) and values[0] is a2 and values[2] is b2
+    assert values[1:2] + values[3:] == (7, True, "late default")
+    assert all(x is not a1 and x is not b1 for x in run.values)
+
+
 @pytest.mark.gpu
 def test_gpu_plans_use_the_compiled_launchers_and_poisoned_buffers(plans_on):
     shapes, do_shape = ((2, 8, 300, 128), (2, 2, 300, 128), (2, 2, 300, 128)), (2, 8, 300, 128)
@@ -172,12 +209,12 @@ def test_gpu_plans_use_the_compiled_launchers_and_poisoned_buffers(plans_on):
 
     first = _grads(0, fn, shapes, do_shape)
     (plan,) = autograd._PLANS["backward"].values()
-    assert all(run.launcher is not None for run, _ in plan.launches)
-    assert all(run.values[p] is None for run, _ in plan.launches for p in run.places)   # no tensor kept
     with autograd.poisoned_outputs():
         for _ in range(20):
             again = _grads(0, fn, shapes, do_shape)
             assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert all(run.launcher is not None for run, _ in plan.launches)   # the planned calls' launchers
+    assert all(run.values[p] is None for run, _ in plan.launches for p in run.places)   # no tensor kept
 
 
 @pytest.mark.gpu

@@ -392,7 +392,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     plan = _PLANS["backward"].get(signature) if signature is not None else None
     if plan is not None:
         return plan.run(new_buffer, q=q, k=k, v=v, o=o, lse=lse, do=do, **_extras(alibi_slopes, packed))
-    given = (q, k, v, o, do, lse)
+    given, given_do = (q, k, v, o, lse), do
     scale = check_inputs(q, k, v, causal, scale, dq_mode)
     for name, x, like in (("o", o, q), ("do", do, q)):
         if not isinstance(x, torch.Tensor) or x.shape != like.shape:
@@ -477,12 +477,12 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     else:
         _run("backward_dq", q, bd, causal, key, launch_dq, config_dq, window="WINDOW" in extra)
         # dO may have been copied or cast (o.sum()'s is a stride-0 view): the plan does the same
-        if signature is not None and _as_given(zip(given[:4] + given[5:], (q, k, v, o, lse)), alibi_slopes):
+        if signature is not None and _as_given(zip(given, (q, k, v, o, lse)), alibi_slopes):
             dtype = q.dtype
             _PLANS["backward"].remember(signature, AttentionPlan(
                 [("delta", "lse"), ("dk", "k"), ("dv", "v"), ("dq", "q")],
                 [made["delta"], made["dkdv"], made["dq"]], ("dq", "dk", "dv"),
-                prepare=None if do is given[4] else {"do": lambda x: last_dim_contiguous(x).to(dtype)}))
+                prepare=None if do is given_do else {"do": lambda x: last_dim_contiguous(x).to(dtype)}))
     return dq, dk, dv
 
 

@@ -123,8 +123,9 @@ def smem_limit(cc: int) -> int:
 #   8 warps under the causal mask (benchmarks/results/backward_pairs_h200.json:
 #   7-10% and 5-8% faster backward passes than the one configuration for both);
 # * dQ under a sliding window at head_dim 128: 64 x 64 with 4 warps and 2 stages, the
-#   short key loops of many small programs (benchmarks/results/masks_h200/masks_profile.json:
-#   the backward at N = 16K, W = 1K took 1.136 ms against 1.196 ms with the causal choice).
+#   short key loops of many small programs (benchmarks/results/masks_h200-2/profile_2_plans.json:
+#   the backward at N = 16K, W = 1K took 1.136 ms against 1.196 ms with the causal choice;
+#   profile_3_dq_window_ab.json: 3-4% at 4K, no difference at 32K with W = 4K).
 # sm_80 follows the same shapes with the A100's smaller shared memory; sm_75 (T4)
 # has 64 KiB and no tensor-core path in Triton.
 ANY = BLOCK_DS[-1]

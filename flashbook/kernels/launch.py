@@ -11,7 +11,7 @@ every layer and every step, so the library remembers each *call signature*:
   what Triton specialises pointers on; the flags; the integers all come from the shapes and
   strides). Two calls with the same key pass the same checks and bind the same way.
 - ``Launch``: one kernel launch of a signature, every argument but the tensors fixed; after
-  its first launch through Triton it keeps the compiled kernel's launcher.
+  its first launch through Triton, the later ones go to the compiled kernel's launcher.
 - ``Plans``: signature -> what the call launches (``decode._Plan``; the attention forward's
   and backward's ``AttentionPlan``), forgotten all at once past ``MAX_PLANS``.
 
@@ -69,15 +69,17 @@ class Plans(dict):
 class Launch:
     """One kernel launch of a call signature: the kernel as Triton specialises it for the
     call, its grid, every argument but the tensors (whose places are ``slots``: an int is a
-    positional argument, a str a keyword), and after the first launch on a GPU, the compiled
-    kernel's own launcher with every parameter in order (defaults included)."""
+    positional argument, a str a keyword). The first call goes through Triton; on a GPU it
+    keeps the compiled kernel, and the second call takes that kernel's own launcher, with
+    every parameter in order (defaults included), for itself and every call after. A call
+    that is never made again (a checked call no plan keeps) never builds a launcher."""
 
-    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "launcher", "values", "places")
+    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "compiled", "launcher", "values", "places")
 
     def __init__(self, kernel, grid, args, kwargs, slots):
         self.kernel, self.grid, self.args, self.kwargs = kernel, tuple(grid), list(args), dict(kwargs)
         self.slots = tuple(slots)
-        self.launcher, self.values, self.places = None, None, ()
+        self.compiled, self.launcher, self.values, self.places = None, None, None, ()
         for slot in self.slots:   # a plan lives long: it must not keep a call's tensors alive
             if isinstance(slot, str):
                 self.kwargs[slot] = None
@@ -85,6 +87,8 @@ class Launch:
                 self.args[slot] = None
 
     def __call__(self, *tensors):
+        if self.launcher is None and self.compiled is not None:
+            self._take_launcher()
         if self.launcher is not None:
             values = list(self.values)
             for place, x in zip(self.places, tensors):
@@ -99,13 +103,16 @@ class Launch:
                 args[slot] = x
         compiled = self.kernel[self.grid](*args, **kwargs)
         if not runtime.INTERPRET and hasattr(compiled, "launch_metadata"):   # a CompiledKernel (Triton >= 3.2)
-            names = list(self.kernel.arg_names)
-            given = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
-            self.values = [given[n] if n in given else p.default for n, p in zip(names, self.kernel.params)]
-            self.places = tuple(s if isinstance(s, int) else names.index(s) for s in self.slots)
-            for place in self.places:
-                self.values[place] = None
-            self.launcher = compiled[self.grid + (1,) * (3 - len(self.grid))]
+            self.compiled = compiled
+
+    def _take_launcher(self):
+        """The compiled kernel's launcher and every parameter's value, the tensors' places empty."""
+        names = list(self.kernel.arg_names)
+        given = dict(zip(names, self.args), **{k: v for k, v in self.kwargs.items() if k in names})
+        self.values = [given[n] if n in given else p.default for n, p in zip(names, self.kernel.params)]
+        self.places = tuple(s if isinstance(s, int) else names.index(s) for s in self.slots)
+        self.launcher = self.compiled[self.grid + (1,) * (3 - len(self.grid))]
+        self.compiled = None
 
 
 class AttentionPlan:
