@@ -159,7 +159,8 @@ def gradients(p, q, k, v, do, *, scale: float, score_slope=None):
 
 # ----------------------------------------------------------------- the same, in PyTorch
 
-def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, softcap=None, alibi_slopes=None):
+def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, softcap=None, alibi_slopes=None,
+                    return_lse: bool = False):
     """The same formula as three plain PyTorch steps: S = scale Q K^T, P = softmax(S), O = P V.
 
     Differentiable, in q's dtype and on q's device: the one PyTorch reference of the
@@ -175,6 +176,8 @@ def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, 
     ``causal`` (``masks.allowed`` builds the windows'); ``softcap=c``: the scaled scores
     become c * tanh(s / c) before the softmax; ``alibi_slopes``: a tensor (heads,) or
     (batch, heads), ALiBi's -slope * |i + N_k - N_q - j| added after the cap (``masks``).
+    ``return_lse``: also each row's logsumexp of its scores, (o, lse), -inf where a row
+    sees no key.
     """
     import torch
 
@@ -201,4 +204,6 @@ def torch_attention(q, k, v, *, causal: bool = False, scale=None, allowed=None, 
     p = torch.softmax(s, dim=-1)
     if allowed is not None or (causal and n_q > n_k):
         p = p.nan_to_num(0.0)  # rows with no key: softmax of all -inf is NaN
+    if return_lse:
+        return torch.matmul(p, v), torch.logsumexp(s, dim=-1)
     return torch.matmul(p, v)

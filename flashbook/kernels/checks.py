@@ -58,6 +58,32 @@ def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32, w
     return (o.detach(), *(t.grad for t in leaves))
 
 
+def output_error_grads(q, k, v, do, o, *, causal=False, scale=None, window=None, softcap=None, prefix=0,
+                       alibi_slopes=None) -> tuple:
+    """(dQ, dK) in float64: the part of a FlashAttention backward's dQ and dK that the
+    error of its forward's output ``o`` explains.
+
+    The backward does not recompute O: it reads the forward's rounded o for
+    delta_i = rowsum(dO_i * o_i) (chapter 5), so dS_ij = P_ij (dP_ij - delta_i) carries
+    P_ij e_i with e_i = rowsum(dO_i * (o_i - O_i)), the output's error seen through dO.
+    That is exactly the gradient of -sum_i e_i lse_i (d lse_i / d S_ij = P_ij), returned
+    here (the soft cap's slope and the masks included, as in the kernels). PyTorch's
+    backward, the yardstick, takes delta from P and dP instead, so it has no such term.
+    """
+    mask = dict(causal=causal, scale=scale, softcap=masks.check_softcap(softcap), alibi_slopes=alibi_slopes)
+    if masks.check_window(window) != masks.NO_WINDOW or masks.check_prefix(prefix):
+        mask["allowed"] = masks.allowed(q.shape[-2], k.shape[-2], causal=causal, window=window, prefix=prefix)
+    leaves = [x.detach().double().requires_grad_() for x in (q, k)]
+    o_true, lse = torch_attention(*leaves, v.detach().double(), return_lse=True, **mask)
+    seen = torch.isfinite(lse)
+    e = ((o.detach().double() - o_true.detach()) * do.detach().double()).sum(-1)
+    loss = -(torch.where(seen, e, 0.0) * torch.where(seen, lse, 0.0)).sum()
+    if not loss.requires_grad:   # no row sees a key
+        return tuple(torch.zeros_like(x) for x in leaves)
+    dq, dk = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g.nan_to_num(0.0) for g, x in zip((dq, dk), leaves))
+
+
 def max_error(got, want) -> tuple[float, tuple]:
     """Largest |got - want| and where it is (an index tuple); NaN counts as infinite."""
     # on got's device: a GPU check then copies two numbers to the host, not whole tensors
@@ -71,7 +97,7 @@ def max_error(got, want) -> tuple[float, tuple]:
 
 
 def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int, factor: float = 2.0,
-                           terms: int = 1) -> str | None:
+                           terms: int = 1, allow: float = 0.0) -> str | None:
     """None if ``got`` is within ``factor`` (2) x the yardstick's error of ``want``, else what differs.
 
     ``yardstick`` is another computation of the same value (PyTorch math in the
@@ -96,13 +122,21 @@ def within_twice_yardstick(name, got, want, yardstick, *, head_dim: int, factor:
       repository's tests add such a term too). The stress tests found it needed: one of
       about 700 fp16 runs at seq_q = seq_k = 2 put a dQ element 0.9 of a step off at
       magnitude 2 where the yardstick was 0.37 of a step off.
+
+    ``allow``: error the yardstick does not have and the rule grants for a known reason,
+    added as it is: for dQ and dK, the largest element of ``output_error_grads`` (the
+    forward's output error carried into the backward through delta). The GPU stress
+    suite needed it once in 11,520 mask runs: fp16, a document of 14 queries x 3 keys
+    under a window of 3, whose dK was 1.11 x the rule's bound; 1.4e-3 of its 1.8e-3
+    error was that term (``benchmarks/results/stress_h200``, run 14).
     """
     err, where = max_error(got, want)
     base, floor = error_bound(got, want, yardstick, head_dim=head_dim, terms=terms)
-    if err <= factor * base + floor:
+    if err <= factor * base + floor + allow:
         return None
+    extra = f" + {allow:.1e} (the output's error)" if allow else ""
     return (f"{name}: max error {err:.3e} at {where} (got {float(got[where]):.6g}, want "
-            f"{float(want[where]):.6g}) exceeds {factor:g} x {base:.3e} (yardstick) + {floor:.1e} (floors)")
+            f"{float(want[where]):.6g}) exceeds {factor:g} x {base:.3e} (yardstick) + {floor:.1e} (floors){extra}")
 
 
 def error_bound(got, want, yardstick, *, head_dim: int, terms: int = 1) -> tuple[float, float]:
