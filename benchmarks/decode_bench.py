@@ -68,7 +68,7 @@ IMPLS = ("flash_decode", "flash_decode-paged", "sdpa-flash", "sdpa-efficient", "
 SPLIT_SHAPES = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 8192))
 SPLIT_COUNTS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128)
 TILE_SHAPES = ((1, 32768), (8, 32768), (64, 16384))
-TILE_GRID = [(bn, w, s) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
+TILE_GRID = [(bn, w, s) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4, 5)]
 BYTES = 2                                              # bf16
 PAGE_SIZE = 64                                         # tokens per page of the paged cache
 COPY_BYTES = 4 * 2**30
@@ -259,20 +259,38 @@ def goals(rows, min_seq: int = 32768, fraction: float = 0.8) -> dict:
 
 # ------------------------------------------------------------------ sweeps
 
-def sweep_splits(timer, copy_tb_s) -> list[dict]:
+def _sweep_inputs(batch, seq, cache):
+    """q and the cache of one sweep shape, dense or cut into shuffled pages; the call's
+    extra arguments (block_table) as a dict. Sets how a paged tile finds its rows."""
+    q, k, v = decode_inputs(batch, seq)
+    # "paged-rows": the same pages read with one page index per key row (decode.TILE_IN_PAGE off)
+    decode.TILE_IN_PAGE = cache != "paged-rows"
+    decode._PLANS.clear()
+    if cache == "dense":
+        return q, k, v, {}
+    k, v, table = decode.paginate(k, v, PAGE_SIZE, generator=torch.Generator().manual_seed(0))
+    return q, k, v, {"block_table": table.to(q.device)}
+
+
+def sweep_splits(timer, copy_tb_s, shapes=SPLIT_SHAPES, caches=("dense",), counts=SPLIT_COUNTS) -> list[dict]:
     rows = []
-    for batch, seq in SPLIT_SHAPES:
-        q, k, v = decode_inputs(batch, seq)
-        block_n = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)[1]
-        chosen = decode.choose_num_splits(batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device), block_n=block_n)
-        for s in sorted(set(SPLIT_COUNTS) | {chosen}):
-            replay, _ = graph_replay(lambda: flash_decode(q, k, v, num_splits=s))
-            ms = timer(replay)
-            rows.append({"batch": batch, "seq": seq, "num_splits": s, "chosen": s == chosen, "graph_ms": ms,
-                         "copy_fraction_graph": kv_bytes(batch, seq) / ms / 1e9 / copy_tb_s})
-            print(rows[-1], flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+    for batch, seq in shapes:
+        for cache in caches:
+            q, k, v, extra = _sweep_inputs(batch, seq, cache)
+            block_n = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)[1]
+            chosen = decode.choose_num_splits(batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device),
+                                              block_n=block_n)
+            for s in sorted(set(counts) | {chosen}):
+                if s > max(1, seq // block_n):
+                    continue
+                replay, _ = graph_replay(lambda: flash_decode(q, k, v, num_splits=s, **extra))
+                ms = timer(replay)
+                rows.append({"batch": batch, "seq": seq, "cache": cache, "num_splits": s, "chosen": s == chosen,
+                             "graph_ms": ms, "copy_fraction_graph": kv_bytes(batch, seq) / ms / 1e9 / copy_tb_s})
+                print(rows[-1], flush=True)
+            del q, k, v, extra
+            torch.cuda.empty_cache()
+    decode.TILE_IN_PAGE = True
     return rows
 
 
@@ -284,32 +302,50 @@ def tiles_fixed(block_n, num_warps, num_stages):
     def fixed(head_dim, elem_bytes, n_rows, *, page_size=0, interpreter=None):
         return original(head_dim, elem_bytes, n_rows)[0], block_n, num_warps, num_stages
     decode.decode_tiles = fixed
+    decode._PLANS.clear()   # a plan of the same call signature would launch the old tiles
     try:
         yield
     finally:
         decode.decode_tiles = original
+        decode._PLANS.clear()
 
 
-def sweep_tiles(timer, copy_tb_s) -> list[dict]:
+def sweep_tiles(timer, copy_tb_s, shapes=TILE_SHAPES, caches=("dense",), grid=TILE_GRID) -> list[dict]:
     rows = []
-    for batch, seq in TILE_SHAPES:
-        q, k, v = decode_inputs(batch, seq)
-        default = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)
-        for block_n, warps, stages in TILE_GRID:
-            row = {"batch": batch, "seq": seq, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                   "default": (block_n, warps, stages) == tuple(default[1:])}
-            try:
-                with tiles_fixed(block_n, warps, stages):
-                    replay, _ = graph_replay(lambda: flash_decode(q, k, v))
-                    row["graph_ms"] = timer(replay)
-                row["copy_fraction_graph"] = kv_bytes(batch, seq) / row["graph_ms"] / 1e9 / copy_tb_s
-            except Exception as e:  # noqa: BLE001 - out of shared memory, say
-                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            rows.append(row)
-            print(row, flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+    for batch, seq in shapes:
+        for cache in caches:
+            q, k, v, extra = _sweep_inputs(batch, seq, cache)
+            default = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW,
+                                          page_size=PAGE_SIZE if extra else 0)
+            for block_n, warps, stages in grid:
+                row = {"batch": batch, "seq": seq, "cache": cache, "block_n": block_n, "num_warps": warps,
+                       "num_stages": stages, "default": (block_n, warps, stages) == tuple(default[1:])}
+                try:
+                    with tiles_fixed(block_n, warps, stages):
+                        replay, _ = graph_replay(lambda: flash_decode(q, k, v, **extra))
+                        row["num_splits"] = decode.choose_num_splits(
+                            batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device), block_n=block_n)
+                        row["graph_ms"] = timer(replay)
+                    row["copy_fraction_graph"] = kv_bytes(batch, seq) / row["graph_ms"] / 1e9 / copy_tb_s
+                except Exception as e:  # noqa: BLE001 - out of shared memory, say
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.append(row)
+                print(row, flush=True)
+            del q, k, v, extra
+            torch.cuda.empty_cache()
+    decode.TILE_IN_PAGE = True
     return rows
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """'64x2K,1x32K' -> ((64, 2048), (1, 32768))."""
+    out = []
+    for part in text.split(","):
+        batch, _, seq = part.strip().partition("x")
+        if not seq:
+            raise argparse.ArgumentTypeError(f"a shape is BATCHxSEQ (e.g. 64x32K), got {part!r}")
+        out.append((int(batch), bench.parse_seq_list(seq)[0]))
+    return tuple(out)
 
 
 # ------------------------------------------------------------------ main
@@ -323,6 +359,14 @@ def parse_args(argv=None):
                    help=f"comma-separated subset of {','.join(IMPLS)}")
     p.add_argument("--sweep-splits", action="store_true", help="time every split count at a few shapes")
     p.add_argument("--sweep-tiles", action="store_true", help="time key tiles x warps x stages at a few shapes")
+    p.add_argument("--split-shapes", type=parse_shapes, default=SPLIT_SHAPES,
+                   help="BATCHxSEQ list for --sweep-splits, e.g. 64x2K,64x32K")
+    p.add_argument("--tile-shapes", type=parse_shapes, default=TILE_SHAPES,
+                   help="BATCHxSEQ list for --sweep-tiles")
+    p.add_argument("--tile-block-n", type=bench.parse_int_list, default=(32, 64, 128),
+                   help="key tiles for --sweep-tiles (x warps 4, 8 x stages 2-5)")
+    p.add_argument("--sweep-caches", type=lambda s: tuple(x.strip() for x in s.split(",")), default=("dense",),
+                   help="dense, paged, paged-rows (pages read with an index per key row): the caches the sweeps time")
     p.add_argument("--rep-ms", type=float, default=60.0, help="timed calls per measurement, in ms of work")
     p.add_argument("--budget-s", type=float, default=200.0,
                    help="after this many seconds only flash_decode and sdpa-flash are still timed")
@@ -333,6 +377,8 @@ def parse_args(argv=None):
         p.error(f"--impl: unknown {sorted(unknown)}; choose from {IMPLS}")
     if not args.dry_run and not args.out:
         p.error("--out DIR is required")
+    if set(args.sweep_caches) - {"dense", "paged", "paged-rows"}:
+        p.error(f"--sweep-caches: dense, paged, paged-rows, got {','.join(args.sweep_caches)}")
     return args
 
 
@@ -390,12 +436,13 @@ def main(argv=None) -> int:
     prov["goals"] = goals(rows)
     print(json.dumps(prov["goals"], indent=1), flush=True)
     if args.sweep_splits:
-        split_rows = sweep_splits(timer, copy["tb_s_read_plus_write"])
+        split_rows = sweep_splits(timer, copy["tb_s_read_plus_write"], args.split_shapes, args.sweep_caches)
         bench.write_csv(split_rows, os.path.join(args.out, "decode_splits.csv"), list(split_rows[0]))
         prov["files"]["decode_splits.csv"] = "flash_decode graph time for each num_splits at a few shapes"
     if args.sweep_tiles:
-        tile_rows = sweep_tiles(timer, copy["tb_s_read_plus_write"])
-        fields = ["batch", "seq", "block_n", "num_warps", "num_stages", "default", "graph_ms",
+        grid = [t for t in TILE_GRID if t[0] in args.tile_block_n]
+        tile_rows = sweep_tiles(timer, copy["tb_s_read_plus_write"], args.tile_shapes, args.sweep_caches, grid)
+        fields = ["batch", "seq", "cache", "block_n", "num_warps", "num_stages", "default", "num_splits", "graph_ms",
                   "copy_fraction_graph", "error"]
         bench.write_csv(tile_rows, os.path.join(args.out, "decode_tiles.csv"), fields)
         prov["files"]["decode_tiles.csv"] = "flash_decode graph time for key tile x warps x stages"

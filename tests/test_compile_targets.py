@@ -194,7 +194,8 @@ def decode_jobs(cc: int) -> list[dict]:
     """flash_decode's kernels as the library launches them on a GPU at head_dim 128: bf16
     with one new token in a group of 4 (16-row tile, float32 partials for the combine),
     fp16 with 16 new tokens (64 rows, the most shared memory; output written directly),
-    the paged kernel on 16-token pages, and the combine kernel holding the most splits; the
+    the paged kernel on 16-token pages and on 64-token pages (a tile in one page), and the
+    combine kernel holding the most splits; the
     16-token and the paged kernels also with a sliding window (``WINDOW``: three stages)."""
     from flashbook.kernels.decode import MAX_SPLITS, decode_tiles
 
@@ -209,6 +210,10 @@ def decode_jobs(cc: int) -> list[dict]:
     for window in (False, True):
         jobs.append(dict(_job("decode", cc, 128, "bf16", config, causal=not window), n_new=1, splits=True,
                          page_size=16, window=window))
+    # 64-token pages hold a whole key tile: one page index per tile (decode.TILE_IN_PAGE)
+    config = configs.Config(*decode_tiles(128, 2, 4, page_size=64, interpreter=False))
+    jobs.append(dict(_job("decode", cc, 128, "bf16", config), n_new=1, splits=True, page_size=64,
+                     tile_in_page=True))
     jobs.append(_job("decode_combine", cc, 128, "bf16", configs.Config(1, MAX_SPLITS, 4, 1)))
     return jobs
 

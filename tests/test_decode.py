@@ -131,7 +131,11 @@ def test_split_count_fills_the_gpu():
     batch 64 (512 programs) takes none."""
     assert choose_num_splits(1, 8, 32768, sm_count=132, block_n=64) == 32
     assert choose_num_splits(8, 8, 32768, sm_count=132, block_n=64) == 4
-    assert choose_num_splits(64, 8, 32768, sm_count=132, block_n=64) == 1
+    # batch 64 fills the GPU unsplit, but 4 splits ran faster on the H200 (decode_h200-3)
+    assert choose_num_splits(64, 8, 32768, sm_count=132, block_n=64) == 4
+    assert choose_num_splits(64, 8, 32768, sm_count=132, block_n=64, min_splits=1) == 1   # the model alone
+    assert choose_num_splits(64, 8, 2048, sm_count=132, block_n=64) == 2    # 32 tiles: splits of 16
+    assert choose_num_splits(64, 8, 1024, sm_count=132, block_n=64) == 1    # 16 tiles: no floor
     for batch in (1, 2, 3, 8, 16, 32):
         s = choose_num_splits(batch, 8, 131072, sm_count=132, block_n=64)
         waves = batch * 8 * s / 264
@@ -276,9 +280,11 @@ def test_the_short_path_gives_the_checked_paths_bits(paged, window):
             checked = flash_decode(q, k, v, **kwargs)      # Triton's launch; the plan is kept
             assert len(decode._PLANS) == 1
             plan = next(iter(decode._PLANS.values()))
-            assert plan.split.launcher is not None and plan.combine.launcher is not None
+            # the first call keeps the compiled kernels; the second takes their launchers
+            assert plan.split.launcher is None and plan.split.compiled is not None
             assert plan.as_is[0] == plan.as_is[3] == (seed % 2 == 0)
             short = flash_decode(q, k, v, **kwargs)        # the compiled kernels' launchers
+            assert plan.split.launcher is not None and plan.combine.launcher is not None
         assert torch.equal(checked, short) and not short.isnan().any()
     with pytest.raises(ValueError, match="cache_seqlens must have shape"):
         flash_decode(q, k, v, **{**kwargs, "cache_seqlens": lengths[:2]})
@@ -305,6 +311,13 @@ def test_decode_bench_plan_and_judge():
     assert db.main(["--dry-run", "--batches", "1", "--seqs", "1K"]) == 0
     with pytest.raises(SystemExit):
         db.parse_args(["--impl", "sdpa-nothing", "--out", "x"])
+    with pytest.raises(SystemExit):
+        db.parse_args(["--sweep-caches", "dense,flat", "--out", "x"])
+    assert db.parse_shapes("64x2K, 1x128K") == ((64, 2048), (1, 131072))
+    with pytest.raises(Exception, match="BATCHxSEQ"):
+        db.parse_shapes("64-2K")
+    args = db.parse_args(["--out", "x", "--split-shapes", "8x1K", "--sweep-caches", "paged,paged-rows"])
+    assert args.split_shapes == ((8, 1024),) and args.sweep_caches == ("paged", "paged-rows")
     rows = [db.Row(1, 32768, "flash_decode", ms=0.05, graph_ms=0.04, copy_fraction=0.7, copy_fraction_graph=0.85),
             db.Row(1, 32768, "sdpa-flash", ms=0.06, graph_ms=0.03),
             db.Row(8, 65536, "flash_decode", ms=0.4, graph_ms=0.39, copy_fraction=0.9, copy_fraction_graph=0.91),
@@ -355,13 +368,18 @@ def _paged_case(b, h, h_kv, n_new, n_max, lengths, d, page_size, seed, *, causal
     return q, k, v, dense, paged
 
 
+@pytest.mark.parametrize("tile_in_page", [True, False])
 @pytest.mark.parametrize("page_size", [16, 32, 64])
 @pytest.mark.parametrize("causal", [True, False])
-def test_paged_cache_gives_the_dense_result(page_size, causal):
+def test_paged_cache_gives_the_dense_result(page_size, causal, tile_in_page, monkeypatch):
     """Shuffled pages, spare pages, GQA, ragged lengths (one empty, one shorter than a
     page, one not a whole number of pages): the paged call reads the same keys as the
     dense one. With tiles of 16 keys in the interpreter the splits and tiles are the
-    same, so the results agree bit for bit; and both are within the rule of float64."""
+    same, so the results agree bit for bit; and both are within the rule of float64.
+    Both ways of finding a tile's rows: one page index per tile (pages of a tile or more,
+    the default) and one per row (``decode.TILE_IN_PAGE`` off)."""
+    monkeypatch.setattr(decode, "TILE_IN_PAGE", tile_in_page)
+    decode._PLANS.clear()
     lengths = [70, 0, 9, 37]
     q, k, v, dense, paged = _paged_case(4, 4, 2, 3, 70, lengths, 16, page_size, seed=page_size,
                                         causal=causal, num_splits=3)
@@ -583,3 +601,19 @@ def test_gpu_window_in_a_cuda_graph():
         replay()
         torch.cuda.synchronize()
         assert torch.equal(out, flash_decode(q, k, v, cache_seqlens=lengths, window=(4095, 0)))
+
+
+@pytest.mark.parametrize("page_size, block_n, one_index", [(16, 16, True), (64, 16, True), (16, 64, False),
+                                                          (32, 64, False), (64, 64, True), (128, 64, True)])
+def test_a_tile_in_one_page_reads_one_page_index(monkeypatch, page_size, block_n, one_index):
+    """Pages of at least a tile's keys take the one-index-per-tile loop; smaller ones gather
+    each row's page (what the launch is told, for the interpreter's tiles and the GPU's)."""
+    real = decode.decode_tiles
+    monkeypatch.setattr(decode, "decode_tiles", lambda *a, **kw: (real(*a, **kw)[0], block_n, 4, 1))
+    gen = torch.Generator().manual_seed(page_size)
+    q = torch.randn(1, 2, 1, 16, generator=gen).to(DEVICE)
+    k, v = (torch.randn(1, 1, 256, 16, generator=gen).to(DEVICE) for _ in range(2))
+    kp, vp, table = paginate(k, v, page_size, generator=gen)
+    plan = decode._plan(q, kp, vp, None, table, None, True, None, False)
+    assert plan.split.kwargs["TILE_IN_PAGE"] is one_index
+    assert decode._plan(q, k, v, None, None, None, True, None, False).split.kwargs["TILE_IN_PAGE"] is False

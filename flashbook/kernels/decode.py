@@ -74,6 +74,9 @@ from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, lo
                       shifted_scores, window_bounds)
 
 MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
+#: Pages of at least a key tile's tokens take one page index per tile (``_paged_stage``'s
+#: ``TILE_IN_PAGE``); False reads an index per key row, as smaller pages must.
+TILE_IN_PAGE = True
 #: The compile-time switch a window adds to the split kernel, and the run-time values only it
 #: uses (as ``forward.LATER``): ``display.source(_decode_fwd, without=LATER)`` shows it without.
 LATER = {"WINDOW": ("first", "last")}
@@ -85,7 +88,8 @@ LATER = {"WINDOW": ("first", "last")}
 def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, stride_vp, stride_kn, stride_vn,
                  rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale, PAGE_SIZE: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
-                 EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0):
+                 EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
+                 TILE_IN_PAGE: tl.constexpr = False):
     """``_fwd_inner`` over a paged cache: key tiles [lo, hi) of a sequence whose
     positions [p * PAGE_SIZE, (p + 1) * PAGE_SIZE) live in physical page ``table[p]``.
 
@@ -98,17 +102,29 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
     tiles has an inner loop of one tile at 64-token pages, which is not pipelined: 1.0-1.3x
     the dense cache's time, benchmarks/results/decode_paged_h200. This flat loop, in CUDA
     graphs at 64-token pages: 1.01-1.09x at batch 1 and 8 with caches of 32K and 128K, but
-    1.20-1.21x at 2K (batch 1 and 64) and at batch 64 x 128K; decode_short_path_h200.)"""
+    1.20-1.21x at 2K (batch 1 and 64) and at batch 64 x 128K; decode_short_path_h200.)
+
+    ``TILE_IN_PAGE`` (pages of at least BLOCK_N tokens): a tile never spans pages, so it
+    reads one page index and addresses its rows as the dense cache does, from one base
+    pointer and a row stride."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        if STAGE == MASKED:   # positions past the sequence read no page index (and load 0)
-            page = tl.load(table + cols // PAGE_SIZE, mask=cols < seq_k, other=0).to(tl.int64)
+        if TILE_IN_PAGE:   # start_n < hi <= seq_k: its page is in the table
+            page = tl.load(table + start_n // PAGE_SIZE).to(tl.int64)
+            # key position n at row n - page_start of the page: base + n * stride
+            page_start = ((start_n // PAGE_SIZE) * PAGE_SIZE).to(tl.int64)
+            k_rows, k_stride = k_head + page * stride_kp - page_start * stride_kn, stride_kn
+            v_rows, v_stride = v_head + page * stride_vp - page_start * stride_vn, stride_vn
         else:
-            page = tl.load(table + cols // PAGE_SIZE).to(tl.int64)
-        slot = cols % PAGE_SIZE
-        k_rows = k_head + (page * stride_kp + slot * stride_kn)[:, None]
-        k = load_tile(k_rows, cols, 0, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
+            if STAGE == MASKED:   # positions past the sequence read no page index (and load 0)
+                page = tl.load(table + cols // PAGE_SIZE, mask=cols < seq_k, other=0).to(tl.int64)
+            else:
+                page = tl.load(table + cols // PAGE_SIZE).to(tl.int64)
+            slot = cols % PAGE_SIZE
+            k_rows, k_stride = k_head + (page * stride_kp + slot * stride_kn)[:, None], 0
+            v_rows, v_stride = v_head + (page * stride_vp + slot * stride_vn)[:, None], 0
+        k = load_tile(k_rows, cols, k_stride, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL,
                                      WINDOW, first)
@@ -117,8 +133,7 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
             alpha = tl.exp2(row_max - finite(new_max))  # row_max -inf: nothing summed yet, 0
         else:
             alpha = tl.exp2(row_max - new_max)
-        v_rows = v_head + (page * stride_vp + slot * stride_vn)[:, None]
-        acc, row_sum = fold_values(acc, row_sum, p, alpha, v_rows, cols, 0, seq_k, offs_d,
+        acc, row_sum = fold_values(acc, row_sum, p, alpha, v_rows, cols, v_stride, seq_k, offs_d,
                                    HEAD_DIM, STAGE == MASKED, EVEN_D, DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
@@ -168,7 +183,7 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
                 N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WINDOW: tl.constexpr = False):
+                WINDOW: tl.constexpr = False, TILE_IN_PAGE: tl.constexpr = False):
     """One program: one split of the keys, one tile of query rows, one (batch, KV head).
 
     Grid (num_splits, cdiv(n_rows, BLOCK_M), batch * kv_heads). Q is viewed as
@@ -254,11 +269,11 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
         acc, row_max, row_sum = _paged_stage(
             acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, lo, mid, qk_scale, PAGE_SIZE,
-            HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
+            HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, TILE_IN_PAGE)
         acc, row_max, row_sum = _paged_stage(
             acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, mid, hi, qk_scale, PAGE_SIZE,
-            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
+            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, TILE_IN_PAGE)
     acc, lse = normalised_rows(acc, row_max, row_sum)
 
     row_ok = rows < n_rows
@@ -517,7 +532,9 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
                       first, last],
         dict(N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
              CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None, PAGE_SIZE=page_size,
-             DOT_PRECISION=dot_precision(q.dtype), WINDOW=windowed, num_warps=num_warps, num_stages=num_stages),
+             DOT_PRECISION=dot_precision(q.dtype), WINDOW=windowed,
+             TILE_IN_PAGE=bool(page_size) and TILE_IN_PAGE and page_size >= block_n,
+             num_warps=num_warps, num_stages=num_stages),
         slots=range(7))
     combine = None
     if num_splits > 1:

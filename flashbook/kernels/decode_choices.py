@@ -22,6 +22,8 @@ MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
 MAX_ROWS = 64         # query rows (group * n_new) per tile; more rows take more tiles
 PAGE_SIZES = (16, 32, 64, 128, 256)   # tokens per page of a paged KV cache
 PAGED_EXTRA_STAGES = 2   # the page indices take pipeline stages of their own (decode_tiles)
+MIN_SPLITS = 4        # the fewest splits of a long cache (choose_num_splits: measured, not modelled)
+FLOOR_TILES = 16      # ... each split keeping at least this many key tiles
 
 
 # ------------------------------------------------------------------ choices
@@ -29,7 +31,7 @@ PAGED_EXTRA_STAGES = 2   # the page indices take pipeline stages of their own (d
 @functools.lru_cache(maxsize=4096)   # a decoding loop asks the same question every step: answer it once
 def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, block_n: int,
                       programs_per_sm: int = 2, min_tiles_per_split: int = 2,
-                      max_splits: int = MAX_SPLITS) -> int:
+                      max_splits: int = MAX_SPLITS, min_splits: int = MIN_SPLITS) -> int:
     """How many splits of the keys fill a GPU of ``sm_count`` SMs. A pure function.
 
     The ``batch * kv_heads`` programs of an unsplit cache are too few to fill the
@@ -41,11 +43,21 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
     within 5% of the least such time (a few percent of modelled gain are not
     worth more programs and a bigger combine), keeping at least
     ``min_tiles_per_split`` key tiles per split.
+
+    The model is then overruled where the H200 says otherwise. A large batch fills the GPU
+    without splits, and the model takes 1; yet at batch 64 (8 KV heads) 4 splits took 8-12%
+    less time than 1 at 8K to 128K keys, 18-25% on a paged cache
+    (``benchmarks/results/decode_h200-3/1_splits_before``). Nsight Compute says why
+    (``1_ncu``): the kernel's shared memory lets 3 programs share an SM, so 512 programs
+    are 1.29 waves, and the SMs were busy 75% of the kernel's time; more, shorter programs
+    fill the last wave. So a cache long enough gets at least ``min_splits`` splits of
+    ``FLOOR_TILES`` key tiles or more (the interpreter, one SM, none).
     """
     for name, value, minimum in (("batch", batch, 1), ("kv_heads", kv_heads, 1), ("seq_k", seq_k, 0),
                                  ("sm_count", sm_count, 1), ("block_n", block_n, 1),
                                  ("programs_per_sm", programs_per_sm, 1),
-                                 ("min_tiles_per_split", min_tiles_per_split, 1), ("max_splits", max_splits, 1)):
+                                 ("min_tiles_per_split", min_tiles_per_split, 1), ("max_splits", max_splits, 1),
+                                 ("min_splits", min_splits, 1)):
         check_count(value, name, minimum)
     slots = sm_count * programs_per_sm
     programs = batch * kv_heads
@@ -56,7 +68,10 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
         return math.ceil(programs * s / slots) * (math.ceil(tiles / s) + 1)
 
     best = min(time(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if time(s) <= 1.05 * best)
+    chosen = next(s for s in range(1, most + 1) if time(s) <= 1.05 * best)
+    if sm_count == 1:   # the interpreter runs one program after another: nothing to gain
+        return chosen
+    return max(chosen, min(min_splits, most, max(1, tiles // FLOOR_TILES)))
 
 
 def decode_tiles(head_dim: int, elem_bytes: int, n_rows: int, *, page_size: int = 0,

@@ -37,13 +37,14 @@ def _kernel_fn(kernel: str):
 def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype: str = "fp16",
                    causal: bool = True, atomic_dq: bool = False, n_new: int = 1, splits: bool = True,
                    dot_precision: str = "tf32", page_size: int = 0, window: bool = False, softcap: bool = False,
-                   varlen: bool = False, prefix: bool = False, alibi: bool = False):
+                   varlen: bool = False, prefix: bool = False, alibi: bool = False, tile_in_page: bool = False):
     """Compile one kernel configuration for compute capability ``cc``; return the compiled kernel.
 
     The decode kernels (``flash_decode``, chapter 11) take ``n_new`` new tokens; with
     ``splits`` the decode kernel writes float32 partial results for the combine kernel
     (whose ``config.block_n`` is the number of splits it holds, BLOCK_S); ``page_size``
-    > 0 compiles the decode kernel for a paged cache of such pages.
+    > 0 compiles the decode kernel for a paged cache of such pages (``tile_in_page``: pages
+    of a key tile or more, one page index per tile).
     ``dot_precision`` is the ``input_precision`` of the kernels' ``tl.dot`` (what
     ``autograd.dot_precision`` passes at launch): it only matters for fp32 inputs,
     "tf32" (tensor cores) or "ieee" (PyTorch's default "highest"). ``window``, ``softcap``:
@@ -70,7 +71,8 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
         if not alibi:    # the slopes' pointer likewise
             constexprs.update(ALIBI_SLOPES=None)
     if kernel == "decode":
-        constexprs.update(N_NEW=n_new, HAS_SEQLENS=True, PAGE_SIZE=page_size, WINDOW=window)
+        constexprs.update(N_NEW=n_new, HAS_SEQLENS=True, PAGE_SIZE=page_size, WINDOW=window,
+                          TILE_IN_PAGE=tile_in_page)
         fp32 |= {"O"} if splits else set()
     if kernel == "decode_combine":
         constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": configs.block_d(head_dim), "BLOCK_S": config.block_n}
@@ -151,6 +153,7 @@ def run_job(job: dict, compile_gluon=None) -> dict:
                                       splits=job.get("splits", True),
                                       dot_precision=job.get("dot_precision", "tf32"),
                                       page_size=job.get("page_size", 0), window=job.get("window", False),
+                                      tile_in_page=job.get("tile_in_page", False),
                                       softcap=job.get("softcap", False), varlen=job.get("varlen", False),
                                       prefix=job.get("prefix", False), alibi=job.get("alibi", False))
         out["shared"] = resources(compiled)["shared_bytes"]
