@@ -18,6 +18,8 @@ from .validation import check_count
 
 #: The kernels that take a configuration (the delta preprocess is too small to care).
 KERNELS = ("forward", "backward_dkdv", "backward_dq")
+#: ``smem_buffers``' one entry on sm_75, where Triton stages fp32 copies of the operands.
+FP32_OPERANDS = "fp32 operands"
 #: The tile widths the kernels use for the head dimension (d is padded up to one: a power
 #: of two, >= 16 for the tensor cores).
 TILE_DS = (16, 32, 64, 128, 256)
@@ -54,6 +56,16 @@ def smem_bytes(block_q: int, block_k: int, d: int, *, num_stages: int = 2,
     The compiler may reuse or add buffers: the compile-target tests compare the model
     with the compiled kernels' real numbers (``compiled.metadata.shared``).
     """
+    return sum(smem_buffers(block_q, block_k, d, num_stages=num_stages, dtype_bytes=dtype_bytes,
+                            arch=arch, kernel=kernel).values())
+
+
+def smem_buffers(block_q: int, block_k: int, d: int, *, num_stages: int = 2,
+                 dtype_bytes: int = 2, arch: str = "sm_80", kernel: str = "forward") -> dict:
+    """``smem_bytes`` buffer by buffer (bytes; they add up to it), for a figure that
+    stacks them: from sm_80 on, each input tile with all of its stages (``"K"`` is
+    ``num_stages`` copies of the B_c x d key tile); on sm_75 one entry, the fp32
+    operand tiles Triton stages there."""
     bm, bn = check_count(block_q, "block_q"), check_count(block_k, "block_k")
     d, stages = check_count(d, "d"), check_count(num_stages, "num_stages")
     elt = check_count(dtype_bytes, "dtype_bytes")
@@ -67,14 +79,16 @@ def smem_bytes(block_q: int, block_k: int, d: int, *, num_stages: int = 2,
         fp32 = max(rows * d, bm * bn + max(bm, bn) * d)
         if elt == 4:  # float32 inputs keep one more copy of a tile and of P
             fp32 += bm * bn + max(bm, bn) * d
-        return 4 * fp32
-    if kernel == "forward":
-        resident, streamed = bm * d, 2 * bn * d
-    elif kernel == "backward_dq":
-        resident, streamed = 2 * bm * d, 2 * bn * d
-    else:
-        resident, streamed = 2 * bn * d, 2 * bm * d
-    return elt * (resident + stages * streamed)
+        return {FP32_OPERANDS: 4 * fp32}
+    if kernel == "forward":        # Q stays; K and V stream
+        resident, streamed = {"Q": bm}, {"K": bn, "V": bn}
+    elif kernel == "backward_dq":  # Q and dO stay; K and V stream
+        resident, streamed = {"Q": bm, "dO": bm}, {"K": bn, "V": bn}
+    else:                          # K and V stay; Q and dO stream
+        resident, streamed = {"K": bn, "V": bn}, {"Q": bm, "dO": bm}
+    out = {name: elt * rows * d for name, rows in resident.items()}
+    out.update({name: elt * stages * rows * d for name, rows in streamed.items()})
+    return out
 
 
 def largest_tile(chip, d: int, *, num_stages: int = 2, dtype_bytes: int = 2):

@@ -124,3 +124,119 @@ def test_visible_code_is_teaching_code(built, visible_code, nb):
     lines, share = visible_code(os.path.join(built, "notebooks", f"{slug}.html"))
     assert share <= MAX_CODE_SHARE, f"{slug}: {share:.0%} of the visible page is code ({lines} lines)"
     assert lines <= MAX_CODE_LINES.get(slug, lines), f"{slug}: {lines} visible lines of code"
+
+
+# ----------------------------------------------------------------- the explorers from disk
+
+def _html_pages(built):
+    return sorted(glob.glob(os.path.join(built, "**", "*.html"), recursive=True))
+
+
+def test_explorers_load_a_classic_script_that_works_from_disk(built):
+    """A page opened from disk (file://) may load no module script: the pages with an
+    explorer load the explorers' classic script, and no page loads a module."""
+    with_explorer = []
+    for path in _html_pages(built):
+        html = open(path, encoding="utf-8").read()
+        has = 'class="flashbook-explorer"' in html
+        loads = re.search(r'<script src="(?:\.\./)*_static/flashbook_explorers_page\.js', html) is not None
+        assert loads == has, os.path.relpath(path, built)
+        assert not re.search(r'<script[^>]*type="module"', html), os.path.relpath(path, built)
+        with_explorer += [os.path.relpath(path, built)] if has else []
+    assert {"notebooks/02_four_tokens.html", "notebooks/04_tiled_forward.html",
+            "notebooks/09_benchmarks.html", "notebooks/12_masks.html"} <= set(with_explorer)
+    js = page(built, "_static/flashbook_explorers_page.js")
+    assert not re.search(r"^\s*(export|import)\b", js, re.M) and "import(" not in js
+
+
+# ----------------------------------------------------------------- search shows no LaTeX
+
+def _search_index(built):
+    import json
+
+    text = page(built, "searchindex.js")
+    return json.loads(text[text.index("(") + 1:text.rindex(")")])
+
+
+def test_search_titles_are_plain_text(built):
+    """The search page lists section titles from searchindex.js: their math is plain text."""
+    index = _search_index(built)
+    titles = list(index["titles"]) + list(index["alltitles"])
+    assert [t for t in titles if re.search(r"\\[A-Za-z()\[\]]|[\^_]\{|\$", t)] == []
+    for title in ("The paper’s bound: Θ(N²d²/M)", "Why the N × N matrix is the problem",
+                  "Start the maximum at -∞"):
+        assert title in index["alltitles"], title
+
+
+def test_math_carries_the_plain_text_that_search_snippets_show(built):
+    """Search snippets are cut from a page's text; each math element carries its plain
+    text (data-plain), which the search page's script puts in place of the TeX."""
+    for rel in ("notebooks/01_attention_numpy.html", "notebooks/04_tiled_forward.html",
+                "book/notation.html"):
+        html = page(built, rel)
+        tags = re.findall(r'<(?:span|div) class="math notranslate nohighlight"[^>]*>', html)
+        assert len(tags) > 10 and all(" data-plain=" in t for t in tags), rel
+        plains = re.findall(r' data-plain="([^"]*)"', html)
+        assert [p for p in plains if "\\" in p or "{" in p] == [], rel
+    assert re.search(r'<script src="_static/flashbook_search\.js', page(built, "search.html"))
+
+
+# ----------------------------------------------------------------- terms at first use
+
+#: term: (how it is written, the glossary entries a link to it may name)
+GLOSSARY_TERMS = {
+    "SM": (r"\bSMs?\b", {"term-SM"}),
+    "sm_XX": (r"\bsm_\d\d\b", {"term-compute-capability", "term-sm_75-sm_80-sm_90"}),
+    "tensor core": (r"\b[Tt]ensor[- ]cores?\b", {"term-tensor-core"}),
+    "L2": (r"\bL2\b", {"term-L2-cache"}),
+    "eps": (r"\beps\b", {"term-eps"}),
+    "ulp": (r"\bulps?\b", {"term-ulp"}),
+    "warp": (r"\bwarps?\b", {"term-warp"}),
+}
+#: where a newcomer met a term unexplained: its first use on each of these pages links it
+FIRST_MET = {"notebooks/01_attention_numpy": ("SM", "sm_XX", "tensor core", "L2"),
+             "notebooks/02_four_tokens": ("eps", "ulp"),
+             "notebooks/04_tiled_forward": ("SM", "sm_XX", "tensor core", "L2", "warp")}
+
+
+def _prose_blocks(built, rel):
+    """The page's prose, block by block (code and cell outputs left out)."""
+    from bs4 import BeautifulSoup
+
+    main = BeautifulSoup(page(built, rel + ".html"), "html.parser").find("main")
+    for node in main.select("div.cell_input, div.cell_output, pre, script, style, nav, div.highlight"):
+        node.decompose()
+    for block in main.find_all(["p", "li", "dd", "dt", "td", "th", "figcaption", "h1", "h2", "h3", "h4"]):
+        if not block.find(["p", "li"]):
+            yield block
+
+
+def _first_use(built, rel, term):
+    """The first prose block of ``rel`` that uses ``term``, and whether it links it."""
+    pattern, anchors = GLOSSARY_TERMS[term]
+    for block in _prose_blocks(built, rel):
+        if re.search(pattern, block.get_text(" ")):
+            links = {a.get("href", "").split("glossary.html#")[-1] for a in block.find_all("a")
+                     if "glossary.html#" in a.get("href", "")}
+            return block.get_text(" ")[:160], bool(links & anchors)
+    return None, None
+
+
+def test_terms_are_linked_to_the_glossary_where_first_used(built):
+    """SM, sm_90, tensor cores, L2, eps, ulps and warps: where the book first uses each (in
+    the order of its table of contents), and where each of chapters 1, 2 and 4 first does,
+    the sentence links the glossary's entry."""
+    from test_notebooks import toc_files
+
+    glossary = page(built, "book/glossary.html")
+    for _, anchors in GLOSSARY_TERMS.values():
+        assert any(f'id="{a}"' in glossary for a in anchors), anchors
+    order = [f for f in toc_files() if f != "book/glossary"]
+    for term in GLOSSARY_TERMS:
+        first = next(((rel, *_first_use(built, rel, term)) for rel in order
+                      if _first_use(built, rel, term)[0] is not None), None)
+        assert first is not None and first[2], (term, first)
+    for rel, terms in FIRST_MET.items():
+        for term in terms:
+            text, linked = _first_use(built, rel, term)
+            assert text is None or linked, (rel, term, text)

@@ -7,6 +7,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 
@@ -151,11 +152,43 @@ def close(x, y):
 
 
 BLOCKSIZE_GRID = [  # (setting, value) applied in turn: each changes what is shown
-    ("block_q", 32), ("block_k", 32), ("causal", True), ("order", "fa1"), ("step", 5),
-    ("row", 200), ("chip", "T4"), ("d", 128), ("n", 128), ("step", 1000), ("order", "fa2"),
-    ("block_q", 128), ("chip", "H200"), ("causal", False), ("n", 96), ("block_k", 16),
-    ("d", 256), ("row", 3), ("step", 0),
+    ("block_q", 32), ("block_k", 32), ("num_stages", 3), ("causal", True), ("order", "fa1"),
+    ("step", 5), ("row", 200), ("chip", "T4"), ("d", 128), ("n", 128), ("step", 1000),
+    ("order", "fa2"), ("block_q", 128), ("chip", "H200"), ("num_stages", 1), ("causal", False),
+    ("n", 96), ("block_k", 16), ("d", 256), ("row", 3), ("step", 0), ("block_q", 256),
+    ("num_stages", 4),
 ]
+
+
+def footprint(root):
+    """The explorer's stacked on-chip bars: per bar, its verdict, segments and red marks."""
+    return root.evaluate("""r => Object.fromEntries([...r.querySelectorAll("[data-fb-bar]")].map(b => [b.dataset.fbBar, {
+        fits: b.dataset.fits, total: Number(b.dataset.total),
+        segments: [...b.querySelectorAll("[data-fb-segment]")].map(e => [e.dataset.fbSegment, Number(e.dataset.bytes),
+                                                                          e.x.baseVal.value, e.width.baseVal.value]),
+        overflow: b.querySelectorAll("[data-fb-overflow]").length,
+        outline: b.querySelector("[data-fb-outline]").getAttribute("stroke")}]))""")
+
+
+def legend(root, which):
+    return root.evaluate("""(r, w) => [...r.querySelectorAll(`[data-fb-legend-for="${w}"] [data-fb-legend]`)]
+                              .map(e => e.dataset.fbLegend)""", which)
+
+
+def check_footprint(root, state):
+    """Two bars, each stacked by buffer as the library counts them, red where they do not fit."""
+    bars = footprint(root)
+    want = {"paper": (state.onchip, state.fits), "kernel": (state.kernel_smem, state.kernel_fits)}
+    assert set(bars) == set(want)
+    for key, (buffers, fits) in want.items():
+        bar = bars[key]
+        assert {name: nbytes for name, nbytes, *_ in bar["segments"]} == buffers, key
+        assert bar["total"] == sum(buffers.values()) and bar["fits"] == str(fits).lower(), key
+        for (*_, x0, w0), (*_, x1, _) in zip(bar["segments"], bar["segments"][1:]):
+            assert abs(x0 + w0 - x1) < 1e-3, (key, bar["segments"])          # stacked end to end (float32)
+        assert bar["overflow"] == (0 if fits else 1), key                     # hatched red past the limit
+        assert (bar["outline"] == "#b00020") == (not fits), key               # outlined in red
+    assert set(legend(root, "buffers")) >= {name for b in bars.values() for name, *_ in b["segments"]}
 
 
 def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
@@ -171,7 +204,7 @@ def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
         assert s[name] == value or name == "step", (name, value, s)   # step: clipped
         state = explorers.explorer_state(explorers.Settings(**s))
         traffic = {o: state.traffic[plots.ORDER_NAMES[o]] for o in ("fa2", "fa1")}
-        expect = {"tiles": state.n_tiles, "skipped": state.n_skipped,
+        expect = {"tiles": state.n_tiles, "skipped": state.n_skipped, "kernel-smem": state.kernel_smem_total,
                   "partial": int((state.kinds == "partial").sum()),
                   "visited": len(state.schedule), "onchip": state.onchip_total,
                   "smem": state.smem_per_block, "hbm-naive": state.traffic["naive"],
@@ -179,6 +212,8 @@ def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
         for key, value_ in expect.items():
             assert int(now[key]) == value_, (key, s, now[key], value_)
         assert now["fits"] == str(state.fits).lower()
+        assert now["kernel-fits"] == str(state.kernel_fits).lower()
+        check_footprint(root, state)
         assert close(now["hbm-ratio"], traffic[s["order"]] / state.traffic["naive"])
         assert s["step"] == state.step and now["current"] == ",".join(map(str, state.current_tile))
         assert state.ran, "keep the grid small enough for the library's live run"
@@ -189,6 +224,8 @@ def test_chapter_4_explorer_is_live_and_equals_the_library(server, browser):
             assert close(now["m"], m_l[0]) and close(now["l"], m_l[1]), (s, now["m"], now["l"], m_l)
             text = shown(root, "text")[0]
             assert (text["m"], text["l"]) == (f"{m_l[0]:.4f}", f"{m_l[1]:.4f}")
+    # the tile grid's colours have a legend
+    assert legend(root, "tiles") == ["full", "partial", "skipped", "later", "current", "row"]
     # the sliders answer the keyboard
     n_slider = root.locator('[data-fb-control="n"]')
     n_slider.focus()
@@ -357,5 +394,69 @@ def test_chapter_12_explorer_shows_the_librarys_tile_counts(server, browser):
     wide = page.evaluate("""() => ({page: document.documentElement.scrollWidth,
         explorer: document.querySelector("[data-fb-explorer=masks]").getBoundingClientRect().right})""")
     assert wide["page"] <= 391 and wide["explorer"] <= 391, wide
+    assert external == [] and errors == [], (external, errors)
+    page.close()
+
+
+# ----------------------------------------------------------------- opened from disk
+
+EXPLORER_PAGES = [("02_four_tokens", "qkv", "token"), ("04_tiled_forward", "blocksize", "block_q"),
+                  ("09_benchmarks", "sweep", "num_stages"), ("12_masks", "masks", "n")]
+
+
+@pytest.mark.parametrize("slug,kind,control", EXPLORER_PAGES, ids=[k for _, k, _ in EXPLORER_PAGES])
+def test_explorers_work_from_disk(browser, slug, kind, control):
+    """The book opened as files (file://, no web server): every explorer mounts, with no
+    "needs JavaScript" fallback, and a control changes what it shows. A module script
+    would be refused there; the page loads a classic one."""
+    import pathlib
+
+    path = pathlib.Path(HTML, "notebooks", f"{slug}.html")
+    require(path.exists(), "the book is not built: run `make book`")
+    page = browser.new_page()
+    outside, errors, console = [], [], []
+
+    def route(r):
+        if r.request.url.startswith(("file://", "data:", "blob:")):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+    page.goto(path.as_uri(), wait_until="load")
+    root = page.locator(f"[data-fb-explorer={kind}]")
+    root.wait_for(timeout=30000)
+    assert page.locator(".flashbook-explorer-fallback").count() == 0
+    assert page.locator("div.flashbook-explorer:not([data-mounted])").count() == 0
+    before, _ = shown(root)
+    assert before, "the explorer shows no numbers"
+    root.locator(f'[data-fb-control="{control}"]').evaluate(
+        """c => { if (c.tagName === "SELECT") c.value = [...c.options].map(o => o.value).find(v => v !== c.value);
+                  else c.value = String(Number(c.min) + (Number(c.value) === Number(c.min) ? Number(c.step || 1) : 0));
+                  c.dispatchEvent(new Event("input", {bubbles: true})); }""")
+    after, _ = shown(root)
+    assert after != before, f"{kind}: nothing changed after moving {control}"
+    assert errors == [], errors
+    assert [m for m in console if "flashbook" in m or "CORS" in m] == [], console
+    assert outside == [], outside
+    page.close()
+
+
+# ----------------------------------------------------------------- search
+
+def test_search_results_show_no_latex(server, browser):
+    """Sphinx cuts each result's snippet from the page's text, where math is TeX source
+    until MathJax typesets it: the book's search page reads its plain text instead."""
+    page, external, errors = open_page(browser, f"{server}/search.html?q=quadratic")
+    page.wait_for_function("document.querySelectorAll('ul.search li p.context').length >= 3", timeout=30000)
+    page.wait_for_timeout(1500)                                    # the other snippets' fetches
+    snippets = page.eval_on_selector_all("ul.search li p.context", "ps => ps.map(p => p.textContent)")
+    titles = page.eval_on_selector_all("ul.search li > a", "as => as.map(a => a.textContent)")
+    tex = re.compile(r"\\[A-Za-z()\[\]]|\$")
+    assert [s for s in snippets + titles if tex.search(s)] == []
+    assert any(re.search("[×²⁻≤≈Θ√ᵀ∞]", s) for s in snippets), snippets   # the math is there, as text
     assert external == [] and errors == [], (external, errors)
     page.close()

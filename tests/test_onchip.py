@@ -69,3 +69,20 @@ def test_bad_input_is_named():
         tiled.smem_bytes(64, 64, 64, arch="ampere")
     with pytest.raises(ValueError, match="d must be at most"):
         tiled.tile_d(300)
+
+
+def test_smem_buffers_add_up_to_smem_bytes():
+    """The figure's stacked bar (smem_buffers) and the number (smem_bytes) are one model."""
+    from flashbook import smem
+
+    for arch in ("sm_75", "sm_80", "sm_90"):
+        for kernel in smem.KERNELS:
+            for bm, bn, d, stages, elt in ((64, 64, 128, 2, 2), (128, 32, 64, 3, 2), (16, 128, 256, 1, 4)):
+                parts = smem.smem_buffers(bm, bn, d, num_stages=stages, dtype_bytes=elt, arch=arch, kernel=kernel)
+                assert sum(parts.values()) == smem.smem_bytes(bm, bn, d, num_stages=stages, dtype_bytes=elt,
+                                                              arch=arch, kernel=kernel)
+                if arch == "sm_75":
+                    assert list(parts) == [smem.FP32_OPERANDS]
+    assert smem.smem_buffers(128, 64, 128, num_stages=3) == {"Q": 32768, "K": 49152, "V": 49152}
+    with pytest.raises(ValueError, match="kernel"):
+        smem.smem_buffers(64, 64, 64, kernel="decode")

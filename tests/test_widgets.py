@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import json  # noqa: E402
+import re  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -17,7 +18,7 @@ import pytest  # noqa: E402
 from conftest import require  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from flashbook import explorers, plots, runtime, tiled  # noqa: E402
+from flashbook import explorers, plots, runtime, smem, tiled  # noqa: E402
 from flashbook.explorers import Settings, explorer_state, render  # noqa: E402
 
 
@@ -67,6 +68,50 @@ def test_edge_settings_block_larger_than_n_and_d_256():
     assert t4.onchip_total == 176.5 * 1024
     assert "does NOT fit" in t4.summary()
     draws(t4)
+
+
+def test_the_explorer_counts_what_fits_two_ways_and_says_which():
+    """Chapter 4's explorer shows two counts of one program's needs, with their own labels:
+    everything on chip (the paper's view) and a kernel's shared memory (flashbook.smem,
+    the model of the table above it and of chapter 9's explorer). At d = 128 they differ:
+    64 x 64 on a T4 is 96.5 KiB everything on chip (does not fit), 64 KiB for the kernel
+    (fits: the table's largest T4 tile); 128 x 64 with 3 stages is 161 KiB against 128 KiB."""
+    t4 = explorer_state(Settings(chip="T4", d=128, block_q=64, block_k=64))
+    assert t4.onchip_total == 96.5 * 1024 and not t4.fits
+    assert t4.kernel_smem == {smem.FP32_OPERANDS: 64 * 1024} and t4.kernel_fits
+    assert tiled.largest_tile(runtime.chip("T4"), 128) == 64
+    h200 = explorer_state(Settings(chip="H200", d=128, block_q=128, block_k=64, num_stages=3))
+    assert h200.onchip_total == 161 * 1024
+    assert h200.kernel_smem == {"Q": 2 * 128 * 128, "K": 3 * 2 * 64 * 128, "V": 3 * 2 * 64 * 128}
+    assert h200.kernel_smem_total == 128 * 1024 == tiled.smem_bytes(128, 64, 128, num_stages=3, arch="sm_90")
+    for chip in runtime.CHIPS:
+        for stages in (1, 2, 4):
+            for d in (16, 40, 128, 256):
+                st = explorer_state(Settings(chip=chip, n=64, d=d, block_q=32, block_k=16, num_stages=stages))
+                arch = runtime.chip(chip).arch
+                assert st.kernel_smem == smem.smem_buffers(32, 16, smem.tile_d(d), num_stages=stages, arch=arch)
+                assert st.kernel_fits == (st.kernel_smem_total <= st.smem_per_block)
+    summary = t4.summary()
+    assert "everything on chip 96.5 KiB" in summary and "a kernel's shared memory (fp32 tiles) 64.0 KiB: fits" in summary
+    assert "a kernel's shared memory (3 stages) 128.0 KiB: fits" in h200.summary()
+    with pytest.raises(ValueError, match="num_stages"):
+        explorer_state(Settings(num_stages=0))
+
+
+def test_the_figure_labels_both_counts_and_turns_red_where_a_tile_does_not_fit():
+    fig = draws(explorer_state(Settings(chip="T4", n=128, d=128, block_q=64, block_k=64)))
+    titles = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    paper = next(ax for t, ax in titles.items() if t.startswith("everything on chip (the paper's count)"))
+    kernel = next(ax for t, ax in titles.items() if t.startswith("a kernel's shared memory (fp32 tiles)"))
+    assert paper.get_title().endswith("does NOT fit") and paper.title.get_color() == "red"
+    assert not kernel.get_title().endswith("fit") and kernel.title.get_color() == "black"
+    outline = [p for p in paper.patches if not p.get_fill()]
+    assert outline and outline[0].get_edgecolor()[:3] == (1.0, 0.0, 0.0)   # red outline
+    stacked = [p for p in paper.patches if p.get_fill()]
+    assert [round(p.get_x()) for p in stacked[1:]] == [round(p.get_x() + p.get_width()) for p in stacked[:-1]]
+    assert paper.get_legend() is not None           # the buffers' colours are named
+    labels = " ".join(ax.get_xlabel() for ax in fig.axes)
+    assert "grey: skipped" in labels and "red: now" in labels   # the tile colours' key
 
 
 def test_causal_fa1_order_and_step_clipping():
@@ -145,8 +190,11 @@ def test_blocksize_config_exports_the_library_constants():
     cfg = explorers.blocksize_config(Settings(n=100, block_q=16, causal=True))
     json.dumps(cfg, allow_nan=False)                   # what the page and the widget carry
     assert cfg["chips"] == {n: {"name": c.name, "smem_per_block": c.smem_per_block_kib * 1024,
-                                "smem_per_sm": c.smem_per_sm_kib * 1024}
+                                "smem_per_sm": c.smem_per_sm_kib * 1024, "arch": c.arch}
                             for n, c in runtime.CHIPS.items()}
+    assert cfg["tile_ds"] == list(smem.TILE_DS) and cfg["fp32_operands"] == smem.FP32_OPERANDS
+    assert cfg["limits"]["num_stages"] == list(explorers.LIMITS["num_stages"])
+    assert all(cfg["buffer_colors"][b] == plots.BUFFER_COLORS[b] for b in tiled.onchip_elements(16, 16, 16))
     assert (cfg["dtype_bytes"], cfg["acc_bytes"]) == (explorers.DTYPE_BYTES, explorers.ACC_BYTES)
     # the byte rules the browser applies give the library's on-chip bytes
     elements = tiled.onchip_elements(16, 64, 64)
@@ -205,6 +253,21 @@ def test_sweep_config_holds_the_librarys_lookups():
             assert view["tflops"] == state.tflops
     with pytest.raises(ValueError, match="start"):
         explorers.sweep_config(part, start={"head_dim": d0})
+
+
+def test_the_static_page_gets_the_module_as_a_classic_script():
+    """A page opened from disk (file://) may load no module script: the static book loads
+    ``page_script()``, the same code with no export or import, which mounts the page."""
+    js = explorers.page_script()
+    assert not re.search(r"^\s*(export|import)\b", js, re.M) and "import(" not in js
+    module = explorers.ESM.read_text()
+    for name in re.findall(r"^export function (\w+)", module, re.M):
+        assert f"function {name}(" in js
+    assert "window.flashbookExplorers = {" in js and "mountStatic(document)" in js
+    with pytest.raises(ValueError, match="import"):
+        explorers.page_script('import { x } from "./y.js";\nexport function f() {}\n')
+    with pytest.raises(ValueError, match="export"):
+        explorers.page_script("export const x = 1;\n")
 
 
 def test_placeholder_carries_the_config():

@@ -10,9 +10,11 @@ How an explorer in the static page gets its numbers
    by ``flashbook.masks`` for every combination of the controls.
 2. The cell's HTML output (``widget.placeholder_html``) is a ``<div>`` that carries
    that config as JSON, so the page holds it with no kernel behind it.
-3. In the browser, ``flashbook_mount.js`` (every page loads it; the build copies
-   this folder's ``*.js`` into ``_static``: ``book/_ext/flashbook_sphinx.py``) mounts
-   ``flashbook_explorers.js`` on each such ``<div>``. That module draws the explorer
+3. In the browser, ``flashbook_explorers_page.js`` (``widget.page_script``: the same
+   module as a classic script, which a page opened from disk may load too; the build
+   writes it into ``_static`` and each page with an explorer loads it:
+   ``book/_ext/flashbook_sphinx.py``) mounts ``flashbook_explorers.js``'s code on each
+   such ``<div>``. That code draws the explorer
    and recomputes what the controls change from the config: the tile schedule, the
    closed-form traffic, the on-chip bytes and the watched row's running m and l
    (chapter 4), S, P, O and the online update (chapter 2); the sweep and the mask
@@ -45,8 +47,8 @@ from .blocksize import (
 from .maskmap import masks_config, masks_state
 from .qkv import qkv_config, qkv_state
 from .sweep import sweep_config, sweep_state, sweep_view
-from .widget import (ESM, KINDS, STATIC, StaticExplorer, explorer, explorer_widget, mask_explorer,
-                     placeholder_html, widget_class)
+from .widget import (ESM, KINDS, PAGE_SCRIPT, STATIC, StaticExplorer, explorer, explorer_widget,
+                     mask_explorer, page_script, placeholder_html, widget_class)
 
 __all__ = [
     "ACC_BYTES", "DTYPE_BYTES", "EXAMPLE_LOW", "EXAMPLE_SEED", "EXAMPLE_WIDTH", "LIMITS",
@@ -54,6 +56,6 @@ __all__ = [
     "example_qkv", "explorer_state", "figure_png", "render",
     "qkv_config", "qkv_state", "sweep_config", "sweep_state", "sweep_view",
     "masks_config", "masks_state",
-    "ESM", "KINDS", "STATIC", "StaticExplorer", "explorer", "explorer_widget", "mask_explorer",
+    "ESM", "KINDS", "PAGE_SCRIPT", "STATIC", "page_script", "StaticExplorer", "explorer", "explorer_widget", "mask_explorer",
     "placeholder_html", "widget_class",
 ]

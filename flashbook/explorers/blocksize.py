@@ -13,6 +13,14 @@ the library's constants and the start settings; the JavaScript mirrors
 ``explorer_state`` from them. The example inputs are ``example_qkv(n, d)``: an integer
 hash that the browser evaluates exactly as NumPy does, so that it recomputes the
 watched row's m and l.
+
+What fits is counted twice, and the explorer shows both, labelled:
+
+- *everything on chip* (``tiled.onchip_bytes``, the paper's view): every buffer one
+  program holds, Q, K, V in fp16 and S/P, O, m, l in fp32, one copy each;
+- *the kernel's shared memory* (``smem.smem_buffers``, the model chapters 6 to 9 use):
+  only the Q tile and ``num_stages`` copies of the K and V tiles, in fp16 (S/P, O, m, l
+  sit in registers); on the T4, Triton's fp32 operand tiles.
 """
 from __future__ import annotations
 
@@ -21,9 +29,10 @@ import io as _io
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
+from matplotlib.collections import QuadMesh
 from matplotlib.figure import Figure
 
-from .. import io_counter, plots, reference, runtime, tiled
+from .. import io_counter, plots, reference, runtime, smem, tiled
 from ..validation import check_choice, check_count, check_flag
 
 #: A live run stops being quick (about 0.1 ms per tile in NumPy) beyond this many tiles.
@@ -32,7 +41,8 @@ MAX_LIVE_TILES = 8192
 #: and of the accumulators and per-row statistics (fp32).
 DTYPE_BYTES, ACC_BYTES = 2, 4
 #: The controls' ranges: (min, max, step) per setting.
-LIMITS = {"n": (16, 1024, 8), "d": (16, 256, 16), "block_q": (8, 256, 8), "block_k": (8, 256, 8)}
+LIMITS = {"n": (16, 1024, 8), "d": (16, 256, 16), "block_q": (8, 256, 8), "block_k": (8, 256, 8),
+          "num_stages": (1, 4, 1)}
 #: The example inputs: uniform on [LOW, LOW + WIDTH) from a 32-bit integer hash.
 EXAMPLE_SEED, EXAMPLE_LOW, EXAMPLE_WIDTH = 0x9E3779B9, -2.0, 4.0
 
@@ -71,6 +81,7 @@ class Settings:
     chip: str = "A100"      # one of runtime.CHIPS
     causal: bool = False
     order: str = "fa2"      # "fa2": query tiles outer; "fa1": key/value tiles outer
+    num_stages: int = 2     # the kernel's copies of the K, V tiles in flight (its shared memory)
     step: int | None = None
     row: int | None = None
 
@@ -87,6 +98,7 @@ class Settings:
                        block_k=check_count(self.block_k, "block_k"),
                        causal=check_flag(self.causal, "causal"),
                        order=check_choice(self.order, "order", tiled.ORDERS),
+                       num_stages=check_count(self.num_stages, "num_stages"),
                        step=step, row=row)
 
 
@@ -99,7 +111,7 @@ class ExplorerState:
     schedule: tuple                   # tiles (i, j) in visiting order
     step: int                         # the highlighted step, clipped to the schedule
     trace: tuple                      # (step, m, l) of the watched row after each of its steps
-    onchip: dict                      # bytes per on-chip buffer (one program)
+    onchip: dict                      # bytes per on-chip buffer (one program), everything on chip
     smem_per_block: int               # the chip's limit for one program, bytes
     smem_per_sm: int
     traffic: dict                     # bytes moved per algorithm
@@ -107,6 +119,7 @@ class ExplorerState:
     max_error: float | None           # max |O - O_reference| of that run
     note: str = ""
     stats: tiled.IOStats = field(default_factory=tiled.IOStats)
+    kernel_smem: dict = field(default_factory=dict)   # bytes per buffer in a kernel's shared memory
 
     @property
     def n_tiles(self) -> int:
@@ -122,7 +135,17 @@ class ExplorerState:
 
     @property
     def fits(self) -> bool:
+        """Does everything one program holds fit the chip's shared memory (the paper's view)?"""
         return self.onchip_total <= self.smem_per_block
+
+    @property
+    def kernel_smem_total(self) -> int:
+        return sum(self.kernel_smem.values())
+
+    @property
+    def kernel_fits(self) -> bool:
+        """Does a GPU kernel's shared memory (``smem.smem_bytes``) fit the chip?"""
+        return bool(self.kernel_smem) and self.kernel_smem_total <= self.smem_per_block
 
     @property
     def current_tile(self) -> tuple | None:
@@ -137,9 +160,12 @@ class ExplorerState:
         s, chip = self.settings, runtime.chip(self.settings.chip)
         flash = self.traffic[plots.ORDER_NAMES[s.order]]
         parts = [f"{self.n_tiles} tiles ({self.n_skipped} skipped), {len(self.schedule)} steps",
-                 f"on chip {plots.human_bytes(self.onchip_total)} of "
+                 f"everything on chip {plots.human_bytes(self.onchip_total)} of "
                  f"{plots.human_bytes(self.smem_per_block)} per program on {chip.name}: "
                  + ("fits" if self.fits else "does NOT fit"),
+                 f"a kernel's shared memory ({_kernel_kind(s, chip)}) "
+                 f"{plots.human_bytes(self.kernel_smem_total)}: "
+                 + ("fits" if self.kernel_fits else "does NOT fit"),
                  f"HBM traffic {plots.human_bytes(flash)}, "
                  f"{flash / self.traffic['naive']:.2f} times the naive algorithm's"]
         if self.ran:
@@ -191,7 +217,24 @@ def explorer_state(settings: Settings = Settings()) -> ExplorerState:
     return ExplorerState(settings=s, kinds=kinds, schedule=schedule, step=step, trace=trace,
                          onchip=onchip, smem_per_block=chip.smem_per_block_kib * 1024,
                          smem_per_sm=chip.smem_per_sm_kib * 1024, traffic=traffic, ran=ran,
-                         max_error=error, note=note, stats=stats)
+                         max_error=error, note=note, stats=stats,
+                         kernel_smem=kernel_smem(s, chip))
+
+
+def _kernel_kind(settings: Settings, chip) -> str:
+    """How a kernel on ``chip`` holds its tiles: pipeline stages, or (sm_75) fp32 copies."""
+    return "fp32 tiles" if int(chip.arch[3:]) < 80 else f"{settings.num_stages} stages"
+
+
+def kernel_smem(settings: Settings, chip) -> dict:
+    """A forward kernel's shared memory for these tiles on ``chip``, by buffer: the book's
+    one model (``smem.smem_buffers``), fp16 inputs, d padded to the kernels' tile width.
+    Empty when d is wider than any kernel's tile (no kernel takes it)."""
+    if settings.d > smem.TILE_DS[-1]:
+        return {}
+    return smem.smem_buffers(settings.block_q, settings.block_k, smem.tile_d(settings.d),
+                             num_stages=settings.num_stages, dtype_bytes=DTYPE_BYTES,
+                             arch=chip.arch)
 
 
 def _draw_trace(ax_m, ax_l, state: ExplorerState):
@@ -223,22 +266,36 @@ def _draw_trace(ax_m, ax_l, state: ExplorerState):
 
 
 def render(state: ExplorerState) -> Figure:
-    """The explorer's figure for ``state``: tile grid, m and l, on-chip bytes, HBM traffic."""
+    """The explorer's figure for ``state``: tile grid (its colour bar says what the colours
+    mean), m and l, the two on-chip counts (stacked by buffer, outlined in red when they do
+    not fit), HBM traffic."""
     s = state.settings
     chip = runtime.chip(s.chip)
-    fig = Figure(figsize=(11.5, 6.4))      # fixed margins: a layout engine doubles the time
-    grid = fig.add_gridspec(3, 2, width_ratios=[1.1, 1], height_ratios=[1.3, 0.6, 1],
-                            left=0.06, right=0.9, bottom=0.08, top=0.9, wspace=0.45, hspace=0.6)
-    plots.tile_grid(fig.add_subplot(grid[:, 0]), s.n, s.n, s.block_q, s.block_k,
+    fig = Figure(figsize=(11.5, 7.4))      # fixed margins: a layout engine doubles the time
+    grid = fig.add_gridspec(4, 2, width_ratios=[1.1, 1], height_ratios=[1.3, 0.45, 0.45, 0.9],
+                            left=0.06, right=0.9, bottom=0.07, top=0.91, wspace=0.45, hspace=0.95)
+    ax_grid = fig.add_subplot(grid[:, 0])
+    plots.tile_grid(ax_grid, s.n, s.n, s.block_q, s.block_k,
                     causal=s.causal, order=s.order, step=state.step, row=s.row)
+    meshes = [c for c in ax_grid.collections if isinstance(c, QuadMesh)]
+    fig.colorbar(meshes[-1], ax=ax_grid, orientation="horizontal", fraction=0.035, pad=0.1,
+                 label="step that visits the tile (grey: skipped, faded: not yet, red: now)")
     trace = grid[0, 1].subgridspec(2, 1, hspace=0.08)
     ax_m = fig.add_subplot(trace[0])
     _draw_trace(ax_m, fig.add_subplot(trace[1], sharex=ax_m), state)
+    limit = f"{chip.name} per program"
     plots.footprint_bar(fig.add_subplot(grid[1, 1]), state.onchip, state.smem_per_block,
-                        limit_label=f"{chip.name} shared memory per program",
-                        title=f"on chip, one program: {plots.human_bytes(state.onchip_total)}"
-                              + ("" if state.fits else ": does NOT fit"))
-    plots.traffic_bars(fig.add_subplot(grid[2, 1]), state.traffic,
+                        limit_label=limit,
+                        title=f"everything on chip (the paper's count): "
+                              f"{plots.human_bytes(state.onchip_total)}"
+                              + ("" if state.fits else ", does NOT fit"))
+    if state.kernel_smem:
+        plots.footprint_bar(fig.add_subplot(grid[2, 1]), state.kernel_smem, state.smem_per_block,
+                            limit_label=limit,
+                            title=f"a kernel's shared memory ({_kernel_kind(s, chip)}): "
+                                  f"{plots.human_bytes(state.kernel_smem_total)}"
+                                  + ("" if state.kernel_fits else ", does NOT fit"))
+    plots.traffic_bars(fig.add_subplot(grid[3, 1]), state.traffic,
                        highlight=plots.ORDER_NAMES[s.order])
     check = (f"max |O - O_ref| = {state.max_error:.1e}" if state.ran
              else "output not checked (too many tiles for a live run)")
@@ -267,8 +324,10 @@ def blocksize_config(settings=None) -> dict:
                                                 causal=s.causal, order=s.order)) // 2
     return {
         "chips": {name: {"name": c.name, "smem_per_block": c.smem_per_block_kib * 1024,
-                         "smem_per_sm": c.smem_per_sm_kib * 1024}
+                         "smem_per_sm": c.smem_per_sm_kib * 1024, "arch": c.arch}
                   for name, c in runtime.CHIPS.items()},
+        "tile_ds": list(smem.TILE_DS), "fp32_operands": smem.FP32_OPERANDS,
+        "buffer_colors": {k: plots.BUFFER_COLORS[k] for k in ("Q", "K", "V", "S/P", "O", "m", "l")},
         "dtype_bytes": DTYPE_BYTES, "acc_bytes": ACC_BYTES,
         "input_buffers": sorted(io_counter.INPUT_BUFFERS), "stat_arrays": sorted(io_counter.STAT_ARRAYS),
         "orders": dict(plots.ORDER_NAMES),

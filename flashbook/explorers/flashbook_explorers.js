@@ -119,6 +119,26 @@ export function onchipBytes(n, d, bq, bk, cfg) {
   return out;
 }
 
+// flashbook.smem.tile_d: the head dimension padded to the kernels' tile width (null: none)
+export function tileD(d, cfg) {
+  for (const width of cfg.tile_ds) if (d <= width) return width;
+  return null;
+}
+
+// flashbook.smem.smem_buffers for the forward kernel (blocksize.kernel_smem): what a GPU
+// kernel keeps in shared memory, by buffer. From sm_80 on the Q tile and num_stages
+// copies of the K and V tiles; on sm_75 Triton's fp32 operand tiles, one entry.
+export function kernelSmem(cfg, chip, d, bq, bk, stages) {
+  const width = tileD(d, cfg), elt = cfg.dtype_bytes;
+  if (width === null) return {};
+  if (parseInt(chip.arch.slice(3), 10) < 80) {
+    let fp32 = Math.max((bq + bk) * width, bq * bk + Math.max(bq, bk) * width);
+    if (elt === 4) fp32 += bq * bk + Math.max(bq, bk) * width;
+    return { [cfg.fp32_operands]: 4 * fp32 };
+  }
+  return { Q: elt * bq * width, K: elt * stages * bk * width, V: elt * stages * bk * width };
+}
+
 // flashbook.explorers.blocksize._hash32 and example_qkv: exact 32-bit integer arithmetic
 function hash32(x) {
   x >>>= 0;
@@ -175,6 +195,8 @@ export function blocksizeState(cfg, s) {
   const seen = trace.filter((t) => t[0] <= step);
   const onchip = onchipBytes(n, d, bq, bk, cfg);
   const onchipTotal = Object.values(onchip).reduce((a, b) => a + b, 0);
+  const kernel = kernelSmem(cfg, chip, d, bq, bk, s.num_stages);
+  const kernelTotal = Object.values(kernel).reduce((a, b) => a + b, 0);
   const traffic = { naive: hbmBytes(ioNaive(n, d), cfg) };
   for (const o of Object.keys(cfg.orders)) traffic[o] = hbmBytes(ioFlash(n, d, bq, bk, causal, o), cfg);
   const nTiles = kinds.length * kinds[0].length;
@@ -185,7 +207,8 @@ export function blocksizeState(cfg, s) {
     now: seen.length ? seen[seen.length - 1] : null,
     current: schedule.length ? schedule[step] : null,
     nTiles, nSkipped, nPartial, onchip, onchipTotal, smemPerBlock: chip.smem_per_block, chipName: chip.name,
-    fits: onchipTotal <= chip.smem_per_block, traffic,
+    fits: onchipTotal <= chip.smem_per_block, traffic, arch: chip.arch,
+    kernel, kernelTotal, kernelFits: Object.keys(kernel).length > 0 && kernelTotal <= chip.smem_per_block,
   };
 }
 
@@ -334,7 +357,7 @@ function tileGridSvg(st) {
   const { n, block_q: bq, block_k: bk } = st.settings, W = 300, H = 300, sx = W / n, sy = H / n;
   const visitIndex = new Map(st.schedule.map(([i, j], k) => [`${i},${j}`, k]));
   const g = svg("svg", { viewBox: `-2 -2 ${W + 4} ${H + 22}`, role: "img", "aria-label": "tile grid" });
-  const colors = { full: "#9ecae1", partial: "#fdae6b", skipped: "#e6e6e6" };
+  const colors = TILE_COLORS;
   st.kinds.forEach((rowKinds, i) => rowKinds.forEach((kind, j) => {
     const k = visitIndex.get(`${i},${j}`), done = k !== undefined && k <= st.step;
     g.append(svg("rect", { x: j * bk * sx, y: i * bq * sy, width: Math.min(bk, n - j * bk) * sx,
@@ -349,6 +372,21 @@ function tileGridSvg(st) {
   g.append(svg("line", { x1: 0, x2: W, y1: (st.row + 0.5) * sy, y2: (st.row + 0.5) * sy, stroke: "#333", "stroke-dasharray": "4 3" }));
   g.append(svg("text", { x: 0, y: H + 16, text: `keys →, queries ↓; dashed: row ${st.row}` }));
   return g;
+}
+
+const TILE_COLORS = { full: "#9ecae1", partial: "#fdae6b", skipped: "#e6e6e6" };
+
+// What the tile grid's colours mean.
+function tileLegend(st) {
+  const swatch = (style) => el("span", { class: "fbx-swatch", style });
+  const item = (key, style, text) => el("span", { "data-fb-legend": key }, swatch(style), text);
+  return el("div", { class: "fbx-legend", "data-fb-legend-for": "tiles" },
+    item("full", `background:${TILE_COLORS.full}`, "visited, no mask inside"),
+    item("partial", `background:${TILE_COLORS.partial}`, "visited, masked in part"),
+    item("skipped", `background:${TILE_COLORS.skipped}`, "skipped (wholly masked)"),
+    item("later", `background:${TILE_COLORS.full};opacity:0.35`, "pale: not visited yet"),
+    item("current", "border:2.5px solid #d62728;background:none", "red outline: this step"),
+    item("row", "border:0;border-top:2px dashed #333;height:0;background:none", `dashed: row ${st.row}`));
 }
 
 function traceSvg(st) {
@@ -392,7 +430,46 @@ function barsSvg(items, limit, limitLabel, label) {
   return g;
 }
 
-const BUFFER_COLORS = { Q: "#4C72B0", K: "#55A868", V: "#8172B2", "S/P": "#DD8452", O: "#C44E52", m: "#937860", l: "#DA8BC3" };
+// The two counts of what one program needs, each one bar stacked by buffer, against
+// the chip's limit (dashed). A bar that does not fit is outlined in red and the part
+// beyond the limit is hatched red; a legend names the buffers.
+function footprintSvg(rows, limit, limitLabel, colors) {
+  const W = 300, left = 4, span = W - 8, barH = 18, rowH = 44, H = rows.length * rowH + 18;
+  const max = Math.max(limit, ...rows.map((r) => r.total)) || 1, x = (b) => left + b / max * span;
+  const g = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "on-chip bytes, stacked by buffer" });
+  g.append(svg("defs", {}, svg("pattern", { id: "fbx-over", width: 6, height: 6, patternUnits: "userSpaceOnUse",
+    patternTransform: "rotate(45)" }, svg("rect", { width: 6, height: 6, fill: "#f4c7cf" }),
+  svg("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#b00020", "stroke-width": 3 }))));
+  rows.forEach((r, k) => {
+    const y = 16 + k * rowH;
+    g.append(svg("text", { x: left, y: y - 4, fill: r.fits ? "#222" : "#b00020", "font-weight": r.fits ? 400 : 600, "font-size": 11,
+      text: `${r.label}: ${humanBytes(r.total)}, ${r.fits ? "fits" : "does NOT fit"}` }));
+    const bar = svg("g", { "data-fb-bar": r.key, "data-fits": String(r.fits), "data-total": String(r.total) });
+    let at = 0;
+    for (const [name, bytes] of Object.entries(r.items)) {
+      bar.append(svg("rect", { x: x(at), y, width: bytes / max * span, height: barH, fill: colors[name] || "#999",
+        stroke: "#fff", "stroke-width": 0.5, "data-fb-segment": name, "data-bytes": String(bytes) }));
+      at += bytes;
+    }
+    if (!r.fits && r.total > limit)
+      bar.append(svg("rect", { x: x(limit), y, width: x(r.total) - x(limit), height: barH, fill: "url(#fbx-over)",
+        "fill-opacity": 0.75, "data-fb-overflow": r.key }));
+    bar.append(svg("rect", { x: left, y, width: x(r.total) - left, height: barH, fill: "none",
+      stroke: r.fits ? "#333" : "#b00020", "stroke-width": r.fits ? 1 : 2.5, "data-fb-outline": r.key }));
+    g.append(bar);
+  });
+  const lx = x(limit);
+  g.append(svg("line", { x1: lx, x2: lx, y1: 4, y2: H - 14, stroke: "#000", "stroke-width": 1.5, "stroke-dasharray": "4 2" }));
+  g.append(svg("text", { x: left, y: H - 3, "font-size": 11, text: `dashed line: ${limitLabel}` }));
+  return g;
+}
+
+function footprintLegend(rows, colors) {
+  const names = [...new Set(rows.flatMap((r) => Object.keys(r.items)))];
+  return el("div", { class: "fbx-legend", "data-fb-legend-for": "buffers" }, ...names.map((name) =>
+    el("span", { "data-fb-legend": name }, el("span", { class: "fbx-swatch", style: `background:${colors[name] || "#999"}` }), name)),
+  el("span", { "data-fb-legend": "overflow" }, el("span", { class: "fbx-swatch", style: "background:repeating-linear-gradient(45deg,#b00020 0 2px,#f4c7cf 2px 5px);border-color:#b00020" }), "beyond the limit"));
+}
 
 function blocksizeView(root, cfg, store) {
   const lim = cfg.limits, s0 = store.get();
@@ -403,11 +480,12 @@ function blocksizeView(root, cfg, store) {
     order: select("order", Object.entries(cfg.orders).map(([o, name]) => [o, `${o.toUpperCase()}: ${name}`]), s0.order),
     causal: el("input", { type: "checkbox", name: "causal", "data-fb-control": "causal", checked: s0.causal }),
     step: rangeInput("step", s0.step, 0, 1, 1), row: rangeInput("row", s0.row, 0, s0.n - 1, 1),
+    num_stages: rangeInput("num_stages", s0.num_stages, ...lim.num_stages),
   };
   const labels = {}, label = (k, text) => { labels[k] = el("span", { text }); return labels[k]; };
   const box = el("div", { class: "fbx-controls" });
   for (const [k, text] of [["n", "N"], ["d", "d"], ["block_q", "B_r"], ["block_k", "B_c"], ["chip", "chip"],
-    ["order", "loop order"], ["step", "step"], ["row", "row"]]) {
+    ["order", "loop order"], ["step", "step"], ["row", "row"], ["num_stages", "kernel's stages"]]) {
     box.append(el("label", {}, label(k, text), controls[k]));
   }
   box.append(el("label", { class: "fbx-check" }, controls.causal, el("span", { text: "causal mask" })));
@@ -417,7 +495,7 @@ function blocksizeView(root, cfg, store) {
 
   const read = () => {
     const s = { ...store.get() };
-    for (const k of ["n", "d", "block_q", "block_k", "step", "row"]) s[k] = parseInt(controls[k].value, 10);
+    for (const k of ["n", "d", "block_q", "block_k", "step", "row", "num_stages"]) s[k] = parseInt(controls[k].value, 10);
     s.chip = controls.chip.value; s.order = controls.order.value; s.causal = controls.causal.checked;
     s.row = Math.min(s.row, s.n - 1);
     return s;
@@ -430,10 +508,12 @@ function blocksizeView(root, cfg, store) {
     root.setAttribute("data-fb-settings", JSON.stringify(s));
     controls.row.max = s.n - 1;
     controls.step.max = Math.max(st.schedule.length - 1, 1);
-    for (const k of ["n", "d", "block_q", "block_k", "step", "row"]) controls[k].value = s[k];
+    for (const k of ["n", "d", "block_q", "block_k", "step", "row", "num_stages"]) controls[k].value = s[k];
     controls.chip.value = s.chip; controls.order.value = s.order; controls.causal.checked = s.causal;
     for (const [k, text] of [["n", "N"], ["d", "d"], ["block_q", "B_r"], ["block_k", "B_c"], ["row", "row"]]) labels[k].textContent = `${text} = ${s[k]}`;
     labels.step.textContent = `step = ${st.step + 1} of ${st.schedule.length}`;
+    const pipelined = parseInt(st.arch.slice(3), 10) >= 80;
+    labels.num_stages.textContent = pipelined ? `kernel's stages = ${s.num_stages}` : `kernel's stages (none on the ${st.chipName})`;
     const flash = st.traffic[s.order], ratio = flash / st.traffic.naive;
     readout.replaceChildren(
       el("div", {}, "tiles: ", num("tiles", st.nTiles), " (", num("skipped", st.nSkipped), " skipped, ",
@@ -441,19 +521,32 @@ function blocksizeView(root, cfg, store) {
       el("div", {}, "current tile (i, j): ", num("current", st.current ? st.current.join(",") : "", st.current ? `(${st.current.join(", ")})` : "none")),
       el("div", {}, `row ${st.row}: m = `, st.now ? num("m", st.now[1], fixed(st.now[1])) : num("m", null, "not yet"),
         ", l = ", st.now ? num("l", st.now[2], fixed(st.now[2])) : num("l", null, "not yet")),
-      el("div", {}, "on chip: ", num("onchip", st.onchipTotal, humanBytes(st.onchipTotal)), " of ", num("smem", st.smemPerBlock, humanBytes(st.smemPerBlock)),
+      el("div", {}, "everything on chip (the paper's count): ", num("onchip", st.onchipTotal, humanBytes(st.onchipTotal)), " of ", num("smem", st.smemPerBlock, humanBytes(st.smemPerBlock)),
         ` per program on ${st.chipName}: `, el("span", { "data-fb": "fits", "data-value": String(st.fits), class: st.fits ? "fbx-ok" : "fbx-bad", text: st.fits ? "fits" : "does NOT fit" })),
+      el("div", {}, `a kernel's shared memory (${pipelined ? `${s.num_stages} stages` : "fp32 tiles"}): `, num("kernel-smem", st.kernelTotal, humanBytes(st.kernelTotal)),
+        `: `, el("span", { "data-fb": "kernel-fits", "data-value": String(st.kernelFits), class: st.kernelFits ? "fbx-ok" : "fbx-bad", text: st.kernelFits ? "fits" : "does NOT fit" })),
       el("div", {}, "HBM traffic: ", num("hbm", flash, humanBytes(flash)), ", naive ", num("hbm-naive", st.traffic.naive, humanBytes(st.traffic.naive)),
         ", ratio ", num("hbm-ratio", ratio, ratio.toFixed(2))),
       el("div", {}, "FA2 order ", num("hbm-fa2", st.traffic.fa2, humanBytes(st.traffic.fa2)), ", FA1 order ", num("hbm-fa1", st.traffic.fa1, humanBytes(st.traffic.fa1))),
     );
-    const onchipItems = Object.entries(st.onchip).map(([k, v]) => [k, v, BUFFER_COLORS[k] || "#999"]);
+    const colors = cfg.buffer_colors, rows = [
+      { key: "paper", label: "everything on chip", items: st.onchip, total: st.onchipTotal, fits: st.fits }];
+    if (st.kernelTotal) rows.push({ key: "kernel", label: pipelined ? `a kernel's shared memory (${s.num_stages} stages)` : "a kernel's shared memory (fp32 tiles)",
+      items: st.kernel, total: st.kernelTotal, fits: st.kernelFits });
+    const kernelNote = pipelined
+      ? `A kernel keeps S/P, O, m and l in registers: its shared memory holds the Q tile and ${s.num_stages} copies of the K and V tiles (fp16).`
+      : `On the ${st.chipName} Triton has no tensor-core path: a kernel keeps fp32 copies of the operand tiles in shared memory, with no pipeline.`;
+    const traffic = (name, o) => [(s.order === o ? "▶ " : "") + name, st.traffic[o], s.order === o ? "#2c5d8f" : "#9bb7d4"];
     figs.replaceChildren(
-      el("div", { class: "fbx-fig" }, tileGridSvg(st)),
+      el("div", { class: "fbx-fig" }, tileGridSvg(st), tileLegend(st)),
       el("div", { class: "fbx-fig" }, traceSvg(st),
-        barsSvg(onchipItems, st.smemPerBlock, `${st.chipName} limit per program`, "on-chip bytes per buffer"),
-        barsSvg([["naive", st.traffic.naive, "#999"], ["FA2 order", st.traffic.fa2, s.order === "fa2" ? "#d62728" : "#4C72B0"],
-          ["FA1 order", st.traffic.fa1, s.order === "fa1" ? "#d62728" : "#4C72B0"]], null, "", "HBM bytes")),
+        el("p", { class: "fbx-note" }, "What one program needs, counted two ways (the bars):"),
+        footprintSvg(rows, st.smemPerBlock, `the ${st.chipName}'s shared memory per program`, colors),
+        footprintLegend(rows, colors),
+        el("p", { class: "fbx-note" }, "Everything on chip: every buffer one program holds, one copy each, "
+          + "inputs in fp16 and S/P, O, m, l in fp32 (the paper's view). " + kernelNote),
+        el("p", { class: "fbx-note" }, "HBM traffic, reads and writes (▶: the loop order chosen):"),
+        barsSvg([["naive", st.traffic.naive, "#999"], traffic("FA2 order", "fa2"), traffic("FA1 order", "fa1")], null, "", "HBM bytes")),
     );
   };
   store.on(draw);
@@ -540,7 +633,7 @@ function sweepView(root, cfg, store) {
       head.append(el("div", {}, "shared memory ", num("shared", v.shared_bytes, v.shared_bytes === null ? "?" : humanBytes(v.shared_bytes))));
     }
     const kib = (b) => (b / 1024).toFixed(1);
-    const fits = el("table", { "data-fb-table": "fits" }, el("caption", { text: "fits one program's shared memory?" }),
+    const fits = el("table", { "data-fb-table": "fits" }, el("caption", { text: "the kernel's shared memory (Q, and K and V per stage: chapter 4's second bar): fits one program?" }),
       el("tr", {}, ...["chip", "needs (KiB)", "limit (KiB)", "fits", "from"].map((t) => el("th", { text: t }))));
     if (v) for (const name of cfg.chips) {
       const f = v.fits[name];
