@@ -1,0 +1,89 @@
+"""Chapter 11's recorded decoding runs read back: the table's repeats and Nsight Compute's steps.
+
+* ``repeat_ratios(folders)``: the ``decode.csv`` of runs repeated in one call
+  (``benchmarks/decode_bench.py``), as per-shape ratios with their spread over the repeats:
+  flash_decode's time over SDPA cuDNN's, the paged cache's over the dense one's, called from
+  Python (``ms``) and replayed in a CUDA graph (``graph_ms``).
+* ``ncu_steps(folder)``: a folder ``ncu`` wrote over ``benchmarks/decode_ncu.py``
+  (``raw.csv``, ``run.log``): one row per profiled decoding step, its main kernel's
+  time, DRAM traffic and how busy the SMs were, and the time of the kernel that merges
+  the splits.
+"""
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+#: the kernels that merge a step's splits (flash_decode's, cuDNN's); any other starts a step
+MERGE_KERNELS = ("_decode_combine", "lean_reduction")
+
+
+def repeat_ratios(folders):
+    """A DataFrame indexed by (batch, seq) with, for each ratio, its median, min and max over
+    the repeats: ``fd_cudnn_ms``, ``paged_dense_ms``, ``fd_cudnn_graph``, ``paged_dense_graph``
+    (columns ``<ratio>``, ``<ratio>_min``, ``<ratio>_max``), and ``copy_fraction_graph``
+    (flash_decode's, median), ``repeats``."""
+    import pandas as pd
+
+    folders = [Path(f) for f in folders]
+    if not folders:
+        raise ValueError("repeat_ratios needs at least one run folder")
+    per_run = []
+    for i, folder in enumerate(folders):
+        df = pd.read_csv(folder / "decode.csv")
+        df = df[df["status"] == "ok"]
+        t = {key: df.pivot_table(index=["batch", "seq"], columns="impl", values=key) for key in ("ms", "graph_ms")}
+        frac = df[df["impl"] == "flash_decode"].set_index(["batch", "seq"])["copy_fraction_graph"]
+        per_run.append(pd.DataFrame({
+            "fd_cudnn_ms": t["ms"]["flash_decode"] / t["ms"]["sdpa-cudnn"],
+            "paged_dense_ms": t["ms"]["flash_decode-paged"] / t["ms"]["flash_decode"],
+            "fd_cudnn_graph": t["graph_ms"]["flash_decode"] / t["graph_ms"]["sdpa-cudnn"],
+            "paged_dense_graph": t["graph_ms"]["flash_decode-paged"] / t["graph_ms"]["flash_decode"],
+            "copy_fraction_graph": frac}).assign(run=i))
+    every = pd.concat(per_run).reset_index()
+    groups = every.groupby(["batch", "seq"])
+    out = groups[["fd_cudnn_ms", "paged_dense_ms", "fd_cudnn_graph", "paged_dense_graph",
+                  "copy_fraction_graph"]].median()
+    for name in ("fd_cudnn_ms", "paged_dense_ms", "fd_cudnn_graph", "paged_dense_graph"):
+        out[f"{name}_min"], out[f"{name}_max"] = groups[name].min(), groups[name].max()
+    out["repeats"] = groups["run"].nunique()
+    return out
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def ncu_steps(folder) -> list[dict]:
+    """One dict per decoding step ``decode_ncu.py`` profiled, in its order: ``impl`` (dense,
+    paged, sdpa-cudnn), ``batch``, ``seq``, ``kernel_us`` (the main kernel), ``merge_us``
+    (0 without one), ``dram_bytes`` and ``dram_pct`` (of peak, the main kernel's),
+    ``sm_busy`` (its SMs' active cycles over elapsed), ``waves`` and ``per_sm`` (programs one
+    SM holds, by shared memory)."""
+    folder = Path(folder)
+    rows = list(csv.reader(open(folder / "raw.csv", newline="")))
+    start = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+    head, data = rows[start], rows[start + 2:]   # the row after the header holds the units
+    col = {name: head.index(name) for name in head}
+    steps = [m.groups() for m in re.finditer(r"profiled (\S+) batch (\d+) seq (\d+)",
+                                             (folder / "run.log").read_text())]
+    out = []
+    for r in data:
+        name = r[col["Kernel Name"]]
+        if any(m in name for m in MERGE_KERNELS):
+            if not out:
+                raise ValueError(f"{folder}: a merge kernel before any step's kernel")
+            out[-1]["merge_us"] += _number(r[col["gpu__time_duration.sum"]]) / 1e3
+            continue
+        out.append({"kernel": name, "kernel_us": _number(r[col["gpu__time_duration.sum"]]) / 1e3, "merge_us": 0.0,
+                    "dram_bytes": _number(r[col["dram__bytes_read.sum"]]),
+                    "dram_pct": _number(r[col["dram__throughput.avg.pct_of_peak_sustained_elapsed"]]),
+                    "sm_busy": _number(r[col["sm__cycles_active.avg"]]) / _number(r[col["sm__cycles_elapsed.avg"]]),
+                    "waves": _number(r[col["launch__waves_per_multiprocessor"]]),
+                    "per_sm": int(_number(r[col["launch__occupancy_limit_shared_mem"]]))})
+    if len(out) != len(steps):
+        raise ValueError(f"{folder}: {len(out)} profiled steps in raw.csv, {len(steps)} in run.log")
+    for row, (impl, batch, seq) in zip(out, steps):
+        row.update(impl=impl, batch=int(batch), seq=int(seq))
+    return out
