@@ -44,20 +44,26 @@ def browser():
         b.close()
 
 
-def open_page(browser, url):
+def guarded_page(browser, allowed=("http://127.0.0.1", "data:", "blob:")):
+    """A new page that may fetch only URLs starting with ``allowed`` (the rest are refused
+    and listed), and the list of its script errors: (page, refused, errors)."""
     page = browser.new_page()
-    external = []
+    refused, errors = [], []
 
     def route(r):
-        if r.request.url.startswith(("http://127.0.0.1", "data:", "blob:")):
+        if r.request.url.startswith(allowed):
             r.continue_()
         else:
-            external.append(r.request.url)
+            refused.append(r.request.url)
             r.abort()
 
     page.route("**/*", route)
-    errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    return page, refused, errors
+
+
+def open_page(browser, url):
+    page, external, errors = guarded_page(browser)
     response = page.goto(url, wait_until="load")
     assert response.ok, f"{url}: HTTP {response.status}"
     return page, external, errors
@@ -413,18 +419,8 @@ def test_explorers_work_from_disk(browser, slug, kind, control):
 
     path = pathlib.Path(HTML, "notebooks", f"{slug}.html")
     require(path.exists(), "the book is not built: run `make book`")
-    page = browser.new_page()
-    outside, errors, console = [], [], []
-
-    def route(r):
-        if r.request.url.startswith(("file://", "data:", "blob:")):
-            r.continue_()
-        else:
-            outside.append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page, outside, errors = guarded_page(browser, ("file://", "data:", "blob:"))
+    console = []
     page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
     page.goto(path.as_uri(), wait_until="load")
     root = page.locator(f"[data-fb-explorer={kind}]")
