@@ -327,3 +327,16 @@ def test_chapter_11_says_what_a_negative_hidden_fraction_means():
     assert "{glue:text}`ring_hidden`" in _cell(nb, "c11-45")
     code = _cell(nb, "c11-44")
     assert "below 0: the overlapped ring took longer" in code and "do not show the overlap" in code
+
+
+def test_no_chapter_promises_a_dram_measurement_another_does_not_make():
+    """Chapters 1 and 4 once sent the reader to chapters 6 and 9 for a measurement of DRAM
+    traffic and L2 hits that neither makes; they now name the profiler's counter, and the
+    chapter they cite (11) shows an Nsight Compute reading of DRAM bytes."""
+    ch1 = json.dumps(_notebook("01_attention_numpy.ipynb"))
+    ch4 = json.dumps(_notebook("04_tiled_forward.ipynb"))
+    assert "chapter 6 measures" not in ch1 and "mostly hit the" not in ch1
+    assert "Chapter 9 measures it" not in ch4
+    assert "dram__bytes_read.sum" in ch1 and "dram__bytes_read.sum" in ch4
+    ch11 = json.dumps(_notebook("11_decoding_and_many_gpus.ipynb"))
+    assert "decoding.ncu_steps" in ch11 and "DRAM (% of peak)" in ch11

@@ -106,7 +106,9 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
 
     ``TILE_IN_PAGE`` (pages of at least BLOCK_N tokens): a tile never spans pages, so it
     reads one page index and addresses its rows as the dense cache does, from one base
-    pointer and a row stride."""
+    pointer and a row stride: 1-13% less time than the row gather at the same split counts
+    on the H200, and called from Python the paged cache then took 1.01-1.04x the dense
+    one's time (medians of three runs, batch 1-64 x 2K-128K; decode_h200-3)."""
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
