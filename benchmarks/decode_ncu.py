@@ -1,7 +1,7 @@
 """One decoding step per shape, for Nsight Compute: where flash_decode's time goes.
 
     ncu --profile-from-start off --csv --page raw --metrics METRICS \\
-        python3 benchmarks/decode_ncu.py --shapes 1x32K,1x128K,64x32K [--paged] [--sdpa]
+        python3 benchmarks/decode_ncu.py --shapes 1x32K,1x128K,64x32K [--paged] [--sdpa] --steps OUT/steps.json
 
 (``tools``-free: the command is in ``benchmarks/results/decode_ncu_h200/README.md``.) Each
 shape is called twice first (compiling, and planning the call signature); then one call runs
@@ -14,6 +14,7 @@ the SMs' busy cycles, the grid and its waves, the L2 hit rate.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -40,11 +41,13 @@ def main(argv=None) -> int:
     p.add_argument("--paged", action="store_true", help="also the same cache in shuffled pages")
     p.add_argument("--sdpa", action="store_true", help="also SDPA's cuDNN backend")
     p.add_argument("--metrics", action="store_true", help="print METRICS for ncu's --metrics and exit")
+    p.add_argument("--steps", help="write the profiled steps, in order, to this JSON file (steps.json)")
     args = p.parse_args(argv)
     if args.metrics:
         print(",".join(METRICS))
         return 0
     cudnn = bench.sdpa_attention("sdpa-cudnn")
+    steps = []
     for batch, seq in args.shapes:
         q, k, v = decode_inputs(batch, seq)
         calls = [("dense", lambda: flash_decode(q, k, v))]
@@ -64,8 +67,12 @@ def main(argv=None) -> int:
             torch.cuda.profiler.stop()
             torch.cuda.nvtx.range_pop()
             print(f"profiled {name} batch {batch} seq {seq}", flush=True)
+            steps.append({"impl": name, "batch": batch, "seq": seq})
         del q, k, v, calls
         torch.cuda.empty_cache()
+    if args.steps:   # what flashbook.bench.decoding.ncu_steps reads beside ncu's raw.csv
+        with open(args.steps, "w") as f:
+            json.dump({"about": "the decoding steps decode_ncu.py profiled, in order", "steps": steps}, f, indent=1)
     return 0
 
 

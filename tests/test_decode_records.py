@@ -52,8 +52,8 @@ def test_nsight_shows_why_batch_64_wanted_more_splits():
 def test_a_log_that_does_not_match_its_profile_is_refused(tmp_path):
     src = bench.run_paths("decode_ncu")[-1]
     shutil.copy(src / "raw.csv", tmp_path / "raw.csv")
-    (tmp_path / "run.log").write_text("profiled dense batch 1 seq 32768\n")
-    with pytest.raises(ValueError, match="15 profiled steps in raw.csv, 1 in run.log"):
+    (tmp_path / "steps.json").write_text('{"steps": [{"impl": "dense", "batch": 1, "seq": 32768}]}')
+    with pytest.raises(ValueError, match="15 profiled steps in raw.csv, 1 in steps.json"):
         decoding.ncu_steps(tmp_path)
     with pytest.raises(ValueError, match="at least one run folder"):
         decoding.repeat_ratios([])

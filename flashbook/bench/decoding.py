@@ -5,14 +5,14 @@
   flash_decode's time over SDPA cuDNN's, the paged cache's over the dense one's, called from
   Python (``ms``) and replayed in a CUDA graph (``graph_ms``).
 * ``ncu_steps(folder)``: a folder ``ncu`` wrote over ``benchmarks/decode_ncu.py``
-  (``raw.csv``, ``run.log``): one row per profiled decoding step, its main kernel's
+  (``raw.csv``, and ``steps.json``: the steps in the order profiled): one row per profiled decoding step, its main kernel's
   time, DRAM traffic and how busy the SMs were, and the time of the kernel that merges
   the splits.
 """
 from __future__ import annotations
 
 import csv
-import re
+import json
 from pathlib import Path
 
 #: the kernels that merge a step's splits (flash_decode's, cuDNN's); any other starts a step
@@ -66,8 +66,7 @@ def ncu_steps(folder) -> list[dict]:
     start = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
     head, data = rows[start], rows[start + 2:]   # the row after the header holds the units
     col = {name: head.index(name) for name in head}
-    steps = [m.groups() for m in re.finditer(r"profiled (\S+) batch (\d+) seq (\d+)",
-                                             (folder / "run.log").read_text())]
+    steps = json.loads((folder / "steps.json").read_text())["steps"]
     out = []
     for r in data:
         name = r[col["Kernel Name"]]
@@ -83,7 +82,7 @@ def ncu_steps(folder) -> list[dict]:
                     "waves": _number(r[col["launch__waves_per_multiprocessor"]]),
                     "per_sm": int(_number(r[col["launch__occupancy_limit_shared_mem"]]))})
     if len(out) != len(steps):
-        raise ValueError(f"{folder}: {len(out)} profiled steps in raw.csv, {len(steps)} in run.log")
-    for row, (impl, batch, seq) in zip(out, steps):
-        row.update(impl=impl, batch=int(batch), seq=int(seq))
+        raise ValueError(f"{folder}: {len(out)} profiled steps in raw.csv, {len(steps)} in steps.json")
+    for row, step in zip(out, steps):
+        row.update(impl=step["impl"], batch=int(step["batch"]), seq=int(step["seq"]))
     return out
