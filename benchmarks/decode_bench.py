@@ -259,13 +259,25 @@ def goals(rows, min_seq: int = 32768, fraction: float = 0.8) -> dict:
 
 # ------------------------------------------------------------------ sweeps
 
+@contextlib.contextmanager
+def _reading(cache):
+    """flash_decode as a sweep's cache kind reads: "paged-rows" is a paged cache read with
+    one page index per key row (``decode.TILE_IN_PAGE`` off); plans made under the other
+    setting are forgotten on the way in and out."""
+    original = decode.TILE_IN_PAGE
+    decode.TILE_IN_PAGE = original and cache != "paged-rows"
+    decode._PLANS.clear()
+    try:
+        yield
+    finally:
+        decode.TILE_IN_PAGE = original
+        decode._PLANS.clear()
+
+
 def _sweep_inputs(batch, seq, cache):
     """q and the cache of one sweep shape, dense or cut into shuffled pages; the call's
-    extra arguments (block_table) as a dict. Sets how a paged tile finds its rows."""
+    extra arguments (block_table) as a dict."""
     q, k, v = decode_inputs(batch, seq)
-    # "paged-rows": the same pages read with one page index per key row (decode.TILE_IN_PAGE off)
-    decode.TILE_IN_PAGE = cache != "paged-rows"
-    decode._PLANS.clear()
     if cache == "dense":
         return q, k, v, {}
     k, v, table = decode.paginate(k, v, PAGE_SIZE, generator=torch.Generator().manual_seed(0))
@@ -280,17 +292,18 @@ def sweep_splits(timer, copy_tb_s, shapes=SPLIT_SHAPES, caches=("dense",), count
             block_n = decode.decode_tiles(HEAD_DIM, BYTES, HEADS // KV_HEADS * N_NEW)[1]
             chosen = decode.choose_num_splits(batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device),
                                               block_n=block_n)
-            for s in sorted(set(counts) | {chosen}):
-                if s > max(1, seq // block_n):
-                    continue
-                replay, _ = graph_replay(lambda: flash_decode(q, k, v, num_splits=s, **extra))
-                ms = timer(replay)
-                rows.append({"batch": batch, "seq": seq, "cache": cache, "num_splits": s, "chosen": s == chosen,
-                             "graph_ms": ms, "copy_fraction_graph": kv_bytes(batch, seq) / ms / 1e9 / copy_tb_s})
-                print(rows[-1], flush=True)
+            with _reading(cache):
+                for s in sorted(set(counts) | {chosen}):
+                    if s > max(1, seq // block_n):
+                        continue
+                    replay, _ = graph_replay(lambda: flash_decode(q, k, v, num_splits=s, **extra))
+                    ms = timer(replay)
+                    rows.append({"batch": batch, "seq": seq, "cache": cache, "num_splits": s,
+                                 "chosen": s == chosen, "graph_ms": ms,
+                                 "copy_fraction_graph": kv_bytes(batch, seq) / ms / 1e9 / copy_tb_s})
+                    print(rows[-1], flush=True)
             del q, k, v, extra
             torch.cuda.empty_cache()
-    decode.TILE_IN_PAGE = True
     return rows
 
 
@@ -321,7 +334,7 @@ def sweep_tiles(timer, copy_tb_s, shapes=TILE_SHAPES, caches=("dense",), grid=TI
                 row = {"batch": batch, "seq": seq, "cache": cache, "block_n": block_n, "num_warps": warps,
                        "num_stages": stages, "default": (block_n, warps, stages) == tuple(default[1:])}
                 try:
-                    with tiles_fixed(block_n, warps, stages):
+                    with _reading(cache), tiles_fixed(block_n, warps, stages):
                         replay, _ = graph_replay(lambda: flash_decode(q, k, v, **extra))
                         row["num_splits"] = decode.choose_num_splits(
                             batch, KV_HEADS, seq, sm_count=decode.sm_count(q.device), block_n=block_n)
@@ -333,7 +346,6 @@ def sweep_tiles(timer, copy_tb_s, shapes=TILE_SHAPES, caches=("dense",), grid=TI
                 print(row, flush=True)
             del q, k, v, extra
             torch.cuda.empty_cache()
-    decode.TILE_IN_PAGE = True
     return rows
 
 

@@ -318,6 +318,13 @@ def test_decode_bench_plan_and_judge():
         db.parse_shapes("64-2K")
     args = db.parse_args(["--out", "x", "--split-shapes", "8x1K", "--sweep-caches", "paged,paged-rows"])
     assert args.split_shapes == ((8, 1024),) and args.sweep_caches == ("paged", "paged-rows")
+    decode._PLANS["stale"] = object()
+    with db._reading("paged-rows"):   # the row gather for one sweep, then the default again
+        assert decode.TILE_IN_PAGE is False and not decode._PLANS
+        decode._PLANS["made under it"] = object()
+    assert decode.TILE_IN_PAGE is True and not decode._PLANS
+    with db._reading("paged"):
+        assert decode.TILE_IN_PAGE is True
     rows = [db.Row(1, 32768, "flash_decode", ms=0.05, graph_ms=0.04, copy_fraction=0.7, copy_fraction_graph=0.85),
             db.Row(1, 32768, "sdpa-flash", ms=0.06, graph_ms=0.03),
             db.Row(8, 65536, "flash_decode", ms=0.4, graph_ms=0.39, copy_fraction=0.9, copy_fraction_graph=0.91),

@@ -62,7 +62,8 @@ def ncu_steps(folder) -> list[dict]:
     ``sm_busy`` (its SMs' active cycles over elapsed), ``waves`` and ``per_sm`` (programs one
     SM holds, by shared memory)."""
     folder = Path(folder)
-    rows = list(csv.reader(open(folder / "raw.csv", newline="")))
+    with open(folder / "raw.csv", newline="") as f:
+        rows = list(csv.reader(f))
     start = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
     head, data = rows[start], rows[start + 2:]   # the row after the header holds the units
     col = {name: head.index(name) for name in head}

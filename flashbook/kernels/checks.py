@@ -49,13 +49,19 @@ def torch_grads(q, k, v, do, *, causal=False, scale=None, dtype=torch.float32, w
     ``softcap``, ``prefix`` and ``alibi_slopes`` as ``flash_attention``'s (the mask from
     ``masks.allowed``)."""
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    o = torch_attention(*leaves, **_torch_mask(q, k, causal, scale, window, softcap, prefix, alibi_slopes))
+    o.backward(do.detach().to(dtype))
+    return (o.detach(), *(t.grad for t in leaves))
+
+
+def _torch_mask(q, k, causal, scale, window, softcap, prefix, alibi_slopes) -> dict:
+    """``torch_attention``'s mask arguments for ``flash_attention``'s (``masks.allowed`` for a
+    window or a prefix)."""
     allowed = None
     if masks.check_window(window) != masks.NO_WINDOW or masks.check_prefix(prefix):
         allowed = masks.allowed(q.shape[-2], k.shape[-2], causal=causal, window=window, prefix=prefix)
-    o = torch_attention(*leaves, causal=causal, scale=scale, allowed=allowed, softcap=masks.check_softcap(softcap),
-                        alibi_slopes=alibi_slopes)
-    o.backward(do.detach().to(dtype))
-    return (o.detach(), *(t.grad for t in leaves))
+    return dict(causal=causal, scale=scale, allowed=allowed, softcap=masks.check_softcap(softcap),
+                alibi_slopes=alibi_slopes)
 
 
 def output_error_grads(q, k, v, do, o, *, causal=False, scale=None, window=None, softcap=None, prefix=0,
@@ -70,18 +76,13 @@ def output_error_grads(q, k, v, do, o, *, causal=False, scale=None, window=None,
     here (the soft cap's slope and the masks included, as in the kernels). PyTorch's
     backward, the yardstick, takes delta from P and dP instead, so it has no such term.
     """
-    mask = dict(causal=causal, scale=scale, softcap=masks.check_softcap(softcap), alibi_slopes=alibi_slopes)
-    if masks.check_window(window) != masks.NO_WINDOW or masks.check_prefix(prefix):
-        mask["allowed"] = masks.allowed(q.shape[-2], k.shape[-2], causal=causal, window=window, prefix=prefix)
     leaves = [x.detach().double().requires_grad_() for x in (q, k)]
-    o_true, lse = torch_attention(*leaves, v.detach().double(), return_lse=True, **mask)
-    seen = torch.isfinite(lse)
+    o_true, lse = torch_attention(*leaves, v.detach().double(), return_lse=True,
+                                  **_torch_mask(q, k, causal, scale, window, softcap, prefix, alibi_slopes))
+    seen = torch.isfinite(lse)   # a row that sees no key has lse = -inf, o = 0 and no error
     e = ((o.detach().double() - o_true.detach()) * do.detach().double()).sum(-1)
     loss = -(torch.where(seen, e, 0.0) * torch.where(seen, lse, 0.0)).sum()
-    if not loss.requires_grad:   # no row sees a key
-        return tuple(torch.zeros_like(x) for x in leaves)
-    dq, dk = torch.autograd.grad(loss, leaves, allow_unused=True)
-    return tuple(torch.zeros_like(x) if g is None else g.nan_to_num(0.0) for g, x in zip((dq, dk), leaves))
+    return tuple(g.nan_to_num(0.0) for g in torch.autograd.grad(loss, leaves))
 
 
 def max_error(got, want) -> tuple[float, tuple]:

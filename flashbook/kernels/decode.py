@@ -535,7 +535,7 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
         dict(N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
              CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None, PAGE_SIZE=page_size,
              DOT_PRECISION=dot_precision(q.dtype), WINDOW=windowed,
-             TILE_IN_PAGE=bool(page_size) and TILE_IN_PAGE and page_size >= block_n,
+             TILE_IN_PAGE=TILE_IN_PAGE and page_size >= block_n,   # no pages: page_size 0
              num_warps=num_warps, num_stages=num_stages),
         slots=range(7))
     combine = None
