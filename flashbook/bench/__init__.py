@@ -13,6 +13,8 @@ importable from ``flashbook.bench``:
 - ``readback``:     the recorded runs read back: the newest of a kind, ratios, targets, roofline
 - ``blocks``:       the recorded block sweep: shared memory, fits per chip, the explorer's state
 - ``experiments``:  chapter 10's recorded experiments: descriptors, Gluon schedules, host overhead
+- ``profiles``:     Nsight Compute's readings of the kernels: executed tensor ops, DRAM, L2, spills
+                    (``from flashbook.bench import profiles``; ``decoding``: chapter 11's records)
 - ``peer``:         a peer's kernel file (Triton's tutorial, supplied by the user) timed beside ours
 - ``cli``:          ``python -m flashbook.bench`` (``--quick``, ``--sweep-blocks``, ``--ladder``,
                     ``--peer``)

@@ -1,0 +1,103 @@
+"""Nsight Compute's readings of the attention kernels, read back: why each is as fast as it is.
+
+``ncu --csv --page raw`` writes one row per profiled kernel (``raw.csv``); the benchmark that
+ran under it (``benchmarks/kernel_ncu.py``) writes ``steps.json``: the passes it profiled, in
+order, each with how many kernels it launched. ``kernel_rows(folder)`` gives every kernel its
+pass; ``pass_table(folder)`` sums each pass:
+
+* ``us``: the GPU time of its kernels (ncu's ``gpu__time_duration``, clocks not locked);
+* ``ops_ratio``: the tensor pipe's executed math ops (2 per multiply-add, bf16 inputs; wgmma
+  and mma.sync alike) over the forward's credited ``4·B·H·N²·d`` (half of it under the causal
+  mask): what a pass really computes, against the convention that credits a backward 2.5;
+* ``dram_mb`` (read), ``l2_hit`` (the main kernel's, %), ``tensor_pct`` (the tensor pipe's busy
+  share of the main kernel's active cycles), ``regs`` and ``spill_mb`` (the main kernel's
+  registers per thread and its local-memory stores: registers spilled).
+
+The main kernel of a pass is the one that runs longest.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+#: ncu's names for what pass_table reads
+TIME, DRAM_READ, L2_HIT = "gpu__time_duration.sum", "dram__bytes_read.sum", "lts__t_sector_hit_rate.pct"
+TENSOR_BUSY = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+TENSOR_OPS = ("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum",
+              "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32.sum")
+REGS, SPILL_ST = "launch__registers_per_thread", "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"
+
+
+def number(text: str) -> float:
+    """ncu's CSV number ("1,234.5"; "n/a" and empty cells are 0)."""
+    text = text.replace(",", "").strip()
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def ncu_csv(path) -> list[dict]:
+    """The kernels of an ``ncu --csv --page raw`` file, in launch order: one dict each with
+    "Kernel Name" and every metric column as a number."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    try:
+        start = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+    except StopIteration:
+        raise ValueError(f"{path}: not ncu's raw CSV (no header row starting with ID)") from None
+    head = rows[start]
+    out = []
+    for r in rows[start + 2:]:   # the row after the header holds the units
+        row = {h: number(x) if "__" in h else x for h, x in zip(head, r)}
+        out.append(row)
+    return out
+
+
+def kernel_rows(folder) -> list[dict]:
+    """Every profiled kernel of ``folder`` (raw.csv, steps.json) with its pass's labels."""
+    folder = Path(folder)
+    kernels = ncu_csv(folder / "raw.csv")
+    steps = json.loads((folder / "steps.json").read_text())["steps"]
+    if sum(s["kernels"] for s in steps) != len(kernels):
+        raise ValueError(f"{folder}: {len(kernels)} kernels in raw.csv, "
+                         f"{sum(s['kernels'] for s in steps)} in steps.json's passes")
+    out, i = [], 0
+    for n, step in enumerate(steps):
+        labels = {k: v for k, v in step.items() if k not in ("kernels", "names")}
+        for row in kernels[i:i + step["kernels"]]:
+            out.append(dict(row, step=n, **labels))
+        i += step["kernels"]
+    return out
+
+
+def credited_forward_flops(batch, heads, seq, dim, causal) -> float:
+    """The convention's forward FLOPs: 4·B·H·N²·d, half under the causal mask."""
+    return 4.0 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
+
+
+def pass_table(folder):
+    """One row per profiled pass (a DataFrame in the order profiled): its labels (``impl``,
+    ``batch``, ``heads``, ``seq``, ``dim``, ``causal``, ``pass_``, and ``mask``,
+    ``config_dkdv`` where the pass had them) and the sums and main-kernel readings of the
+    module docstring, with ``kernel`` (the main kernel's name) and ``kernels`` (how many)."""
+    import pandas as pd
+
+    rows = kernel_rows(folder)
+    out = []
+    for step in sorted({r["step"] for r in rows}):
+        ks = [r for r in rows if r["step"] == step]
+        main = max(ks, key=lambda r: r[TIME])
+        first = ks[0]
+        labels = {k: first[k] for k in ("impl", "batch", "heads", "seq", "dim", "causal", "pass_")}
+        for k in ("mask", "config_dkdv"):
+            if k in first:
+                labels[k] = tuple(first[k]) if isinstance(first[k], list) else first[k]
+        ops = sum(r.get(m, 0.0) for r in ks for m in TENSOR_OPS)
+        credited = credited_forward_flops(*(labels[k] for k in ("batch", "heads", "seq", "dim", "causal")))
+        out.append(dict(labels, kernel=main["Kernel Name"], kernels=len(ks),
+                        us=sum(r[TIME] for r in ks) / 1e3, ops_ratio=ops / credited,
+                        dram_mb=main[DRAM_READ] / 1e6, l2_hit=main[L2_HIT], tensor_pct=main[TENSOR_BUSY],
+                        regs=int(main[REGS]), spill_mb=main[SPILL_ST] / 1e6))
+    return pd.DataFrame(out)
