@@ -102,6 +102,11 @@ def test_the_backward_executes_seven_products_where_the_convention_credits_five(
     prose = _cell(nb, "memory-md")
     assert "more data per FLOP" not in prose and "accumulate $dQ$ across programs" not in prose
     assert "{glue:text}`fb_bwd_exec`" in prose and "{glue:text}`fb_ai_bwd`" in prose
+    # and measured, not only counted in the source: Nsight Compute's tensor-op count
+    # (tests/test_profiles.py checks the recorded 3.5 and 2.5) and the spills
+    assert "How much each costs has\n  not been measured" not in prose
+    for name in ("ncu_fb_ops", "ncu_cudnn_ops", "ncu_rate", "ncu_spill_full", "ncu_spill_causal"):
+        assert f"{{glue:text}}`{name}`" in prose, name
     ok, _ = _recorded()
     ours = ok[ok["impl"] == "flashbook"]
     # 437 TFLOP/s credited are 611 executed, more than the forward's best 504; and counted
