@@ -10,7 +10,7 @@ forward, ``sdpa-cudnn``, ``sdpa-flash``) one forward and (except gluon, whose ba
 chapter 8's) one backward run between ``cudaProfilerStart`` and ``cudaProfilerStop``; each is
 called twice first (compiling, planning). A pass may launch several kernels (chapter 8's
 backward: delta, dK/dV, dQ); ``--count`` records how many each pass launches (the PyTorch
-profiler, which cannot run under ncu), so that ``flashbook.bench.decoding.kernel_steps`` can
+profiler, which cannot run under ncu), so that ``flashbook.bench.profiles.kernel_rows`` can
 give every row of ncu's CSV its pass. ``METRICS`` asks for time, DRAM bytes, the L2 hit rate,
 the tensor pipe's busy share, occupancy, registers and spills, and the warps' stall reasons;
 ``--metrics --available FILE`` keeps only those ``ncu --query-metrics`` lists.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -139,7 +140,6 @@ def main(argv=None) -> int:
         return 0
     impls = args.impls.split(",")
     steps = []
-    import itertools
     todo = passes(args.shapes, impls) if impls != [""] else iter(())
     if args.dkdv_configs:
         todo = itertools.chain(todo, dkdv_passes(args.shapes[0], args.dkdv_configs))

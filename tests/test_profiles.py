@@ -25,7 +25,7 @@ def _write(folder, kernels, steps):
 
 def test_each_kernel_gets_its_pass_and_each_pass_its_sums(tmp_path):
     shape = {"batch": 2, "heads": 3, "seq": 64, "dim": 16, "causal": False}
-    fwd = profiles.credited_forward_flops(2, 3, 64, 16, False)
+    fwd = bench.attention_flops(2, 3, 64, 64, 16)      # what pass_table credits the forward
     assert fwd == 4 * 2 * 3 * 64 * 64 * 16
     _write(tmp_path, [("_attn_fwd", 10.0, fwd), ("_bwd_delta", 1.5, 0), ("_bwd_dkdv", 20.0, 2 * fwd),
                       ("_bwd_dq", 12.0, 1.5 * fwd)],
@@ -38,7 +38,7 @@ def test_each_kernel_gets_its_pass_and_each_pass_its_sums(tmp_path):
     assert list(t["kernel"]) == ["_attn_fwd", "_bwd_dkdv"]          # the longest kernel is the main one
     assert t["dram_mb"].iloc[0] == pytest.approx(402.71872) and t["regs"].iloc[1] == 255
     # under the causal mask the convention credits half
-    assert profiles.credited_forward_flops(2, 3, 64, 16, True) == fwd / 2
+    assert bench.attention_flops(2, 3, 64, 64, 16, causal=True) == fwd / 2
 
 
 def test_a_file_that_does_not_match_its_steps_is_refused(tmp_path):

@@ -11,9 +11,10 @@
 """
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
+
+from .profiles import ncu_csv
 
 #: the kernels that merge a step's splits (flash_decode's, cuDNN's); any other starts a step
 MERGE_KERNELS = ("_decode_combine", "lean_reduction")
@@ -51,9 +52,6 @@ def repeat_ratios(folders):
     return out
 
 
-def _number(text: str) -> float:
-    return float(text.replace(",", ""))
-
 
 def ncu_steps(folder) -> list[dict]:
     """One dict per decoding step ``decode_ncu.py`` profiled, in its order: ``impl`` (dense,
@@ -62,26 +60,22 @@ def ncu_steps(folder) -> list[dict]:
     ``sm_busy`` (its SMs' active cycles over elapsed), ``waves`` and ``per_sm`` (programs one
     SM holds, by shared memory)."""
     folder = Path(folder)
-    with open(folder / "raw.csv", newline="") as f:
-        rows = list(csv.reader(f))
-    start = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
-    head, data = rows[start], rows[start + 2:]   # the row after the header holds the units
-    col = {name: head.index(name) for name in head}
+    kernels = ncu_csv(folder / "raw.csv")
     steps = json.loads((folder / "steps.json").read_text())["steps"]
     out = []
-    for r in data:
-        name = r[col["Kernel Name"]]
+    for r in kernels:
+        name = r["Kernel Name"]
         if any(m in name for m in MERGE_KERNELS):
             if not out:
                 raise ValueError(f"{folder}: a merge kernel before any step's kernel")
-            out[-1]["merge_us"] += _number(r[col["gpu__time_duration.sum"]]) / 1e3
+            out[-1]["merge_us"] += r["gpu__time_duration.sum"] / 1e3
             continue
-        out.append({"kernel": name, "kernel_us": _number(r[col["gpu__time_duration.sum"]]) / 1e3, "merge_us": 0.0,
-                    "dram_bytes": _number(r[col["dram__bytes_read.sum"]]),
-                    "dram_pct": _number(r[col["dram__throughput.avg.pct_of_peak_sustained_elapsed"]]),
-                    "sm_busy": _number(r[col["sm__cycles_active.avg"]]) / _number(r[col["sm__cycles_elapsed.avg"]]),
-                    "waves": _number(r[col["launch__waves_per_multiprocessor"]]),
-                    "per_sm": int(_number(r[col["launch__occupancy_limit_shared_mem"]]))})
+        out.append({"kernel": name, "kernel_us": r["gpu__time_duration.sum"] / 1e3, "merge_us": 0.0,
+                    "dram_bytes": r["dram__bytes_read.sum"],
+                    "dram_pct": r["dram__throughput.avg.pct_of_peak_sustained_elapsed"],
+                    "sm_busy": r["sm__cycles_active.avg"] / r["sm__cycles_elapsed.avg"],
+                    "waves": r["launch__waves_per_multiprocessor"],
+                    "per_sm": int(r["launch__occupancy_limit_shared_mem"])})
     if len(out) != len(steps):
         raise ValueError(f"{folder}: {len(out)} profiled steps in raw.csv, {len(steps)} in steps.json")
     for row, step in zip(out, steps):

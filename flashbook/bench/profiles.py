@@ -21,6 +21,8 @@ import csv
 import json
 from pathlib import Path
 
+from .costs import attention_flops
+
 #: ncu's names for what pass_table reads
 TIME, DRAM_READ, L2_HIT = "gpu__time_duration.sum", "dram__bytes_read.sum", "lts__t_sector_hit_rate.pct"
 TENSOR_BUSY = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
@@ -29,18 +31,18 @@ TENSOR_OPS = ("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum",
 REGS, SPILL_ST = "launch__registers_per_thread", "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"
 
 
-def number(text: str) -> float:
-    """ncu's CSV number ("1,234.5"; "n/a" and empty cells are 0)."""
-    text = text.replace(",", "").strip()
+def number(text: str):
+    """ncu's CSV cell as a number ("1,234.5" -> 1234.5); a cell that is not one (an "n/a" of a
+    metric the chip lacks, a device attribute's name) stays text, never a silent 0."""
     try:
-        return float(text)
+        return float(text.replace(",", ""))
     except ValueError:
-        return 0.0
+        return text
 
 
 def ncu_csv(path) -> list[dict]:
     """The kernels of an ``ncu --csv --page raw`` file, in launch order: one dict each with
-    "Kernel Name" and every metric column as a number."""
+    "Kernel Name" and every metric column as a number (as text where the cell holds none)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     try:
@@ -48,11 +50,8 @@ def ncu_csv(path) -> list[dict]:
     except StopIteration:
         raise ValueError(f"{path}: not ncu's raw CSV (no header row starting with ID)") from None
     head = rows[start]
-    out = []
-    for r in rows[start + 2:]:   # the row after the header holds the units
-        row = {h: number(x) if "__" in h else x for h, x in zip(head, r)}
-        out.append(row)
-    return out
+    # the row after the header holds the units
+    return [{h: number(x) if "__" in h else x for h, x in zip(head, r)} for r in rows[start + 2:]]
 
 
 def kernel_rows(folder) -> list[dict]:
@@ -70,11 +69,6 @@ def kernel_rows(folder) -> list[dict]:
             out.append(dict(row, step=n, **labels))
         i += step["kernels"]
     return out
-
-
-def credited_forward_flops(batch, heads, seq, dim, causal) -> float:
-    """The convention's forward FLOPs: 4·B·H·N²·d, half under the causal mask."""
-    return 4.0 * batch * heads * seq * seq * dim * (0.5 if causal else 1.0)
 
 
 def pass_table(folder):
@@ -95,7 +89,8 @@ def pass_table(folder):
             if k in first:
                 labels[k] = tuple(first[k]) if isinstance(first[k], list) else first[k]
         ops = sum(r.get(m, 0.0) for r in ks for m in TENSOR_OPS)
-        credited = credited_forward_flops(*(labels[k] for k in ("batch", "heads", "seq", "dim", "causal")))
+        credited = attention_flops(labels["batch"], labels["heads"], labels["seq"], labels["seq"], labels["dim"],
+                                   causal=labels["causal"])
         out.append(dict(labels, kernel=main["Kernel Name"], kernels=len(ks),
                         us=sum(r[TIME] for r in ks) / 1e3, ops_ratio=ops / credited,
                         dram_mb=main[DRAM_READ] / 1e6, l2_hit=main[L2_HIT], tensor_pct=main[TENSOR_BUSY],
