@@ -85,3 +85,32 @@ def test_the_forwards_read_q_k_v_once_and_the_dkdv_kernel_spills_at_d128(recorde
     ours = recorded[(recorded["impl"] == "triton") & (recorded["pass_"] == "backward")].set_index(["dim", "causal"])
     assert ours.loc[(128, True), "spill_mb"] > ours.loc[(128, False), "spill_mb"] > 0
     assert ours.loc[(64, False), "spill_mb"] == 0
+
+
+# ------------------------------------------------------------------ atomic dQ (chapter 8)
+
+def test_atomic_dq_experiment_reads_back_and_relaxed_adds_beat_the_fence():
+    """The recorded run (benchmarks/results/atomic_dq_h200): every variant correct, the
+    relaxed adds 2-3.7x faster than acq_rel, and the separate dQ kernel still the fastest."""
+    from flashbook.bench import experiments
+
+    df = experiments.atomic_dq_table()
+    assert df is not None and len(df) == 4 * 2 * 7
+    assert df.attrs["environment"]["gpu"]["name"] == "NVIDIA H200"
+    assert (df["dq_err"] < 8e-3).all()                      # bf16: a few 2^-8, as the separate kernel's
+    spans = experiments.atomic_dq_ranges(df)
+    assert spans["separate"] == (1.0, 1.0)
+    assert round(spans["atomic"][0], 2) == 2.40 and round(spans["atomic"][1], 2) == 6.84
+    assert round(spans["relaxed"][0], 2) == 1.08 and round(spans["relaxed 64x128"][1], 2) == 1.24
+    assert all(lo > 1.0 for name, (lo, hi) in spans.items() if name != "separate")
+    key = ["n", "d", "causal"]
+    fence = df[df["variant"] == "atomic"].set_index(key)["ms"]
+    relaxed = df[df["variant"] == "relaxed"].set_index(key)["ms"]
+    assert 1.9 < (fence / relaxed).min() and (fence / relaxed).max() < 3.7
+
+
+def test_atomic_dq_reader_says_none_when_nothing_is_recorded(tmp_path):
+    from flashbook.bench import experiments
+
+    (tmp_path / "index.json").write_text(json.dumps({"runs": {}}))
+    assert experiments.atomic_dq_table(tmp_path) is None

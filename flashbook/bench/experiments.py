@@ -227,3 +227,31 @@ def gluon_schedule_table(head_dim: int, root=None):
         out = out.merge(t[keys + ["best", "best_tflops", "best_err"]].rename(columns={
             "best": f"{schedule}_config", "best_tflops": schedule, "best_err": f"{schedule}_err"}), on=keys)
     return out
+
+
+#: ``benchmarks/atomic_dq_experiment.py``'s recorded run.
+ATOMIC_DQ_EXPERIMENT = "atomic_dq"
+
+
+def atomic_dq_table(root=None):
+    """The recorded atomic-dQ experiment (chapter 8) as a DataFrame, one row per shape, mask
+    and variant: ``ms`` (median), ``x_separate`` (its time over the separate dQ kernel's),
+    ``spread`` ((slowest - fastest) / median of the repeats) and ``dq_err`` (dQ's largest
+    error against float64 over its largest value); None when it is not recorded."""
+    import pandas as pd
+
+    data = load_recorded_json(ATOMIC_DQ_EXPERIMENT, root)
+    if data is None:
+        return None
+    df = pd.DataFrame([{"batch": r["batch"], "heads": r["heads"], "n": r["n"], "d": r["d"], "causal": r["causal"],
+                        "variant": r["variant"], "ms": r["median_ms"], "x_separate": 1.0 / r["vs_separate"],
+                        "spread": (max(r["ms"]) - min(r["ms"])) / r["median_ms"],
+                        "dq_err": r["errors"]["dq_vs_float64"]} for r in data["rows"]])
+    df.attrs["environment"] = data.get("environment", {})
+    return df
+
+
+def atomic_dq_ranges(df) -> dict:
+    """variant -> (fewest, most) times as long as the separate dQ kernel, over the shapes."""
+    spans = df.groupby("variant", sort=False)["x_separate"].agg(["min", "max"])
+    return {name: (row["min"], row["max"]) for name, row in spans.iterrows()}

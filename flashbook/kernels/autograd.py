@@ -381,10 +381,12 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     ``dq_mode="separate"`` (default) computes dQ in its own kernel: deterministic.
     ``dq_mode="atomic"`` adds dQ into an fp32 buffer with atomics from the dK/dV
     kernel: one kernel fewer, but the summation order, and so the last bits of
-    dQ, may change between runs on a GPU. It uses the dK/dV tiles chosen for the
-    separate mode; on sm_90 at head_dim 128 without a mask those are 64 x 64, which
-    doubles the atomic traffic: 44.5 ms against 16.3 ms with 64 x 128 tiles at
-    N = 4096 (benchmarks/results/*-ladder*/ladder.csv). ``window``, ``softcap``, ``prefix`` and
+    dQ, may change between runs on a GPU. The adds are relaxed (an H200 ran the backward
+    2.0-3.7x faster than with Triton's default acq_rel, benchmarks/results/atomic_dq_h200),
+    and it is still 1.08-1.86x slower than the separate mode there. It uses the dK/dV tiles
+    chosen for the separate mode; on sm_90 at head_dim 128 without a mask those are 64 x 64,
+    which doubles the atomic traffic: 12.2 ms against 7.7 ms with 64 x 128 tiles at batch 8,
+    N = 4096 (the same run). ``window``, ``softcap``, ``prefix`` and
     ``alibi_slopes`` must be the forward's (``kernel_mask``, ``alibi_args``), and ``packed`` too.
     """
     signature = _plan_key("backward", None, (q, k, v, o, lse, do, alibi_slopes), packed, (config_dkdv, config_dq),

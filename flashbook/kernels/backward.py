@@ -22,8 +22,9 @@ exactly once, with no atomics, so the result is deterministic. The alternative,
 ``ATOMIC_DQ``, lets kernel 2 also add its share ``dS K`` of dQ straight into an
 fp32 buffer with ``tl.atomic_add``: one kernel and one recomputation fewer, but
 the order of the additions (and so the last bits of dQ) may change from run to
-run, and the atomics cost more than the recomputation they save (both measured
-on an H200: benchmarks/results/gpu_tests_h200.json).
+run, and even relaxed atomics cost more than the recomputation they save (measured
+on an H200, benchmarks/results/atomic_dq_h200: the backward took 1.08-1.86x as long, 1.13-1.24x
+with 64 x 128 dK/dV tiles; with Triton's default acq_rel adds it took 2.4-6.8x).
 
 Causal masking skips whole tiles exactly as the forward does: a key tile owned
 by ``_bwd_dkdv`` is seen only by query rows ``i >= j - (seq_k - seq_q)``, so its
@@ -131,8 +132,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         if ATOMIC_DQ:
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=DOT_PRECISION)
+            # relaxed: only the sum must come out right, not the order of the adds. Triton's
+            # default (acq_rel) made every add a fence and the backward 2-3.7x slower on an H200
+            # (benchmarks/results/atomic_dq_h200)
             tl.atomic_add(dq_base + rows[:, None] * stride_dqm + offs_d[None, :], dq,
-                          mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
+                          mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv
 
 

@@ -145,8 +145,9 @@ def swaps(features: Features) -> dict:
 _kernels: dict = {}
 
 
-def kernel_with(replaced: dict, constexprs: tuple = ()):
-    """``forward._attn_fwd`` compiled with the helpers named in ``replaced`` (name -> a
+def kernel_with(replaced: dict, constexprs: tuple = (), base=None):
+    """``base`` (default ``forward._attn_fwd``; any ``@triton.jit`` kernel of the library,
+    e.g. ``backward._bwd_dkdv``) compiled with the helpers named in ``replaced`` (name -> a
     ``@triton.jit`` function with the same arguments) in place of the library's, and
     with the run-time arguments named in ``constexprs`` (e.g. ``("seq_q", "seq_k")``)
     made compile-time constants, one compiled kernel per value (an experiment's knob).
@@ -154,17 +155,19 @@ def kernel_with(replaced: dict, constexprs: tuple = ()):
     The same Python function, compiled against other globals: the kernel is the
     library's line for line, except for the helpers it calls. Built once per set.
     """
-    fn = _attn_fwd.fn
+    base = _attn_fwd if base is None else base
+    fn = base.fn
+    kernel_name = fn.__name__
     unknown = set(replaced) - set(fn.__code__.co_names)
     if unknown:
-        raise ValueError(f"_attn_fwd calls no helper named {sorted(unknown)}; it calls "
+        raise ValueError(f"{kernel_name} calls no helper named {sorted(unknown)}; it calls "
                          f"{sorted(n for n in fn.__code__.co_names if n in fn.__globals__)}")
     args = fn.__code__.co_varnames[:fn.__code__.co_argcount]
     if set(constexprs) - set(args):
-        raise ValueError(f"constexprs must name arguments of _attn_fwd, got {sorted(set(constexprs) - set(args))}")
-    key = tuple(sorted((name, id(f)) for name, f in replaced.items())) + tuple(sorted(constexprs))
+        raise ValueError(f"constexprs must name arguments of {kernel_name}, got {sorted(set(constexprs) - set(args))}")
+    key = (id(base),) + tuple(sorted((name, id(f)) for name, f in replaced.items())) + tuple(sorted(constexprs))
     if not replaced and not constexprs:
-        return _attn_fwd
+        return base
     if key not in _kernels:
         plain = types.FunctionType(fn.__code__, dict(fn.__globals__, **replaced), fn.__name__,
                                    fn.__defaults__, fn.__closure__)
@@ -173,7 +176,9 @@ def kernel_with(replaced: dict, constexprs: tuple = ()):
         # the annotations say which arguments are tl.constexpr: without them a GPU launch
         # would try to pass HEAD_DIM, CAUSAL, ... as run-time values
         plain.__annotations__ = dict(fn.__annotations__, **{name: tl.constexpr for name in constexprs})
-        free = [name for name in LENGTH_ARGS if name not in constexprs]   # never specialised, as _attn_fwd
+        # chapter 10's rungs: the lengths never specialised; another base as the library compiles it
+        free = ([name for name in LENGTH_ARGS if name not in constexprs] if base is _attn_fwd
+                else list(getattr(base, "do_not_specialize", ())))
         _kernels[key] = (triton.jit(plain, do_not_specialize=free), replaced)   # keep the helpers alive with their id
     return _kernels[key][0]
 
