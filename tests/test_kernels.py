@@ -359,6 +359,36 @@ def test_a_rung_swaps_only_helpers_the_library_kernel_calls():
     assert [p.name for p in JITFunction(fixed.fn).params if p.is_constexpr][:2] == ["seq_q", "seq_k"]
     with pytest.raises(ValueError, match="constexprs must name arguments"):
         ladder.kernel_with({}, constexprs=("seq_len",))
+    # another kernel as the base (benchmarks/atomic_dq_experiment.py's dK/dV variants)
+    from flashbook.kernels import backward
+
+    assert ladder.kernel_with({}, base=backward._bwd_dkdv) is backward._bwd_dkdv
+    with pytest.raises(ValueError, match="_bwd_dkdv calls no helper named"):
+        ladder.kernel_with({"attend": forward.attend}, base=backward._bwd_dkdv)
+    inner = ladder.kernel_with({"_bwd_dkdv_inner": backward._bwd_dkdv_inner}, base=backward._bwd_dkdv)
+    assert inner is not backward._bwd_dkdv
+    assert [p.name for p in JITFunction(inner.fn).params] == [p.name for p in JITFunction(backward._bwd_dkdv.fn).params]
+
+
+def test_atomic_dq_experiment_variants_are_exact_in_the_interpreter():
+    """benchmarks/atomic_dq_experiment.py's relaxed and staggered dK/dV kernels give the
+    library's gradients (float32, a length whose main stage has several query tiles)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import atomic_dq_experiment as exp
+
+    gen = torch.Generator().manual_seed(3)
+    for causal in (False, True):
+        q, k, v, do = (torch.randn(1, 2, 80, 16, generator=gen) for _ in range(4))
+        o, lse = flash_forward(q, k, v, causal=causal)
+        ref = exp.reference_grads(q, k, v, do, causal)
+        for name, kernel, mode, config in exp.VARIANTS:
+            if config is None:   # the interpreter takes its own tiles
+                grads = exp.run_variant(kernel, mode, config, q, k, v, o, lse, do, causal)
+                for g, r in zip(grads, ref):
+                    assert (g[:1, :1].double() - r).abs().max() < 1e-4, (name, causal)
 
 
 def test_static_shape_experiment_is_exact():
