@@ -23,7 +23,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m ipykernel install --prefix $(VENV) --name python3 >/dev/null
 	touch $@
 
+# The notebooks are executed side by side into the build's cache first (tools/prefill_cache.py);
+# jupyter-book then finds each one there and executes only the Markdown pages.
 book: venv
+	$(PY) tools/prefill_cache.py
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo
 	@echo "The book is built: open $(abspath $(BUILD))/index.html"
@@ -37,7 +40,10 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; \
 	  else echo "install Debian's 'chromium' and 'fonts-wqy-microhei' packages to run the browser tests and make pdf"; fi; }
 
-test: book colab browser
+# Debian's chromium installs while pip fills the venv (two jobs: the network and two cores).
+test:
+	$(MAKE) -j2 venv browser
+	$(MAKE) book colab
 	$(PY) -m pytest -m "not gpu" -n 2 --durations=25 $(PYTEST_ARGS)
 
 # The whole book as one PDF, printed offline from the built HTML: _build/pdf/flashbook.pdf

@@ -12,16 +12,18 @@ how FlashAttention-2 and -3 add:
 - every dK/dV program of a head walks the query tiles in the same order, so without a mask
   all of them start on query tile 0 and add into the same dQ rows at the same time.
 
-This script times the library's backward three ways beside two variants of its dK/dV
-kernel, compiled from the library's ``_bwd_dkdv`` with its loop helper swapped
-(``ladder.kernel_with(base=_bwd_dkdv)``, so every other line is the library's):
+This script times the library's backward beside variants of its dK/dV kernel, each the
+library's ``_bwd_dkdv`` compiled with its loop helper ``_bwd_dkdv_inner`` rebuilt from the
+helper's own source with one text edit (``variant_of_inner``; ``ladder.kernel_with(base=)``
+swaps it in), so every other line is the library's:
 
 - ``separate``: the library's default (delta, dK/dV, dQ kernels; deterministic);
-- ``atomic``: the library's ``dq_mode="atomic"`` (``acq_rel`` adds, in lock-step);
-- ``relaxed``: the same adds with ``sem="relaxed"``;
+- ``atomic``: ``dq_mode="atomic"`` with Triton's default ``sem="acq_rel"`` adds (``FENCE``),
+  as the library added until this experiment;
+- ``relaxed``: the library's ``dq_mode="atomic"`` as it is now, ``sem="relaxed"``;
 - ``relaxed+stagger``: relaxed, and key tile j starts its run of whole query tiles at tile
   j mod (their count), wrapping round, so that programs of one head add into different
-  rows at any one time.
+  rows at any one time (``STAGGER``).
 
 Each atomic variant runs with the library's dK/dV tiles and with 64 x 128 (fewer programs
 per key, so fewer adds: the ``autograd.flash_backward`` docstring's case). Shapes: bf16,
@@ -44,82 +46,56 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import flashbook  # noqa: E402,F401  (decides GPU or interpreter before triton is imported)
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from flashbook import bench  # noqa: E402
 from flashbook.kernels import autograd, flash_backward, flash_forward  # noqa: E402
-from flashbook.kernels.backward import MAIN, MASKED, _bwd_dkdv, load_tile_pair  # noqa: E402
+from flashbook.kernels.backward import _bwd_dkdv  # noqa: E402
 from flashbook.kernels.configs import Config  # noqa: E402
-from flashbook.kernels.forward import load_lse  # noqa: E402
 from flashbook.kernels.ladder import kernel_with  # noqa: E402
 from flashbook.timing import time_ms  # noqa: E402
 
-STAGGER: tl.constexpr = tl.constexpr(False)   # swapped for True in the staggered variant
+
+def variant_of_inner(name: str, edits: dict):
+    """``backward._bwd_dkdv_inner`` compiled from its own source with each ``old -> new``
+    text edit of ``edits`` applied (each must match once), in the module's globals: the
+    library's loop line for line but for the edits. Written to a file, as Triton reads
+    the source of what it compiles."""
+    import inspect
+    import tempfile
+
+    from flashbook.kernels import backward
+
+    source = inspect.getsource(backward._bwd_dkdv_inner.fn)
+    for old, new in edits.items():
+        if source.count(old) != 1:
+            raise ValueError(f"{name}: the edit's text must stand once in _bwd_dkdv_inner, got {source.count(old)}")
+        source = source.replace(old, new)
+    source = source.replace("def _bwd_dkdv_inner(", f"def {name}(", 1)
+    path = os.path.join(tempfile.mkdtemp(prefix="atomic_dq_"), f"{name}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    scope = dict(vars(backward))
+    exec(compile(source, path, "exec"), scope)
+    return scope[name]
 
 
-@triton.jit
-def _tile(dk, dv, k, v, cols, start_m, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
-          stride_dqm, offs_m, offs_d, seq_q, seq_k, diagonal, qk_scale, HEAD_DIM: tl.constexpr, STAGE: tl.constexpr,
-          CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One query tile of ``backward._bwd_dkdv_inner`` (no window, cap, prefix or ALiBi),
-    its dQ share added with relaxed atomics."""
-    rows = start_m + offs_m
-    q, do = load_tile_pair(q_base, do_base, rows, stride_qm, stride_dom, seq_q, offs_d, HEAD_DIM,
-                           STAGE == MASKED, EVEN_D)
-    lse = load_lse(lse_base, rows, seq_q, STAGE == MASKED)
-    if STAGE == MASKED:
-        delta = tl.load(delta_base + rows, mask=rows < seq_q, other=0.0)
-    else:
-        delta = tl.load(delta_base + rows)
-    qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
-    pT = tl.exp2(qkT * qk_scale - lse[None, :])
-    if STAGE == MASKED and CAUSAL:
-        pT = tl.where(cols[:, None] <= rows[None, :] + diagonal, pT, 0.0)
-    pT = tl.where(cols[:, None] < seq_k, pT, 0.0)
-    dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-    dsT = pT * (dpT - delta[None, :])
-    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-    dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=DOT_PRECISION)
-    tl.atomic_add(dq_base + rows[:, None] * stride_dqm + offs_d[None, :], dq,
-                  mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
-    return dk, dv
+#: Triton's default ordering, as the library's atomic mode added until these runs
+FENCE = {'sem="relaxed"': 'sem="acq_rel"'}
+#: each key tile's run of whole query tiles (STAGE == MAIN) starts at tile (its index) mod
+#: (their count) and wraps round; the masked stages keep their order
+STAGGER = {"    for start_m in range(lo, hi, BLOCK_M):\n        start_m = tl.multiple_of(start_m, BLOCK_M)\n":
+           "    n_tiles = tl.cdiv(hi - lo, BLOCK_M)\n"
+           "    shift = tl.program_id(0) % tl.maximum(n_tiles, 1)\n"
+           "    if STAGE != MAIN:\n"
+           "        shift = 0\n"
+           "    for i in range(0, n_tiles):\n"
+           "        t = i + shift\n"
+           "        t = tl.where(t >= n_tiles, t - n_tiles, t)\n"
+           "        start_m = tl.multiple_of(lo + t * BLOCK_M, BLOCK_M)\n"}
 
 
-@triton.jit
-def _inner_variant(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
-                   stride_qm, stride_dom, stride_dqm, offs_m, offs_d, seq_q, seq_k, diagonal, lo, hi,
-                   qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, STAGE: tl.constexpr,
-                   CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   WINDOW: tl.constexpr = False, first=0, SOFTCAP: tl.constexpr = False, cap_scale=1.0,
-                   PREFIX: tl.constexpr = False, prefix=0, ALIBI: tl.constexpr = False, ALIBI_SLOPES=None,
-                   alibi_head=0, alibi_diagonal=0):
-    """``backward._bwd_dkdv_inner`` with the adds relaxed and, when ``STAGGER``, the run of
-    whole query tiles started at tile (key tile index) mod (their count)."""
-    tl.static_assert(ATOMIC_DQ and not WINDOW and not SOFTCAP and not PREFIX and not ALIBI)
-    if STAGGER and STAGE == MAIN:
-        n_tiles = tl.cdiv(hi - lo, BLOCK_M)
-        shift = tl.program_id(0) % tl.maximum(n_tiles, 1)
-        for i in range(0, n_tiles):
-            t = i + shift
-            t = tl.where(t >= n_tiles, t - n_tiles, t)
-            start_m = tl.multiple_of(lo + t * BLOCK_M, BLOCK_M)
-            dk, dv = _tile(dk, dv, k, v, cols, start_m, q_base, do_base, lse_base, delta_base, dq_base,
-                           stride_qm, stride_dom, stride_dqm, offs_m, offs_d, seq_q, seq_k, diagonal, qk_scale,
-                           HEAD_DIM, STAGE, CAUSAL, EVEN_D, DOT_PRECISION)
-    else:
-        for start_m in range(lo, hi, BLOCK_M):
-            start_m = tl.multiple_of(start_m, BLOCK_M)
-            dk, dv = _tile(dk, dv, k, v, cols, start_m, q_base, do_base, lse_base, delta_base, dq_base,
-                           stride_qm, stride_dom, stride_dqm, offs_m, offs_d, seq_q, seq_k, diagonal, qk_scale,
-                           HEAD_DIM, STAGE, CAUSAL, EVEN_D, DOT_PRECISION)
-    return dk, dv
-
-
-RELAXED = kernel_with({"_bwd_dkdv_inner": _inner_variant}, base=_bwd_dkdv)
-STAGGERED = kernel_with({"_bwd_dkdv_inner": kernel_with({"STAGGER": tl.constexpr(True)}, base=_inner_variant)},
-                        base=_bwd_dkdv)
+FENCED = kernel_with({"_bwd_dkdv_inner": variant_of_inner("_inner_fenced", FENCE)}, base=_bwd_dkdv)
+STAGGERED = kernel_with({"_bwd_dkdv_inner": variant_of_inner("_inner_staggered", STAGGER)}, base=_bwd_dkdv)
 WIDE = Config(64, 128, 8, 3)   # 64 queries x 128 keys per program: half the programs (and adds) of 64 x 64
 
 
@@ -136,9 +112,9 @@ def dkdv_kernel(kernel):
         autograd._bwd_dkdv, autograd._plan_key = saved
 
 
-VARIANTS = [("separate", None, "separate", None), ("atomic", None, "atomic", None),
-            ("atomic 64x128", None, "atomic", WIDE), ("relaxed", RELAXED, "atomic", None),
-            ("relaxed 64x128", RELAXED, "atomic", WIDE), ("relaxed+stagger", STAGGERED, "atomic", None),
+VARIANTS = [("separate", None, "separate", None), ("atomic", FENCED, "atomic", None),
+            ("atomic 64x128", FENCED, "atomic", WIDE), ("relaxed", None, "atomic", None),
+            ("relaxed 64x128", None, "atomic", WIDE), ("relaxed+stagger", STAGGERED, "atomic", None),
             ("relaxed+stagger 64x128", STAGGERED, "atomic", WIDE)]
 
 

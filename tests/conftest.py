@@ -42,3 +42,11 @@ def rng():
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"random seed: {seed}")
     return np.random.default_rng(seed)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``slow`` first (the Colab-like run, the PDF, the compilations for
+    three chips, the grader), each file's in its own order: under ``pytest -n`` they start
+    at once on the workers, and the many short tests fill in beside them, instead of one
+    long test starting last and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

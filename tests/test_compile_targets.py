@@ -90,6 +90,7 @@ def jobs_for(cc: int) -> list[dict]:
     return jobs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cc", sorted(CHIP_OF))
 def test_defaults_compile_and_fit(cc, request):
     cache_dir = request.config.cache.mkdir("triton-compile-targets")

@@ -131,6 +131,7 @@ def test_without_gluon_the_module_imports_and_says_so(monkeypatch):
     assert hopper.HAS_GLUON is before and lab.HAS_GLUON is before
 
 
+@pytest.mark.slow
 def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
     """Every configuration the library launches by default, and each schedule, compiled for
     sm_90 here (no GPU needed): it fits an H100/H200's shared memory and uses what the

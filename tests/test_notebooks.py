@@ -189,3 +189,17 @@ def test_no_glued_value_inside_math():
             bad += [(os.path.basename(path), m.group(0)[:60])
                     for m in re.finditer(r"\$\$(.+?)\$\$|\$([^$\n]+?)\$", text, re.S) if "{glue" in m.group(0)]
     assert not bad, bad
+
+
+def test_the_cache_prefill_runs_every_notebook_of_the_book():
+    """tools/prefill_cache.py (make book's first step) executes exactly the book's notebooks:
+    every .ipynb the table of contents lists, and nothing else."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import prefill_cache
+
+    listed = prefill_cache.book_notebooks()
+    assert listed == sorted(set(listed), key=listed.index) and all(p.endswith(".ipynb") for p in listed)
+    assert {os.path.relpath(p, ROOT) for p in listed} == {os.path.relpath(p, ROOT) for p in NOTEBOOKS}
+    assert prefill_cache.timeout_s() >= 600
+    with pytest.raises(SystemExit):
+        prefill_cache.main(["--jobs", "0"])
