@@ -125,6 +125,20 @@ def test_no_window_and_the_causal_window_take_the_kernels_usual_paths():
     assert torch.equal(both[0], both[1]) and flashbook.last_backend() == "triton"
 
 
+def test_last_backend_names_the_kernel_of_a_packed_call():
+    """flash_attention_varlen runs the Triton kernels: last_backend says so after it, not what
+    the call before it ran (benchmarks record it per row)."""
+    from flashbook.kernels import dispatch
+
+    dispatch.record_backend("gluon", "a call before")
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(40, 2, 16, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32)
+    flashbook.flash_attention_varlen(q, k, v, cu, cu, 25, 25, causal=True)
+    assert flashbook.last_backend() == "triton"
+    assert "packed documents" in dispatch.explain_backend()[1]
+
+
 def test_soft_cap_in_the_limit_of_a_large_cap_is_no_cap():
     q, k, v = _qkv(seed=1)
     plain = flashbook.flash_attention(q, k, v, causal=True)

@@ -130,9 +130,14 @@ def _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, ali
 
 
 def last_backend() -> str | None:
-    """The forward kernel of this thread's last ``flash_attention`` call: "gluon" or
-    "triton" (None before the first)."""
+    """The forward kernel of this thread's last ``flash_attention`` or
+    ``flash_attention_varlen`` call: "gluon" or "triton" (None before the first)."""
     return getattr(_last, "backend", None)
+
+
+def record_backend(backend: str, why: str) -> None:
+    """What an entry point other than ``flash_attention`` ran, for ``last_backend``."""
+    _last.backend, _last.reason = backend, why
 
 
 def explain_backend() -> tuple[str | None, str | None]:

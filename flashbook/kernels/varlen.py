@@ -25,7 +25,7 @@ import torch
 
 from .. import masks
 from ..validation import check_count
-from . import autograd
+from . import autograd, dispatch
 from .launch import Plans, call_key
 
 
@@ -131,6 +131,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         _CHECKED.remember(key, True)
     o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed, prefix,
                                       alibi_slopes)
+    dispatch.record_backend("triton", "packed documents run on the Triton kernels only")
     return o.transpose(1, 2).squeeze(0)
 
 
