@@ -29,27 +29,11 @@ CACHE = os.path.join(ROOT, "_build", ".jupyter_cache")
 
 
 def book_notebooks() -> list[str]:
-    """Every .ipynb file the table of contents lists, as an absolute path."""
-    with open(os.path.join(ROOT, "_toc.yml")) as f:
-        toc = yaml.safe_load(f)
-    found = []
+    """Every .ipynb file the table of contents lists (``make_pdf.toc_pages``), as an absolute path."""
+    from make_pdf import toc_pages   # beside this file
 
-    def walk(node):
-        if isinstance(node, dict):
-            if "file" in node:
-                path = os.path.join(ROOT, node["file"])
-                if not path.endswith(".ipynb"):
-                    path = path + ".ipynb" if os.path.exists(path + ".ipynb") else path
-                if path.endswith(".ipynb") and os.path.exists(path):
-                    found.append(path)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(toc)
-    return found
+    return [path for path in (os.path.join(ROOT, page + ".ipynb") for page in toc_pages())
+            if os.path.exists(path)]
 
 
 def timeout_s() -> int:
@@ -79,15 +63,15 @@ def main(argv=None) -> int:
     from jupyter_cache.base import CacheBundleIn
 
     cache = get_cache(CACHE)
-    todo = []
+    code_size = {}   # path -> characters of code, for the notebooks the cache does not hold
     for path in book_notebooks():
+        nb = nbformat.read(path, as_version=4)
         try:
-            cache.match_cache_notebook(nbformat.read(path, as_version=4))
+            cache.match_cache_notebook(nb)
         except KeyError:
-            todo.append(path)
-    # longest first (the size of the file's code is a fair guess), so no long one starts last
-    todo.sort(key=lambda p: -sum(len(c.source) for c in nbformat.read(p, as_version=4).cells
-                                 if c.cell_type == "code"))
+            code_size[path] = sum(len(c.source) for c in nb.cells if c.cell_type == "code")
+    # longest first (the size of the code is a fair guess), so no long one starts last
+    todo = sorted(code_size, key=code_size.get, reverse=True)
     if not todo:
         print("prefill_cache: every notebook is cached already")
         return 0
