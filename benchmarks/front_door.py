@@ -1,6 +1,6 @@
 """What ``flashbook.flash_attention`` gives a user on a GPU: which kernel it ran, how fast.
 
-    PYTHONPATH=. python3 benchmarks/front_door.py --out DIR [--dtypes bf16,fp16] [--specialise]
+    PYTHONPATH=. python3 benchmarks/front_door.py --out DIR [--dtypes bf16,fp16] [--lengths N,N,...] [--specialise]
 
 For every shape of the Hopper comparison (head_dim 64 and 128; N = 1K, 4K, 16K; causal or
 not; B*N = 32K tokens, 32 heads at d = 64 and 16 at d = 128): the front door's backend
@@ -8,6 +8,10 @@ not; B*N = 32K tokens, 32 heads at d = 64 and 16 at d = 128): the front door's b
 SDPA's cuDNN and flash backends (``flashbook.bench.time_ms``: CUDA events, L2 flushed,
 median), in TFLOP/s by the usual convention (forward 4*B*H*N^2*d, halved when causal;
 backward 2.5 times that).
+
+``--lengths 1000,1024,4096,4097`` times those sequence lengths instead of 1K, 4K and 16K
+(B = 32K // N): lengths that are not whole tiles against their whole-tile neighbours, so
+that a cliff in ``backend="auto"`` shows.
 
 ``--specialise`` also times the Triton kernels compiled with Triton's default
 specialisation of the length arguments against the library's (``forward.LENGTH_ARGS``:
@@ -50,8 +54,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--dtypes", default="bf16,fp16")
+    p.add_argument("--lengths", default=None, help="sequence lengths instead of 1K, 4K, 16K, e.g. 1000,1024")
     p.add_argument("--specialise", action="store_true")
     args = p.parse_args(argv)
+    shapes = SHAPES if not args.lengths else [(d, n, causal) for d in (64, 128)
+                                              for n in map(int, args.lengths.split(",")) for causal in (False, True)]
     os.makedirs(args.out, exist_ok=True)
     record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/front_door.py"),
               "rows": [], "specialisation": []}
@@ -61,7 +68,7 @@ def main(argv=None) -> int:
              "sdpa-flash": lambda q, k, v, c: bench.sdpa_attention("sdpa-flash")(q, k, v, causal=c)}
     for dtype_name in args.dtypes.split(","):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-        for d, n, causal in SHAPES:
+        for d, n, causal in shapes:
             b, h = 32768 // n, 2048 // d
             gen = torch.Generator(device="cuda").manual_seed(n + d)
             q, k, v, do = (torch.randn(b, h, n, d, generator=gen, device="cuda").to(dtype) for _ in range(4))

@@ -282,7 +282,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
     q_smem, k_smem, v_smem, q_bar, k_bars, v_bars = allocate_ring(q_desc, k_desc, v_desc, BLOCK_M, HEAD_DIM, BLOCK_N,
                                                                   STAGES)
     load_first(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, q_row, kv_row, n_tiles,
-               BLOCK_N, STAGES)
+               seq_k, BLOCK_N, STAGES)
     o, row_max, row_sum, issued = attend_tiles(
         q_smem, k_smem, v_smem, q_bar, 0, k_bars, v_bars, k_bars, k_bars, k_desc, v_desc, kv_row,
         start_m, n_tiles, seq_k - seq_q, qk_scale, 0, gl.minimum(n_tiles, STAGES), kv_row, 0,
@@ -370,14 +370,14 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
             (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
             (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                        q_row, kv_row, n_tiles, ROWS, BLOCK_N, STAGES, NUM_WG))], [4, 1], [CONSUMER_REGS, 24])
+                        q_row, kv_row, n_tiles, seq_k, ROWS, BLOCK_N, STAGES, NUM_WG))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 0)),
             (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 1)),
             (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, FMA_SHARE, DEGREE, 2)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                        q_row, kv_row, n_tiles, ROWS, BLOCK_N, STAGES, NUM_WG))],
+                        q_row, kv_row, n_tiles, seq_k, ROWS, BLOCK_N, STAGES, NUM_WG))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
@@ -435,7 +435,8 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
         raise TypeError(f"fma_share must be one of {FMA_SHARES}, got {fma_share!r}")
     check_choice(fma_share, "fma_share", FMA_SHARES)
     check_choice(degree, "degree", EXP2_DEGREES)
-    hopper.check_inputs(q, k, v, causal, block_m, block_n, stages, BUILDS_ON.get(schedule, schedule))
+    hopper.check_inputs(q, k, v, causal, block_m, block_n, stages, BUILDS_ON.get(schedule, schedule),
+                        whole_tiles=not shipped(schedule, fma_share))
 
 
 def shipped(schedule: str, fma_share: int) -> bool:

@@ -82,3 +82,18 @@ def test_empty_input_needs_no_kernel():
     q, k, v = _inputs(shape_q=(1, 4, 0, 32))
     assert flashbook.flash_attention(q, k, v).shape == (1, 4, 0, 32)
     assert flashbook.last_backend() == "triton"
+
+
+def test_auto_takes_triton_where_the_gluon_forward_measured_slower(monkeypatch):
+    """A call the Gluon kernel can run but measured slower on (d = 64, a ragged key length,
+    one-warpgroup programs): "auto" runs Triton and says why; "gluon" still runs it."""
+    from flashbook.kernels import hopper
+
+    monkeypatch.setattr(dispatch, "gluon_refusal", lambda *args: None)
+    q = torch.randn(1, 2, 1000, 64)
+    assert hopper.slower_than_triton(64, 1000, 1000, False)
+    chosen, why = dispatch.choose_backend(q, q, q, False, "auto")
+    assert chosen == "triton" and "measured slower" in why
+    assert dispatch.choose_backend(q, q, q, False, "gluon") == ("gluon", "asked for")
+    assert dispatch.choose_backend(torch.randn(1, 2, 1024, 64), torch.randn(1, 2, 1024, 64),
+                                   torch.randn(1, 2, 1024, 64), False, "auto")[0] == "gluon"

@@ -30,14 +30,15 @@ def qkv(b=1, h=2, h_kv=2, n_q=256, n_k=256, d=128, dtype=torch.float16):
     (dict(dtype=torch.float32), {}, TypeError, "float16 or bfloat16"),
     ({}, dict(causal=1), TypeError, "causal must be True or False"),
     (dict(d=80), {}, ValueError, "head_dim must be one of (64, 128)"),
-    (dict(n_q=200), {}, ValueError, "seq_q a multiple of 64"),
-    (dict(n_k=200), {}, ValueError, "seq_k=200"),
+    (dict(n_q=63), {}, ValueError, "seq_q >= block_m=64"),
+    (dict(n_k=63), {}, ValueError, "seq_k >= block_n=64"),
+    (dict(n_k=100), dict(block_n=128), ValueError, "seq_k >= block_n=128 (one tile each), got seq_q=256, seq_k=100"),
     (dict(n_q=512, n_k=256), dict(causal=True), ValueError, "seq_q <= seq_k"),
     (dict(h=3, h_kv=2), {}, ValueError, "k's number of heads (2) must divide q's (3)"),
     ({}, dict(block_n=32), ValueError, "block_n must be one of (64, 128), got 32"),
     ({}, dict(stages=5), ValueError, "stages must be one of (2, 3, 4), got 5"),
     ({}, dict(block_m=32), ValueError, "block_m must be one of (64, 128, 192), got 32"),
-    (dict(n_q=128), dict(block_m=192, schedule="producer"), ValueError, "at least block_m=192"),
+    (dict(n_q=128), dict(block_m=192, schedule="producer"), ValueError, "seq_q >= block_m=192"),
     (dict(n_q=320), dict(block_m=192, schedule="overlap"), ValueError, "schedule='overlap' takes block_m 64 or 128"),
     ({}, dict(block_m=64, schedule="producer"), ValueError, "schedule='producer' takes block_m 128 or 192"),
     ({}, dict(schedule="fast"), ValueError, "schedule must be one of"),
@@ -66,6 +67,7 @@ def test_bad_input_is_named(change, kwargs, error, words):
     (dict(n_q=128), dict(schedule="persistent", block_m=128, block_n=64, stages=5), ValueError,
      "stages must be one of"),
     (dict(n_q=200), dict(fma_share=2), ValueError, "seq_q a multiple of 64"),
+    (dict(n_k=200), dict(schedule="persistent", block_m=64), ValueError, "seq_k a multiple of block_n=128"),
     (dict(d=80), dict(schedule="persistent", block_m=64), ValueError, "head_dim must be one of (64, 128)"),
 ])
 def test_lab_bad_input_is_named(change, kwargs, error, words):
@@ -150,6 +152,11 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
                                                (128, 64, 4, "producer"), hopper.SHORT_DEFAULT):
         jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True,
                          schedule=schedule, config=[block_m, block_n, 4, stages]))
+    # lengths that are not whole key tiles (the last key tile overlaps the one before), both schedules
+    for head_dim, (block_m, block_n, stages, schedule) in ((128, hopper.DEFAULTS[128]), (64, hopper.SHORT_DEFAULT)):
+        for causal in (False, True):
+            jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=head_dim, dtype="bf16", causal=causal,
+                             schedule=schedule, config=[block_m, block_n, 4, stages], options={"ragged": True}))
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
     limit = runtime.chip("H200").smem_per_block_bytes
@@ -254,3 +261,29 @@ def test_default_configuration_follows_head_dim_length_and_mask():
             for causal in (False, True):
                 block_m, block_n, stages, schedule = hopper.default_config(head_dim, seq, causal)
                 assert block_m <= seq and schedule in hopper.SCHEDULES and stages in hopper.STAGES
+
+
+def test_any_length_from_one_tile_up_and_auto_prefers_triton_where_gluon_measured_slower():
+    """The kernel takes lengths that are not whole tiles (the last query or key tile overlaps
+    the one before); below one tile it names the limit. ``slower_than_triton``, which sends
+    ``backend="auto"`` to the Triton kernel, agrees with every ragged row of the recorded run
+    (benchmarks/gluon_lengths.py on the H200, five rounds): Gluon slower there, faster elsewhere."""
+    import json
+
+    from flashbook import bench
+
+    for n_q, n_k in ((200, 333), (1000, 1000), (64, 64), (4097, 4097)):
+        block_m, block_n, _, _ = hopper.default_config(128, n_q, False, n_k)
+        assert n_q >= block_m and n_k >= block_n, (n_q, n_k)
+    assert hopper.default_config(64, 100, False, 100)[1] == 64      # fewer keys than a 128-key tile
+    run = bench.run_path("gluon_lengths")
+    rows = json.load(open(run))["rows"]
+    ragged = [r for r in rows if r["ragged"]]
+    assert len(ragged) == 8 and all(r["triton_max_diff"] == 0 and r["gluon_max_diff"] < 0.05 for r in rows)
+    for r in ragged:
+        slower = hopper.slower_than_triton(r["head_dim"], r["seq"], r["seq"], r["causal"])
+        assert slower == (r["gluon_over_triton"] < 1), r
+    # the cost of RAGGED=True alone, at whole lengths: the one-warpgroup, 128-key-tile programs pay it
+    cost = {(r["head_dim"], r["causal"], tuple(r["config"])): r["ragged_cost"] for r in rows if "ragged_cost" in r}
+    assert all(c > 0.1 for (d, causal, cfg), c in cost.items() if cfg == (64, 128, 2, "overlap"))
+    assert all(abs(c) < 0.05 for (d, _, cfg), c in cost.items() if d == 128)

@@ -37,6 +37,11 @@ CASES = {
     "ragged-gqa-causal-d64": (2, 4, 2, 320, 512, 64, True),
     "ragged-d64": (1, 2, 2, 448, 384, 64, False),
     "ragged-mqa-causal-d128": (1, 2, 1, 320, 384, 128, True),
+    # seq_k not a whole number of key tiles (the last overlaps the one before), seq_q not of 64
+    "ragged-keys-d128": (2, 4, 4, 200, 333, 128, False),
+    "ragged-keys-causal-gqa-d64": (1, 4, 2, 1000, 1000, 64, True),
+    "ragged-keys-mqa-causal-d128": (1, 4, 1, 130, 777, 128, True),
+    "short-causal-d128": (2, 2, 2, 100, 100, 128, True),
 }
 #: (block_m, block_n, stages, schedule): every schedule, both key tiles, ring depths 2 to 4,
 #: one to three warpgroups per program (one: the overlap schedule only); "pingpong" is the lab's
@@ -46,10 +51,13 @@ CONFIGS = [(64, 64, 3, "overlap"), (64, 128, 2, "overlap"), (128, 128, 3, "overl
 
 
 def runs(case, config) -> bool:
-    """Whether the kernel takes ``config`` at ``case`` (three warpgroups: d=64 only, as the defaults)."""
+    """Whether the kernel takes ``config`` at ``case`` (three warpgroups: d=64 only, as the defaults;
+    the lab's own schedules: whole tiles only)."""
     _, _, _, n_q, n_k, d, _ = CASES[case]
     block_m, block_n = config[:2]
-    return n_q >= block_m and n_k % block_n == 0 and (block_m != 192 or d == 64)
+    schedule = config[3] if len(config) > 3 else "persistent"
+    whole = schedule in hopper.SCHEDULES or (n_q % 64 == 0 and n_k % block_n == 0)
+    return n_q >= block_m and n_k >= block_n and whole and (block_m != 192 or d == 64)
 
 
 PAIRS = [(case, config) for case in CASES for config in CONFIGS if runs(case, config)]

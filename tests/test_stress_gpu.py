@@ -146,8 +146,12 @@ def test_front_door_takes_gluon_where_it_can_and_falls_back_elsewhere():
     shapes = [  # (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, dtype, Gluon takes it)
         (2, 8, 2, 1024, 1024, 128, True, torch.bfloat16, True),
         (2, 8, 8, 512, 512, 64, False, torch.float16, True),
-        (2, 8, 8, 192, 192, 128, False, torch.bfloat16, False),   # seq_k not a whole key tile
-        (2, 8, 8, 1000, 1000, 128, True, torch.bfloat16, False),  # seq_q not a multiple of 64
+        (2, 8, 8, 192, 192, 128, False, torch.bfloat16, True),    # seq_k not a whole key tile
+        (2, 8, 8, 1000, 1000, 128, True, torch.bfloat16, True),   # nor seq_q a multiple of 64
+        (2, 8, 8, 100, 90, 64, False, torch.float16, True),       # shorter than one 128-key tile
+        (2, 8, 8, 1000, 1000, 64, False, torch.bfloat16, None),   # Gluon can, but measured slower
+        (2, 8, 8, 48, 300, 128, False, torch.bfloat16, False),    # fewer queries than one tile
+        (2, 8, 8, 300, 40, 128, False, torch.bfloat16, False),    # fewer keys than one tile
         (2, 8, 8, 256, 256, 80, False, torch.bfloat16, False),    # head_dim 80
         (2, 8, 8, 256, 256, 64, False, torch.float32, False),     # float32
         (1, 4, 4, 512, 256, 128, True, torch.bfloat16, False),    # causal rows without a key
@@ -159,11 +163,15 @@ def test_front_door_takes_gluon_where_it_can_and_falls_back_elsewhere():
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         o = flashbook.flash_attention(*leaves, causal=causal)
         assert flashbook.last_backend() == ("gluon" if takes and gluon else "triton"), (nq, nk, d, dtype)
+        if takes is None and gluon:   # auto's choice, not a limit: backend="gluon" still runs it
+            assert "measured slower" in flashbook.kernels.explain_backend()[1]
+            flashbook.flash_attention(q, k, v, causal=causal, backend="gluon")
+            assert flashbook.last_backend() == "gluon"
         o.backward(do)
         truth = checks.torch_grads(q, k, v, do, causal=causal, dtype=torch.float64)
         yard = checks.torch_grads(q, k, v, do, causal=causal, dtype=dtype)
         for name, g, t, y in zip(("o", "dq", "dk", "dv"), (o, *(x.grad for x in leaves)), truth, yard):
             assert checks.within_twice_yardstick(name, g, t, y, head_dim=d) is None
-        if not takes:
+        if takes is False:
             with pytest.raises(ValueError, match="backend='gluon' cannot run this call"):
                 flashbook.flash_attention(q, k, v, causal=causal, backend="gluon")

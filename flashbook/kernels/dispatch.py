@@ -11,14 +11,16 @@ Two forward kernels compute the same function:
   Triton's interpreter; any length, head_dim up to 256, float16/bfloat16/float32.
 * ``"gluon"``: chapter 10's Hopper kernel (``hopper.gluon_forward``): TMA loads,
   asynchronous warpgroup products, warp specialisation. Only on sm_90 (H100/H200), for
-  float16/bfloat16, head_dim 64 or 128, seq_q a multiple of 64, seq_k a multiple of its
-  key tile, and no causal row without a key (``hopper.check_inputs`` says which limit).
+  float16/bfloat16, head_dim 64 or 128, any seq_q and seq_k from one tile up, and no
+  causal row without a key (``hopper.check_inputs`` says which limit).
 
 Both save the same (o, lse), so the backward is chapter 8's kernels either way.
 ``backend="auto"`` (the default) takes the Gluon forward when this call is within its
-limits and the Triton one otherwise, so it never fails where the Triton kernel would
-succeed; ``last_backend()`` and ``explain_backend()`` say what the last call ran and why.
-Measured on an H200: ``benchmarks/results/front_door_h200/``.
+limits, except where it measured slower than the Triton one
+(``hopper_choices.slower_than_triton``), and the Triton one otherwise, so it never fails
+where the Triton kernel would succeed; ``last_backend()`` and ``explain_backend()`` say
+what the last call ran and why. Measured on an H200: the recorded runs ``front_door`` and
+``gluon_lengths``.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def gluon_refusal(q, k, v, causal: bool = False, window=None, softcap=None, pref
     if not hopper.HAS_GLUON:
         return "this Triton has no Gluon (triton >= 3.4)"
     try:
-        hopper.check_inputs(q, k, v, causal, *hopper.default_config(q.shape[-1], q.shape[2], causal))
+        hopper.check_inputs(q, k, v, causal, *hopper.default_config(q.shape[-1], q.shape[2], causal, k.shape[2]))
     except (TypeError, ValueError, RuntimeError) as exc:
         return str(exc)
     return None
@@ -67,6 +69,11 @@ def choose_backend(q, k, v, causal: bool = False, backend: str = "auto", window=
         return "gluon", "asked for"
     if refusal:
         return "triton", f"the Gluon kernel cannot: {refusal}"
+    from .hopper_choices import slower_than_triton
+
+    if slower_than_triton(q.shape[-1], q.shape[2], k.shape[2], causal):
+        return "triton", ("the Gluon kernel measured slower here (a ragged last key tile in one-warpgroup "
+                          "programs: hopper_choices.slower_than_triton)")
     return "gluon", "a Hopper GPU and shapes within the Gluon kernel's limits"
 
 

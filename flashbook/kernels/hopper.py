@@ -26,16 +26,12 @@ What chapter 10 measured slower stays in ``benchmarks/gluon_lab.py``, beside its
 runs: consumers that take turns ("pingpong"), programs that walk from query tile to query
 tile ("persistent"), and exponentials on the FMA units (FlashAttention-4's ``exp2``).
 
-It is a second kernel, not a replacement: it runs only on sm_90, for float16 and
-bfloat16, head_dim 64 or 128, query lengths that are multiples of 64 (the last tile
-may overlap the one before), key lengths that are whole key tiles, and no
-causal row that sees no key. Everything else stays with ``flash_attention``.
-Its results are checked against float64 like every kernel in the book (the GPU
-tests), and chapter 10 measures it beside the Triton kernel.
-
-Gluon is experimental and changes between Triton releases; this file was written
-for and measured with the Triton recorded beside its numbers. ``available()``
-says whether this machine can run it.
+It runs on sm_90 only, for float16 and bfloat16, head_dim 64 or 128, any length from one
+tile up (a last query or key tile that does not fit overlaps the one before), and no
+causal row that sees no key; ``flash_attention`` gives everything else to the Triton
+kernel (its choices: ``hopper_choices``). The GPU tests check it against float64. Gluon
+changes between Triton releases: this file was measured with the Triton recorded beside
+its numbers. ``available()`` says whether this machine can run it.
 """
 from __future__ import annotations
 
@@ -57,43 +53,9 @@ from ..reference import resolve_scale
 from ..validation import check_choice, check_flag
 from .autograd import FlashAttention, check_shapes, new_buffer
 from .forward import LN2, LOG2E
-
-HEAD_DIMS = (64, 128)
-DTYPES = (torch.float16, torch.bfloat16)
-BLOCK_MS = (64, 128, 192)   # query rows per program: one warpgroup (4 warps) per 64 rows
-WG_ROWS = 64           # query rows per consumer warpgroup under warp specialisation
-BLOCK_NS = (64, 128)   # keys per tile
-STAGES = (2, 3, 4)     # K/V tiles in flight
-#: how the work of one program is laid out in time (chapter 10):
-#: "overlap"  every warp loads and computes; S_{j} and P_{j-1} V_{j-1} overlap the softmax
-#: "producer" a producer warp does every load; two or three consumer warpgroups compute
-SCHEDULES = ("overlap", "producer")
-#: registers per consumer thread under warp specialisation, by the number of consumer
-#: warpgroups (the producer warp keeps 24); what is left of the SM's 64K for one program
-CONSUMER_REGS = {2: 240, 3: 160}
-#: (block_m, block_n, stages, schedule) used when none is given: the fastest of
-#: benchmarks/gluon_experiment.py on the H200 (benchmarks/results/gluon_h200/) at most shapes;
-#: at d=64 three consumer warpgroups (FlashAttention-3's 192-row tile) for long sequences
-DEFAULTS = {128: (128, 128, 3, "producer"), 64: (192, 128, 4, "producer")}
-#: below these query lengths (full, causal) the 192-row tiles measured slower than
-#: SHORT_DEFAULT (gluon_d64_wg3.json, gluon_d64_run3.json, the --graph peer runs, and timed
-#: from CUDA graphs at 1K to 4K: gluon_d64_short_graph.json, gluon_d64_persistent_graph.json)
-WIDE_FROM = {False: 2048, True: 6144}
-#: what shorter sequences take (one-warpgroup programs, three to an SM)
-SHORT_DEFAULT = (64, 128, 2, "overlap")
-#: causal, d=64, below SHORT_CAUSAL_BELOW query rows: 64-key tiles, so that less of the
-#: diagonal tile is masked away (the two graph-timed sweeps: +1.6% and +2.2% at 1K, -2% at 2K)
-SHORT_CAUSAL = (64, 64, 3, "overlap")
-SHORT_CAUSAL_BELOW = 2048
-
-
-def default_config(head_dim: int, seq_q: int, causal: bool = False) -> tuple:
-    """(block_m, block_n, stages, schedule) ``gluon_forward`` takes when none is given."""
-    config = DEFAULTS.get(head_dim, DEFAULTS[128])
-    shortest = max(config[0], WIDE_FROM[bool(causal)] if config[0] > 128 else 0)
-    if seq_q >= shortest:
-        return config
-    return SHORT_CAUSAL if causal and head_dim == 64 and seq_q < SHORT_CAUSAL_BELOW else SHORT_DEFAULT
+from .hopper_choices import (  # noqa: F401  (hopper.DEFAULTS, hopper.default_config, ... as before)
+    HEAD_DIMS, DTYPES, BLOCK_MS, WG_ROWS, BLOCK_NS, STAGES, SCHEDULES, CONSUMER_REGS,
+    DEFAULTS, WIDE_FROM, SHORT_DEFAULT, SHORT_CAUSAL, SHORT_CAUSAL_BELOW, default_config, slower_than_triton)
 
 
 def available(device: torch.device | str | None = None) -> bool:
@@ -126,8 +88,22 @@ def load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, row, slot, pred):
 
 
 @_jit
-def refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, n_tiles, kv_row,
-           BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def key_start(t, seq_k, BLOCK_N: gl.constexpr, RAGGED: gl.constexpr):
+    """The first key of key tile ``t``: ``t * BLOCK_N``, except (``RAGGED``: seq_k is not a
+    whole number of tiles) that a last tile which would run past ``seq_k`` ends at ``seq_k``
+    instead and overlaps the tile before. So no copy reads past this head's keys; the keys
+    the two tiles share are masked away in the later one (``attend_tiles``).
+    Needs seq_k >= BLOCK_N."""
+    if RAGGED:
+        start = gl.minimum(t * BLOCK_N, seq_k - BLOCK_N)
+    else:
+        start = t * BLOCK_N
+    return start
+
+
+@_jit
+def refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, n_tiles, kv_row, seq_k,
+           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr):
     """Load the key/value tile numbered ``issued`` of this query tile's ``n_tiles`` (keys from
     row ``kv_row``), if there is one; returns the next number to load. Tile number t goes
     to ring slot t % STAGES, so its barriers' phase is (t // STAGES) & 1."""
@@ -135,7 +111,8 @@ def refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, n_tiles, kv_r
     # (a number past the last tile loads nothing; its row counts back by n_tiles, as the lab's
     # persistent walk counts it, so that this stays the code chapter 10 measured)
     tile = issued - n_tiles * (1 - pred.to(gl.int32))
-    load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row + tile * BLOCK_N, issued % STAGES, pred)
+    row = kv_row + key_start(tile, seq_k, BLOCK_N, RAGGED)
+    load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, row, issued % STAGES, pred)
     return issued + pred.to(gl.int32)
 
 
@@ -152,13 +129,15 @@ def on_diagonal(start_n, full_end, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
 @_jit
 def shifted_scores(s, row_max, rows, cols, diagonal, qk_scale, masked):
     """The raw scores ``s`` scaled to base 2 and shifted by the new running max (chapter 3):
-    returns them and that max. ``masked`` (a tile on the causal diagonal) hides key j from
-    row i when j > i + diagonal. Both cases round alike, so a row gets the same bits from a
-    masked tile as from an unmasked one (the last query tile may overlap the one before:
-    ``item_plan``)."""
+    returns them and that max. ``masked`` (a tile on the causal diagonal, or a last key tile
+    that overlaps the one before: ``attend_tiles``) hides key j from row i when j > i + diagonal.
+    Both cases round alike, so a row gets the same bits from a masked tile as from an unmasked
+    one (the last query tile may overlap the one before: ``item_plan``)."""
     if masked:
         visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + diagonal
-        s = gl.where(visible, s, float("-inf"))   # key 0 is visible to every row: the max stays finite
+        # key 0 is visible to every row, so the running max is finite from tile 0 on; a row that
+        # sees no key of this tile gets weights exp2(-inf) = 0 from it
+        s = gl.where(visible, s, float("-inf"))
     new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)
     return s * qk_scale - gl.expand_dims(new_max, 1), new_max
 
@@ -211,8 +190,8 @@ def tile_plan(seq_q, seq_k, n_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.c
 
 
 @_jit
-def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, slot, issued, n_tiles, kv_row,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
+def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, slot, issued, n_tiles, kv_row, seq_k,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr, RAGGED: gl.constexpr):
     """The key tile in ring slot ``slot`` is finished with. With a producer warp, say so on
     the slot's ``kv_empty`` barrier; without one, once every warp of this program is done
     with it, load the next tile (``refill``) into it. Returns the next number to load."""
@@ -220,7 +199,8 @@ def release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, slot,
         mbarrier.arrive(kv_empty.index(slot))
     else:
         cta_barrier()
-        issued = refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, n_tiles, kv_row, BLOCK_N, STAGES)
+        issued = refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, issued, n_tiles, kv_row, seq_k, BLOCK_N,
+                        STAGES, RAGGED)
     return issued
 
 
@@ -248,15 +228,17 @@ def empty_rows(first_row, diagonal, n_tiles, ROWS: gl.constexpr, HEAD_DIM: gl.co
 
 @_jit
 def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, k_desc, v_desc, kv_row, first_row,
-                 n_tiles, diagonal, qk_scale, issued, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr):
+                 n_tiles, diagonal, qk_scale, issued, seq_k, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PRODUCER: gl.constexpr,
+                 RAGGED: gl.constexpr):
     """The online softmax over all key tiles for ``ROWS`` query rows (in q_smem),
     held by the warps that call it (one or two warpgroups). Returns (o, row_max,
     row_sum), o not yet divided by row_sum. Its key tiles are numbers 0 to n_tiles - 1
     of the ring (``refill``); ``issued`` is the next number to load.
 
     Step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} without waiting, then runs
-    the softmax of S_j while the tensor cores compute P_{j-1} V_{j-1}.
+    the softmax of S_j while the tensor cores compute P_{j-1} V_{j-1}. ``RAGGED``: seq_k is
+    not a whole number of key tiles, so the last one overlaps the one before (``key_start``).
     """
     dtype: gl.constexpr = k_smem.dtype
     # (the order the loop's running values are defined in is the order the compiler keeps them in)
@@ -272,6 +254,10 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, k_desc
     p, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, offs_n, diagonal, qk_scale,
                                               on_diagonal(0, full_end, BLOCK_N, CAUSAL))
     p = gl.convert_layout(p.to(dtype), p_layout)
+    if CAUSAL:
+        band = diagonal
+    else:   # no causal mask: a ragged last tile is masked by its first key alone
+        band = seq_k
 
     for j in range(1, n_tiles):
         slot = j % STAGES
@@ -283,13 +269,18 @@ def attend_tiles(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, kv_empty, k_desc
         o = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s,))
         # the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1}
-        start_n = j * BLOCK_N
-        p_next, row_max, row_sum, alpha = softmax_step(
-            s, row_max, row_sum, rows, start_n + offs_n, diagonal, qk_scale,
-            on_diagonal(start_n, full_end, BLOCK_N, CAUSAL))
+        if RAGGED:   # a last tile that ends at seq_k: its keys below j * BLOCK_N were seen in tile j - 1,
+            # so they are numbered past every row's last key (one compare per score, as the diagonal's)
+            start_n = key_start(j, seq_k, BLOCK_N, RAGGED)
+            masked = (start_n < j * BLOCK_N) | on_diagonal(start_n, full_end, BLOCK_N, CAUSAL)
+            cols = gl.where(offs_n >= j * BLOCK_N - start_n, start_n + offs_n, 1 << 30)
+        else:
+            masked = on_diagonal(j * BLOCK_N, full_end, BLOCK_N, CAUSAL)
+            cols = j * BLOCK_N + offs_n
+        p_next, row_max, row_sum, alpha = softmax_step(s, row_max, row_sum, rows, cols, band, qk_scale, masked)
         o = warpgroup_mma_wait(0, deps=(o,))
         issued = release_tile(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_empty, prev, issued, n_tiles,
-                              kv_row, BLOCK_N, STAGES, PRODUCER)
+                              kv_row, seq_k, BLOCK_N, STAGES, PRODUCER, RAGGED)
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout)), 1)
         p = gl.convert_layout(p_next.to(dtype), p_layout)
 
@@ -354,19 +345,19 @@ def allocate_ring(q_desc, k_desc, v_desc, BLOCK_M: gl.constexpr, HEAD_DIM: gl.co
 
 @_jit
 def load_first(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, q_row, kv_row, n_tiles,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+               seq_k, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr = False):
     """Q, then the first STAGES key/value tiles (as many as there are), all in flight at once."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma_load(q_desc, [q_row, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
-        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row + i * BLOCK_N, i, i < n_tiles)
+        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row + key_start(i, seq_k, BLOCK_N, RAGGED), i, i < n_tiles)
 
 
 @_jit
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
                     n_heads, group, seq_q, seq_k, qk_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, RAGGED: gl.constexpr):
     """One program: one BLOCK_M-row query tile of one (batch, head), chapter 7's grid;
     its warps load the K/V tiles themselves. q/o descriptors view Q and O as
     (batch*heads*seq_q, HEAD_DIM), k/v as (batch*kv_heads*seq_k, HEAD_DIM)."""
@@ -374,16 +365,17 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE,
     q_smem, k_smem, v_smem, q_bar, k_bars, v_bars = allocate_ring(q_desc, k_desc, v_desc, BLOCK_M, HEAD_DIM, BLOCK_N,
                                                                   STAGES)
     load_first(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, q_row, kv_row, n_tiles,
-               BLOCK_N, STAGES)
+               seq_k, BLOCK_N, STAGES, RAGGED)
     o, row_max, row_sum = attend_tiles(
         q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_bars, k_desc, v_desc, kv_row, start_m, n_tiles,
-        seq_k - seq_q, qk_scale, gl.minimum(n_tiles, STAGES), BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, False)
+        seq_k - seq_q, qk_scale, gl.minimum(n_tiles, STAGES), seq_k, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
+        False, RAGGED)
     write_rows(o, row_max, row_sum, q_smem, o_desc, q_row, LSE)
 
 
 @_jit
 def consumer(shared, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             CAUSAL: gl.constexpr, WG: gl.constexpr):
+             CAUSAL: gl.constexpr, RAGGED: gl.constexpr, WG: gl.constexpr):
     """Warpgroup ``WG`` of the warp-specialised kernel: rows [WG*ROWS, (WG+1)*ROWS) of the tile.
     ``shared`` holds the tensors and numbers every consumer takes (see ``_gluon_attn_fwd_ws``)."""
     (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty, k_desc, v_desc, o_desc, LSE,
@@ -391,14 +383,15 @@ def consumer(shared, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.con
     # (the producer warp loads every tile: no number to keep, n_tiles stands in)
     o, row_max, row_sum = attend_tiles(
         q_smem.index(WG), k_smem, v_smem, q_bars.index(WG), k_bars, v_bars, kv_empty, k_desc, v_desc, kv_row,
-        start_m + WG * ROWS, n_tiles, seq_k - seq_q, qk_scale, n_tiles, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, True)
+        start_m + WG * ROWS, n_tiles, seq_k - seq_q, qk_scale, n_tiles, seq_k, ROWS, HEAD_DIM, BLOCK_N, STAGES,
+        CAUSAL, True, RAGGED)
     write_rows(o, row_max, row_sum, q_smem.index(WG), o_desc, q_row + WG * ROWS, LSE)
 
 
 @_jit
 def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-             q_row, kv_row, n_tiles, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             NUM_WG: gl.constexpr):
+             q_row, kv_row, n_tiles, seq_k, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             NUM_WG: gl.constexpr, RAGGED: gl.constexpr = False):
     """The producer warp: each consumer warpgroup's ROWS rows of Q, then every K/V tile
     into the ring as soon as every consumer has released the slot's previous tile."""
     for wg in gl.static_range(NUM_WG):
@@ -406,7 +399,8 @@ def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_b
         tma_load(q_desc, [q_row + wg * ROWS, 0], q_bars.index(wg), q_smem.index(wg))
     for t in range(n_tiles):
         mbarrier.wait(kv_empty.index(t % STAGES), ((t // STAGES) - 1) & 1, pred=t >= STAGES)
-        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row + t * BLOCK_N, t % STAGES, True)
+        load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row + key_start(t, seq_k, BLOCK_N, RAGGED),
+                t % STAGES, True)
 
 
 @_jit
@@ -438,7 +432,8 @@ def allocate_ws(q_desc, k_desc, v_desc, NUM_WG: gl.constexpr, HEAD_DIM: gl.const
 def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
                        n_heads, group, seq_q, seq_k, qk_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       RAGGED: gl.constexpr):
     """Warp-specialised: BLOCK_M/64 consumer warpgroups of 64 rows each (the default
     partition and 4-warp workers) and a 1-warp producer that does every load."""
     ROWS: gl.constexpr = WG_ROWS_C
@@ -451,17 +446,17 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE,
               kv_row, q_row, start_m, n_tiles, seq_q, seq_k, qk_scale)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0)),
-            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RAGGED, 0)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RAGGED, 1)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                        q_row, kv_row, n_tiles, ROWS, BLOCK_N, STAGES, NUM_WG))], [4, 1], [CONSUMER_REGS, 24])
+                        q_row, kv_row, n_tiles, seq_k, ROWS, BLOCK_N, STAGES, NUM_WG, RAGGED))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0)),
-            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1)),
-            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 2)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RAGGED, 0)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RAGGED, 1)),
+            (consumer, (shared, ROWS, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RAGGED, 2)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, kv_empty,
-                        q_row, kv_row, n_tiles, ROWS, BLOCK_N, STAGES, NUM_WG))],
+                        q_row, kv_row, n_tiles, seq_k, ROWS, BLOCK_N, STAGES, NUM_WG, RAGGED))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
@@ -484,10 +479,10 @@ def _launch_plan(schedule: str, block_m: int):
 
 
 def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, stages: int = 3,
-                 schedule: str = "overlap") -> None:
-    """Everything this kernel assumes, each with an error that names the argument: the
-    checks every kernel here shares (``autograd.check_shapes``), then this kernel's own
-    limits, the device last, so that every other error shows on any machine."""
+                 schedule: str = "overlap", whole_tiles: bool = False) -> None:
+    """Everything this kernel assumes, each with an error that names the argument: the shared
+    checks (``autograd.check_shapes``), this kernel's limits, the device last (so that every
+    other error shows on any machine). ``whole_tiles``: the lab's kernels' lengths."""
     check_shapes(q, k, v)
     check_flag(causal, "causal")
     if q.dtype not in DTYPES:
@@ -502,10 +497,12 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
     check_choice(block_n, "block_n", BLOCK_NS)
     check_choice(stages, "stages", STAGES)
     seq_q, seq_k = q.shape[2], k.shape[2]
-    if seq_q % WG_ROWS or seq_q < block_m or seq_k % block_n:
-        raise ValueError(f"the Gluon kernel needs seq_q a multiple of {WG_ROWS} and at least block_m={block_m}, and "
-                         f"seq_k a multiple of block_n={block_n}, got seq_q={seq_q}, seq_k={seq_k}; flash_attention "
-                         "takes any length")
+    if whole_tiles and (seq_q % WG_ROWS or seq_k % block_n):
+        raise ValueError(f"this kernel needs seq_q a multiple of {WG_ROWS} and seq_k a multiple of block_n={block_n}, "
+                         f"got seq_q={seq_q}, seq_k={seq_k}; flash_attention takes any length")
+    if seq_q < block_m or seq_k < block_n:
+        raise ValueError(f"the Gluon kernel needs seq_q >= block_m={block_m} and seq_k >= block_n={block_n} (one "
+                         f"tile each), got seq_q={seq_q}, seq_k={seq_k}; flash_attention takes any length")
     if causal and seq_q > seq_k:
         raise ValueError(f"the causal Gluon kernel needs seq_q <= seq_k (every row must see a key), got "
                          f"seq_q={seq_q}, seq_k={seq_k}; flash_attention handles rows that see no key")
@@ -516,10 +513,11 @@ def check_inputs(q, k, v, causal: bool, block_m: int = 64, block_n: int = 128, s
                          "flash_attention runs everywhere")
 
 
-def configuration(q, causal, block_m=None, block_n=None, stages=None, schedule=None) -> tuple:
-    """(block_m, block_n, stages, schedule): those given, the others ``default_config``'s for q."""
+def configuration(q, causal, block_m=None, block_n=None, stages=None, schedule=None, seq_k=None) -> tuple:
+    """(block_m, block_n, stages, schedule): those given, the others ``default_config``'s for
+    q (and ``seq_k`` keys)."""
     masked = bool(causal) if causal in (True, False) else False   # check_inputs names a wrong causal
-    default = (default_config(q.shape[-1], q.shape[2], masked) if isinstance(q, torch.Tensor)
+    default = (default_config(q.shape[-1], q.shape[2], masked, seq_k) if isinstance(q, torch.Tensor)
                and q.dim() == 4 else DEFAULTS[128])
     return tuple(d if x is None else x for x, d in zip((block_m, block_n, stages, schedule), default))
 
@@ -545,18 +543,21 @@ def gluon_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     of kv_heads (GQA). ``block_m`` query rows per program (64: one warpgroup, so
     that several programs share an SM, "overlap" only; 128: two warpgroups; 192:
     three, "producer" only), ``block_n`` keys per tile (64 or 128), ``stages`` K/V tiles in flight (2 to
-    4), ``schedule`` one of ``SCHEDULES``. seq_q must be a multiple of 64 and at least
-    block_m (a last tile that does not fit overlaps the one before), seq_k a multiple of
-    block_n. What is not given comes from ``default_config(head_dim, seq_q, causal)``.
+    4), ``schedule`` one of ``SCHEDULES``. Any seq_q >= block_m and seq_k >= block_n: a last
+    query tile that does not fit overlaps the one before (``item_plan``), and so does a last
+    key tile (``key_start``). What is not given comes from
+    ``default_config(head_dim, seq_q, causal, seq_k)``.
     """
-    block_m, block_n, stages, schedule = configuration(q, causal, block_m, block_n, stages, schedule)
+    seq_k = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else None
+    block_m, block_n, stages, schedule = configuration(q, causal, block_m, block_n, stages, schedule, seq_k)
     check_inputs(q, k, v, causal, block_m, block_n, stages, schedule)
     kernel, options, q_rows, extra = _launch_plan(schedule, block_m)
     o, lse, descriptors, numbers = operands(q, k, v, scale, q_rows, block_n)
     d = q.shape[-1]
     grid = (-(-q.shape[2] // block_m), q.shape[0] * q.shape[1])   # the last tile may overlap the one before (tile_plan)
     kernel[grid](*descriptors, _descriptor(o.view(-1, d), (q_rows, d)), lse, *numbers, HEAD_DIM=d, BLOCK_M=block_m,
-                 BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), **extra, **options)
+                 BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), RAGGED=k.shape[2] % block_n != 0, **extra,
+                 **options)
     return o, lse
 
 
@@ -583,13 +584,13 @@ def compile_kernel(cc: int, fn, options: dict, signature: dict, constexprs: dict
 
 
 def compile_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 128, block_n: int = 128, stages: int = 3,
-                schedule: str = "producer", causal: bool = True, dtype: str = "fp16"):
+                schedule: str = "producer", causal: bool = True, dtype: str = "fp16", ragged: bool = False):
     """Compile the kernel for compute capability ``cc`` without that GPU; returns Triton's
     compiled kernel (``metadata.shared`` in bytes, ``asm["ptx"]``). Needs TRITON_INTERPRET=0
     when triton was imported: ``targets.compile_elsewhere`` runs it in a process of its own."""
     fn, options, q_rows, extra = _launch_plan(schedule, block_m)
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
-                  **extra}
+                  "RAGGED": ragged, **extra}
     return compile_kernel(cc, fn, options, signature(dtype, head_dim, q_rows, block_n), constexprs)
 
 

@@ -36,8 +36,10 @@ from .autograd import poisoned_outputs
 SQUARE_LENGTHS = (1, 2, 3, 17, 63, 64, 65, 127, 129)
 LENGTH_PAIRS = tuple((n, n) for n in SQUARE_LENGTHS) + (
     (1, 64), (64, 1), (17, 65), (65, 17), (3, 127), (127, 3), (1, 129), (129, 2))
-#: the Gluon forward's lengths: seq_q a multiple of 64, seq_k of its key tile (128)
-GLUON_LENGTH_PAIRS = ((64, 128), (128, 128), (192, 256), (320, 384), (256, 128), (128, 512))
+#: the Gluon forward's lengths: whole tiles, and lengths that are not (a last query or key
+#: tile that overlaps the one before), down to one 64-row, 64-key tile
+GLUON_LENGTH_PAIRS = ((64, 128), (128, 128), (192, 256), (320, 384), (256, 128), (128, 512),
+                      (64, 64), (100, 100), (200, 333), (333, 200), (130, 777), (1000, 1000))
 GROUPS = (1, 2, 4, 8)
 HEAD_DIMS = (16, 64, 80, 128, 256)
 FP32_HEAD_DIMS = (16, 64, 80, 128)   # see all_classes: float32 at 256 compiles for minutes
