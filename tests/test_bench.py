@@ -1020,29 +1020,42 @@ def test_best_blocks_picks_the_fastest_warps_and_stages():
 # ------------------------------------------------------------------ chapter 9 on recorded runs
 
 CHAPTER_9 = REPO / "notebooks" / "09_benchmarks.ipynb"
+#: The figures chapter 9 must draw wherever a run and a block sweep are recorded.
+CHAPTER_9_FIGURES = {"fig-tflops", "fig-memory", "fig-roofline", "fig-block-default", "fig-block-heatmap"}
 
 
-def _run_chapter_9(results_root, monkeypatch, tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    monkeypatch.setenv(bench.RESULTS_ENV, str(results_root))
-    nb = nbformat.read(CHAPTER_9, as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(CHAPTER_9.parent)}}).execute()
-    figures, text, glued = {}, {}, {}
-    for cell in nb.cells:
-        outputs = cell.get("outputs", [])
-        figures[cell.id] = sum("image/png" in o.get("data", {}) for o in outputs)
-        text[cell.id] = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
-        for o in outputs:
-            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name:
-                glued[name] = o["data"]["application/papermill.record/text/plain"]
-    # every number the prose quotes was glued, or the book build warns (and fails)
-    quoted = {key.split(":")[0] for cell in nb.cells if cell.cell_type == "markdown"
-              for key in re.findall(r"\{glue:text\}`([^`]+)`", cell.source)}
-    assert quoted <= set(glued), f"quoted but never glued: {sorted(quoted - set(glued))}"
-    return figures, text, glued
+def _chapter_9_cells():
+    """The chapter's cells as stored (no outputs: nothing is executed)."""
+    return json.loads(CHAPTER_9.read_text(encoding="utf-8"))["cells"]
+
+
+def _quoted_in_chapter_9() -> set:
+    """Every name the chapter's prose quotes: {glue:text}`name` (or `name:fmt`), {glue:}`name`."""
+    return {key.split(":")[0] for cell in _chapter_9_cells() if cell["cell_type"] == "markdown"
+            for key in re.findall(r"\{glue(?::[\w-]*)?\}`([^`]+)`", "".join(cell["source"]))}
+
+
+def _figure_cells() -> list:
+    return [c["id"] for c in _chapter_9_cells() if c["cell_type"] == "code" and c["id"].startswith("fig-")]
+
+
+def _chapter_9(root):
+    """chapter9.build(root), checked as the book build would check the page: every name the
+    prose quotes has a value, and every figure cell of the chapter shows what build made for it."""
+    from flashbook.bench import chapter9
+
+    ch = chapter9.build(root)
+    quoted = _quoted_in_chapter_9()
+    assert len(quoted) > 100 and quoted <= set(ch.values), \
+        f"quoted but never glued: {sorted(quoted - set(ch.values))}"
+    assert all(isinstance(v, str) for v in ch.values.values())
+    assert set(_figure_cells()) >= CHAPTER_9_FIGURES
+    sources = {c["id"]: "".join(c["source"]) for c in _chapter_9_cells()}
+    for cid in _figure_cells():       # the cell shows what build made for it, and nothing else
+        assert sources[cid].startswith(f'ch.show("{cid}")'), sources[cid]
+    assert "ch = chapter9.build()" in sources["imports"]      # and one cell glues every value
+    assert sum("for name, text in ch.glued():\n    glue_text(name, text)" in src for src in sources.values()) == 1
+    return ch
 
 
 def _recorded_roots():
@@ -1054,47 +1067,55 @@ def _recorded_roots():
     return roots
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("which", _recorded_roots())
-def test_chapter_9_draws_every_figure_from_recorded_results(which, tmp_path, monkeypatch):
+def test_chapter_9_draws_every_figure_from_recorded_results(which, tmp_path):
+    import io
+
+    from matplotlib.figure import Figure
+
     if which == "synthetic":
         root = tmp_path / "results"
         _synthetic_root(root)
     else:
         root = REPO / "benchmarks" / "results"
-    figures, text, glued = _run_chapter_9(root, monkeypatch, tmp_path)
-    expected = [cid for cid in figures if cid.startswith("fig-")]
-    assert set(expected) >= {"fig-tflops", "fig-memory", "fig-roofline", "fig-block-default",
-                             "fig-block-heatmap"}
-    for cid in expected:
-        assert figures[cid] == 1, f"{cid} drew {figures[cid]} figures: {text[cid][:300]}"
-    everything = "".join(text.values())
-    assert "No recorded results" not in everything and "No block sweep" not in everything
-    blank = sorted(name for name, value in glued.items() if value.strip("'\"") == "n/a"
+    ch = _chapter_9(root)
+    for cid in _figure_cells():
+        shown = [what for kind, what in ch.outputs.get(cid, []) if kind == "figure"]
+        assert len(shown) == 1, f"{cid} draws {len(shown)} figures: {ch.outputs.get(cid)}"
+        fig = ch.figures[shown[0]]()
+        assert isinstance(fig, Figure) and fig.axes, cid
+        fig.savefig(io.BytesIO(), format="png")           # it renders, not only builds
+    said = "".join(what for items in ch.outputs.values() for kind, what in items if kind == "text")
+    assert not ch.messages and "No recorded results" not in said and "No block sweep" not in said
+    blank = sorted(name for name, value in ch.values.items() if value == "n/a"
                    # a synthetic root holds no Nsight profile: its readings say n/a there
                    and not (which == "synthetic" and name.startswith("ncu_")))
     assert not blank, f"numbers the prose quotes but the data did not give: {blank}"
+    assert ch.explorer is not None and ch.explorer["views"]
     if which == "recorded":     # Nsight's count, as tests/test_profiles.py reads the record
-        assert (glued["ncu_fb_ops"], glued["ncu_cudnn_ops"], glued["ncu_regs"]) == ("'3.50'", "'2.50'", "'255'")
+        assert (ch.values["ncu_fb_ops"], ch.values["ncu_cudnn_ops"], ch.values["ncu_regs"]) == ("3.50", "2.50", "255")
     if which == "synthetic":    # the prose quotes what the data say
-        assert glued["t_fwd_flash"].strip("'") == "at 12 of the 12 shapes measured"
-        assert glued["t_bwd_flash"].strip("'") == "at 0 of the 12 shapes measured"
-        assert glued["naive_missing"].strip("'") == "d=64 N=4096 full, d=64 N=4096 causal"
-        assert glued["roof_source"].strip("'") == "datasheet"
+        assert ch.values["t_fwd_flash"] == "at 12 of the 12 shapes measured"
+        assert ch.values["t_bwd_flash"] == "at 0 of the 12 shapes measured"
+        assert ch.values["naive_missing"] == "d=64 N=4096 full, d=64 N=4096 causal"
+        assert ch.values["roof_source"] == "datasheet"
+        assert ch.values["gpu_name"] == "NVIDIA H200" and ch.values["n_shapes"] == "12"
 
 
-@pytest.mark.slow
-def test_chapter_9_says_so_when_nothing_is_recorded(tmp_path, monkeypatch):
+def test_chapter_9_says_so_when_nothing_is_recorded(tmp_path, capsys):
     empty = tmp_path / "results"
     empty.mkdir()
-    figures, text, glued = _run_chapter_9(empty, monkeypatch, tmp_path)
-    assert "No recorded results were found" in text["locate"]
-    for cid in figures:
-        if cid.startswith("fig-"):
-            assert figures[cid] == 0 and ("No recorded results" in text[cid]
-                                          or "No block sweep" in text[cid]), cid
-    # the arithmetic that needs no GPU is still there
-    assert glued["seed_n_time_impossible"].strip("'") == "4"
+    ch = _chapter_9(empty)
+    assert ch.results is None and ch.blocks is None and not ch.figures and ch.explorer is None
+    assert "No recorded results were found" in ch.messages["locate"]
+    for cid in _figure_cells():
+        assert not [k for k, _ in ch.outputs.get(cid, []) if k == "figure"], cid
+        assert "No recorded results" in ch.messages[cid] or "No block sweep" in ch.messages[cid], cid
+    ch.show("locate")          # what the cell prints
+    assert "No recorded results were found" in capsys.readouterr().out
+    # the arithmetic that needs no GPU is still there; what the data would give says n/a
+    assert ch.values["seed_n_time_impossible"] == "4"
+    assert ch.values["n_shapes"] == ch.values["heat_best"] == ch.values["ncu_fb_ops"] == "n/a"
 
 
 def test_ladder_speedups_divide_times_within_each_pass_and_shape(tmp_path):

@@ -1,0 +1,539 @@
+"""Everything chapter 10 shows from the recorded runs, computed once: ``build(root)``.
+
+The chapter's hidden cells call ``build()``, glue its values and show what it returns; its
+tests call ``build(root)`` on a results root of their own. ``Chapter10`` holds
+
+- ``values``:   every number the prose quotes from the recorded runs (``{glue:text}`name```),
+  already formatted as ``flashbook.display.glue_text`` formats it ("n/a" where the data give
+  none); the few the notebook glues itself are ``GLUED_BY_NOTEBOOK``;
+- ``tables``:   the tables the chapter displays, by name, as they are displayed;
+- ``figures``:  name -> a function that draws that figure (``flashbook.plots.ladder``);
+- ``messages``: topic -> what that topic's cell says because something is not recorded;
+- ``outputs``:  topic -> what that cell shows, in order (``Chapter10.show(topic)``);
+- ``frames``:   the recorded frames the chapter's teaching cells and exercises read.
+
+Missing data are handled here, once: with no results every quoted name still has a value,
+and every cell that would show a measurement says why it cannot. This module has the
+ladder, its predictions and the goals; ``chapter10_beyond`` has the rest (the tutorial, what
+did not help, the Gluon kernel).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .. import tiled
+from ..kernels import configs
+from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
+from .blocks import block_state
+from .harness import TOLERANCE, shape_label
+from .readback import (PERFORMANCE_TARGETS, ladder_speedups, latest_blocks, latest_ladder,
+                       latest_results, load_results, provenance_summary, target_table)
+from .records import results_root
+from .sweeps import LADDER_SEQS
+
+#: What a cell that shows the measured ladder says when none is recorded.
+NO_DATA = ("No recorded ladder was found (no benchmarks/results/ directory with a "
+           "ladder.csv), so there is nothing measured to show here.")
+#: What ``Chapter10.show`` shows, one topic per cell of the chapter, in its order.
+TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip_prediction", "skip", "split_prediction",
+          "split", "tuning_prediction", "tuning", "ladder", "ladder_figure", "backward_figure", "goals",
+          "tutorial", "descriptors", "lazy", "static", "autotune", "schedules", "gluon_peers", "host", "graphs",
+          "fma", "wide", "short", "persistent", "defaults")
+#: The names of ``Features``, in order: one switch each.
+FEATURES = [f.name for f in dataclasses.fields(Features)]
+#: The columns that name one shape of the ladder (a pass aside).
+SHAPE = ["head_dim", "seq", "causal"]
+#: The rungs that, without a mask, run the same kernel as the rung before them.
+NO_OPS_UNMASKED = ("skip masked tiles", "heaviest first")
+#: Names the prose quotes that the notebook glues itself, not ``values``: its teaching cells
+#: compute them in front of the reader (the instruction count, heaviest-first's schedule
+#: model, the atomics' bytes, the start-and-end fit), its live cells measure or compile
+#: them here, and the lab (``benchmarks/gluon_lab.py``) computes the polynomial's error.
+GLUED_BY_NOTEBOOK = {
+    "1791dcf8": ("exp2_ops_full", "exp2_ops_causal", "exp2_saved_lo", "exp2_saved_hi", "exp2_bound_lo",
+                 "exp2_bound_hi"),
+    "f1573c58": ("heavy_pred_lo", "heavy_pred_hi", "heavy_lo", "heavy_hi", "heavy_sig", "heavy_n",
+                 "heavy_full_dev", "heavy_slots"),
+    "ec3afd65": ("mm_atomic", "mm_separate", "mm_ratio", "atomic_gb_lo", "atomic_gb_hi",
+                 "atomic_floor_share_lo", "atomic_floor_share_hi", "dq_lo", "dq_hi"),
+    "3c382fe0": ("fixed_tiles", "fixed_gain_1k", "fixed_gain_2k"),
+    "6041c7eb": ("live_phrase",),
+    "38a7f663": ("exact_n", "exact_d", "exact_tol"),
+    "c10-ptx-waits": ("ptx_triton_version", "ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_wgmma", "ptx_gl_tma",
+                      "ptx_tri_tma", "ptx_gl_waits"),
+    "b7508bde": ("poly3_err", "poly4_err"),
+}
+
+from .score_ops import CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, exp2_bound, ops_per_score  # noqa: E402,F401
+
+
+@dataclass
+class Chapter10:
+    """Chapter 10's numbers, tables and figures for one results root (see the module)."""
+
+    values: dict = field(default_factory=dict)
+    tables: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    messages: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    frames: dict = field(default_factory=dict)
+    styles: dict = field(default_factory=dict)     # table -> (Styler -> Styler, pandas options)
+    root: object = None                            # the results root read (a Path), or None
+    ladder_provenance: dict = field(default_factory=dict)
+    noise: float | None = None                     # the floor every rung's verdict is judged against
+    cc: int = 90                                   # the compute capability the ladder ran on
+    arch: str | None = None                        # the same as "sm_90", None when not recorded
+    gpu_name: str = "the GPU"
+
+    # -- what the sections record
+    def put(self, name: str, value, fmt: str = "") -> None:
+        """Record a value for the prose, formatted as ``glue_text`` formats it."""
+        if name in self.values:
+            raise ValueError(f"name must be glued once, and {name!r} already is")
+        self.values[name] = "n/a" if value is None else format(value, fmt)
+
+    def nothing(self, *names: str) -> None:
+        """The values the data do not give: "n/a", as ``glue_text(name, None)``."""
+        for name in names:
+            self.put(name, None)
+
+    def say(self, topic: str, text: str, *, missing: bool = False) -> None:
+        """``topic``'s cell prints ``text``; ``missing``: because something is not recorded."""
+        self.outputs.setdefault(topic, []).append(("text", text))
+        if missing:
+            self.messages[topic] = (self.messages[topic] + "\n" + text) if topic in self.messages else text
+
+    def table(self, topic: str, name: str, frame, style=None, **options) -> None:
+        """``topic``'s cell displays the table ``name``: ``style`` (a function of its Styler)
+        formats it, ``options`` are pandas display options (``max_colwidth=90``)."""
+        if name in self.tables:
+            raise ValueError(f"name must name one table, and {name!r} already does")
+        self.tables[name] = frame
+        self.styles[name] = (style, {f"display.{k}": v for k, v in options.items()})
+        self.outputs.setdefault(topic, []).append(("table", name))
+
+    def markdown(self, topic: str, text: str) -> None:
+        """``topic``'s cell displays ``text`` as Markdown (a table's heading)."""
+        self.outputs.setdefault(topic, []).append(("markdown", text))
+
+    def figure(self, topic: str, name: str, draw) -> None:
+        """``topic``'s cell shows the figure ``draw()`` makes."""
+        self.figures[name] = draw
+        self.outputs.setdefault(topic, []).append(("figure", name))
+
+    def styled(self, name: str):
+        """The table ``name`` as it is displayed: its Styler, or the frame itself."""
+        style, _ = self.styles.get(name, (None, {}))
+        return style(self.tables[name].style) if style else self.tables[name]
+
+    def rung_gains(self, name):
+        """``x previous`` of one forward rung at every recorded shape, with a shape label."""
+        fsteps = self.frames["fsteps"]
+        r = fsteps[fsteps["name"] == name].copy()
+        r["shape"] = [shape_label(d, n, c) for d, n, c in zip(r["head_dim"], r["seq"], r["causal"])]
+        return r.set_index("shape")
+
+    # -- what the chapter calls
+    def show(self, topic: str) -> None:
+        """Show in a notebook what ``topic``'s cell shows: its texts, tables and figures."""
+        import pandas as pd
+        from IPython.display import Markdown, display
+
+        if topic not in TOPICS:
+            raise ValueError(f"topic must be one of {TOPICS}, got {topic!r}")
+        for kind, what in self.outputs.get(topic, []):
+            if kind == "text":
+                print(what)
+            elif kind == "markdown":
+                display(Markdown(what))
+            elif kind == "table":
+                options = [x for kv in self.styles[what][1].items() for x in kv]
+                with pd.option_context(*options) if options else contextlib.nullcontext():
+                    display(self.styled(what))
+            elif kind == "figure":
+                show_figure(self.figures[what]())
+
+
+def show_figure(fig) -> None:
+    """Display a matplotlib Figure as the inline backend shows a pyplot one (a PNG cut to
+    its contents), without pyplot: shown once, nothing left open."""
+    from IPython.core.pylabtools import print_figure
+    from IPython.display import display
+
+    display({"image/png": print_figure(fig, "png", bbox_inches="tight", base64=True),
+             "text/plain": repr(fig)}, raw=True)
+
+
+# ---------------------------------------------------------------- the rungs and the runs
+
+def _rungs(ch: Chapter10) -> None:
+    import pandas as pd
+
+    rung_table = pd.DataFrame([
+        {"rung": i, "name": r.name, **{f: "on" if getattr(r.features, f) else "off" for f in FEATURES},
+         "tiles": str(r.config) if r.config else "the library's choice", "what it adds": r.change}
+        for i, r in enumerate(RUNGS)]).set_index("rung")
+    ch.put("n_rungs", len(RUNGS)); ch.put("first_config", str(FIRST_CONFIG))
+    ch.put("first_bm", FIRST_CONFIG.block_m); ch.put("first_bn", FIRST_CONFIG.block_n)
+    ch.table("rungs", "rungs", rung_table, max_colwidth=90)
+
+
+def _recorded(ch: Chapter10, root) -> None:
+    """The newest ladder, full comparison and block sweep, read back, and their provenance."""
+    import pandas as pd
+
+    ch.root = results_root(root)
+    paths = ((latest_ladder(ch.root), latest_results(ch.root), latest_blocks(ch.root)) if ch.root
+             else (None, None, None))
+    read = [load_results(p) if p else (None, {}) for p in paths]
+    (ladder, ch.ladder_provenance), (df, prov), (blocks, blocks_prov) = read
+    ch.frames.update(ladder=ladder, results=df, blocks=blocks)
+    for label, path, frame in zip(("ladder", "full comparison", "block sweep"), paths, (ladder, df, blocks)):
+        ch.say("recorded", f"{label}: " + (f"{path.relative_to(ch.root.parent)} ({len(frame)} rows)" if path
+                                           else "none recorded"), missing=path is None)
+    if ladder is None:
+        ch.say("recorded", NO_DATA, missing=True)
+
+    recorded = {name: p for name, p in (("ladder.csv", ch.ladder_provenance), ("results.csv", prov),
+                                        ("blocks.csv", blocks_prov)) if p}
+    if recorded:
+        ch.table("provenance", "provenance",
+                 pd.DataFrame({name: provenance_summary(p) for name, p in recorded.items()}))
+    else:
+        ch.say("provenance", NO_DATA, missing=True)
+    digests = {name: p.get("source_sha256") for name, p in recorded.items()}
+    ch.put("same_sources", None if not recorded else "the same library sources" if len(set(digests.values())) == 1
+           else "library sources that differ between the runs (their SHA-256 digests differ)")
+    gpu = ch.ladder_provenance.get("gpu") or {}
+    ch.gpu_name = gpu.get("name", "the GPU")
+    ch.put("gpu_name", ch.gpu_name)
+    ch.arch = gpu.get("capability")
+    ch.cc = int(ch.arch.split("_")[1]) if ch.arch else 90
+
+
+def _noise(ch: Chapter10) -> None:
+    """How large a gain must be to mean anything: identical kernels timed twice."""
+    ladder, df = ch.frames["ladder"], ch.frames["results"]
+    if ladder is None:
+        ch.frames.update(steps=None, fsteps=None, bsteps=None)
+        ch.nothing("noise", "noise_n", "noise_ladder", "noise_twin", "noise_twin_n", "xrun_lo", "xrun_hi",
+                   "n_checked_ladder")
+        return
+    if not (ladder["status"] == "ok").all():
+        raise ValueError(f"every rung of the ladder must have run:\n{ladder[ladder['status'] != 'ok']}")
+    if not (ladder["err_out"] < TOLERANCE["out"]).all():     # every rung was checked, and exact
+        raise ValueError(f"every rung must be exact:\n{ladder[ladder['err_out'] >= TOLERANCE['out']]}")
+    steps = ladder_speedups(ladder)
+    fsteps, bsteps = steps[steps["pass_"] == "fwd"], steps[steps["pass_"] == "bwd"]
+    ch.frames.update(steps=steps, fsteps=fsteps, bsteps=bsteps)
+    same = fsteps[~fsteps["causal"] & fsteps["name"].isin(NO_OPS_UNMASKED)]
+    noise_ladder = float((same["vs_prev"] - 1).abs().max())
+    ch.put("noise_ladder", 100 * noise_ladder, ".1f"); ch.put("noise_n", len(same))
+    ch.put("n_checked_ladder", len(ladder))
+    ch.table("noise", "noise_pairs", same[["name"] + SHAPE + ["tflops", "vs_prev"]].rename(
+        columns={"tflops": "TFLOP/s", "vs_prev": "x previous rung (same kernel)"}).round(3))
+    # one forward kernel timed under two names in one run: flashbook and flashbook-atomic
+    # differ only in their backward (chapter 9), so their forward times are a second noise sample
+    twin = None
+    keys = ["batch", "heads", "seq", "head_dim", "causal"]
+    if df is not None and {"flashbook", "flashbook-atomic"} <= set(df["impl"]):
+        pair = df[df["impl"] == "flashbook"].merge(df[df["impl"] == "flashbook-atomic"], on=keys)
+        twin = (pair["fwd_ms_y"] / pair["fwd_ms_x"] - 1).abs().dropna()
+    noise_twin = float(twin.max()) if twin is not None and len(twin) else 0.0
+    ch.put("noise_twin", 100 * noise_twin, ".1f"); ch.put("noise_twin_n", 0 if twin is None else len(twin))
+    NOISE = max(noise_ladder, noise_twin)   # the floor every verdict below is judged against
+    ch.noise = NOISE
+    ch.put("noise", 100 * NOISE, ".1f")
+    # the same (last-rung) kernel, measured in the separate full-comparison run
+    if df is not None:
+        last = fsteps[fsteps["name"] == RUNGS[-1].name]
+        both = last.merge(df[df["impl"] == "flashbook"], on=keys)
+        xrun = both["fwd_tflops"] / both["tflops"]
+        ch.put("xrun_lo", 100 * (xrun.min() - 1), "+.0f"); ch.put("xrun_hi", 100 * (xrun.max() - 1), "+.0f")
+    else:
+        ch.nothing("xrun_lo", "xrun_hi")
+
+
+# ---------------------------------------------------------------- the rungs, one by one
+
+def _exp2(ch: Chapter10) -> None:
+    import pandas as pd
+
+    if ch.frames["steps"] is None:
+        return ch.nothing("exp2_lo", "exp2_hi", "exp2_above", "exp2_n", "exp2_noise", "exp2_verdict")
+    bounds = exp2_bound()
+    gains = ch.rung_gains("exp2")
+    bound = gains["causal"].map(lambda c: bounds["causal" if c else "full"])
+    ch.table("exp2", "exp2_gains", pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"],
+                                                 "bound from the count": bound}).round(3))
+    ch.put("exp2_lo", gains["vs_prev"].min(), ".2f"); ch.put("exp2_hi", gains["vs_prev"].max(), ".2f")
+    n_above = int((gains["vs_prev"] > bound).sum())
+    ch.put("exp2_above", n_above); ch.put("exp2_n", len(gains))
+    low = gains["vs_prev"].min() - 1
+    ch.put("exp2_noise", "far beyond the noise" if low > 2 * ch.noise
+           else "beyond the noise" if low > ch.noise else "partly within the noise")
+    ch.put("exp2_verdict", "So the elementwise instructions do set the pace here, and natural exp costs "
+           "more than the one multiply the count gives it" if n_above else
+           "So the count bounds the gain, as a model should; how close the gain comes to it says how "
+           "much of the time those instructions take")
+
+
+def _seqs(ch: Chapter10) -> list:
+    ladder = ch.frames["ladder"]
+    return sorted(ladder["seq"].unique()) if ladder is not None else list(LADDER_SEQS)
+
+
+def _skip(ch: Chapter10) -> None:
+    import pandas as pd
+
+    bm, bn = FIRST_CONFIG.block_m, FIRST_CONFIG.block_n
+
+    def skip_prediction(n, causal):
+        every = math.ceil(n / bm) * math.ceil(n / bn)
+        return every / sum(tiled.visible_key_tiles(n, n, bm, bn, causal))
+
+    skip_pred = pd.DataFrame([{"N": n, "causal": c, "tiles without skipping": math.ceil(n / bm) * math.ceil(n / bn),
+                               "tiles visited": sum(tiled.visible_key_tiles(n, n, bm, bn, c)),
+                               "predicted x": skip_prediction(n, c)}
+                              for n in _seqs(ch) for c in (False, True)])
+    pred_skip = {(r["N"], r["causal"]): r["predicted x"] for r in skip_pred.to_dict("records")}
+    causal_pred = skip_pred[skip_pred["causal"]]["predicted x"]
+    ch.put("skip_pred_lo", causal_pred.min(), ".2f"); ch.put("skip_pred_hi", causal_pred.max(), ".2f")
+    ch.table("skip_prediction", "skip_prediction", skip_pred.round(3))
+
+    if ch.frames["steps"] is None:
+        return ch.nothing("skip_lo", "skip_hi", "skip_of_pred_lo", "skip_of_pred_hi", "skip_full_dev",
+                          "skip_full_within")
+    gains = ch.rung_gains("skip masked tiles")
+    pred = [pred_skip[(n, c)] for n, c in zip(gains["seq"], gains["causal"])]
+    table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "predicted x": pred})
+    table["measured / predicted"] = table["x previous"] / table["predicted x"]
+    ch.table("skip", "skip_gains", table.round(3))
+    causal, full = table[gains["causal"].values], table[~gains["causal"].values]
+    ch.put("skip_lo", causal["x previous"].min(), ".2f"); ch.put("skip_hi", causal["x previous"].max(), ".2f")
+    ch.put("skip_of_pred_lo", 100 * causal["measured / predicted"].min(), ".0f")
+    ch.put("skip_of_pred_hi", 100 * causal["measured / predicted"].max(), ".0f")
+    dev = float((full["x previous"] - 1).abs().max())
+    ch.put("skip_full_dev", 100 * dev, ".1f")
+    ch.put("skip_full_within", "within" if dev <= ch.noise else "outside")
+
+
+def _split(ch: Chapter10) -> None:
+    import pandas as pd
+
+    rows = []
+    for n in _seqs(ch):
+        for causal in (False, True):
+            kinds = tiled.tile_kinds(n, n, FIRST_CONFIG.block_m, FIRST_CONFIG.block_n, causal=causal)
+            visited = int((kinds != "skipped").sum())
+            # a ragged last tile would be masked too: N is a multiple of the tiles here
+            masked = int((kinds == "partial").sum()) / visited
+            before = ops_per_score("masked", causal, True)
+            after = masked * before + (1 - masked) * ops_per_score("main", causal, True)
+            rows.append({"N": n, "causal": causal, "masked tiles after the split": masked,
+                         "instructions per score before": before, "after": after, "bound x": before / after})
+    split_pred = pd.DataFrame(rows)
+    saved_by = {(r["N"], r["causal"]): 1 - r["after"] / r["instructions per score before"] for r in rows}
+    ch.put("split_masked_pct", 100 * split_pred[split_pred["causal"]]["masked tiles after the split"].max(), ".1f")
+    ch.put("split_bound_lo", split_pred["bound x"].min(), ".2f")
+    ch.put("split_bound_hi", split_pred["bound x"].max(), ".2f")
+    ch.table("split_prediction", "split_prediction", split_pred.round(3))
+
+    if ch.frames["steps"] is None:
+        return ch.nothing("split_full_lo", "split_full_hi", "split_causal_lo", "split_causal_hi", "split_share_lo",
+                          "split_share_hi", "split_below")
+    gains = ch.rung_gains("unmasked main loop")
+    saved = [saved_by[(n, c)] for n, c in zip(gains["seq"], gains["causal"])]
+    table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "instructions saved": saved})
+    # if a share s of the time is this elementwise work, saving a fraction f of it gives 1 / (1 - s f)
+    table["implied share of time"] = (1 - 1 / table["x previous"]) / table["instructions saved"]
+    ch.table("split", "split_gains", table.round(3))
+    is_causal = gains["causal"].values
+    ch.put("split_full_lo", table["x previous"][~is_causal].min(), ".2f")
+    ch.put("split_full_hi", table["x previous"][~is_causal].max(), ".2f")
+    ch.put("split_causal_lo", table["x previous"][is_causal].min(), ".2f")
+    ch.put("split_causal_hi", table["x previous"][is_causal].max(), ".2f")
+    ch.put("split_share_lo", 100 * table["implied share of time"].min(), ".0f")
+    ch.put("split_share_hi", 100 * table["implied share of time"].max(), ".0f")
+    bound = split_pred.set_index(["N", "causal"])
+    below = int((table["x previous"] < [bound.loc[(n, c), "bound x"]
+                                        for n, c in zip(gains["seq"], gains["causal"])]).sum())
+    ch.put("split_below", "smaller than the bound at every shape" if below == len(table)
+           else f"smaller than the bound at {below} of {len(table)} shapes")
+
+
+def _as_text(cfg):
+    bm, bn, w, s = cfg
+    return f"{bm} x {bn}, {w} warps, {s} stages"
+
+
+def _tuning(ch: Chapter10) -> None:
+    """The block-size sweep's prediction for the tuned tiles, and what the ladder measured."""
+    import pandas as pd
+
+    blocks = ch.frames["blocks"]
+    pred_tune = {}
+    if blocks is None:
+        ch.nothing("sweep_seq", "tune_best_64", "tune_worst_64", "tune_best_128", "tune_worst_128", "tune_spread",
+                   "lib_rank", "first_rank", "tune_pred_lo", "tune_pred_hi", "n_ran")
+    else:
+        rows = []
+        for d in sorted(blocks["head_dim"].unique()):
+            lib = configs.default("forward", cc=ch.cc, block_d=configs.block_d(int(d)), elem_bytes=2)
+            first = block_state(blocks, int(d), *dataclasses.astuple(FIRST_CONFIG), measured_arch=ch.arch)
+            mine = block_state(blocks, int(d), *dataclasses.astuple(lib), measured_arch=ch.arch)
+            (best_cfg, best), (worst_cfg, worst) = mine.ranking[0], mine.ranking[-1]
+            pred_tune[int(d)] = mine.tflops / first.tflops
+            rows.append({"d": int(d), "N": mine.seq, "configs that ran": f"{mine.n_ran} of {mine.n_configs}",
+                         "best": f"{_as_text(best_cfg)}: {best:.0f}", "worst": f"{_as_text(worst_cfg)}: {worst:.0f}",
+                         "first kernel's": f"{_as_text(first.config)}: {first.tflops:.0f} (#{first.rank})",
+                         "library's": f"{_as_text(mine.config)}: {mine.tflops:.0f} (#{mine.rank})",
+                         "predicted x": pred_tune[int(d)]})
+            ch.put(f"tune_best_{d}", f"{_as_text(best_cfg)} at {best:.0f} TFLOP/s")
+            ch.put(f"tune_worst_{d}", f"{_as_text(worst_cfg)} at {worst:.0f}")
+        sweep = pd.DataFrame(rows).set_index("d")
+        ch.table("tuning_prediction", "sweep", sweep.round(3), max_colwidth=60)
+        ch.put("sweep_seq", int(sweep["N"].iloc[0]))
+        ch.put("lib_rank", " and ".join(f"#{s.split('#')[1][:-1]}" for s in sweep["library's"]))
+        ch.put("first_rank", " and ".join(f"#{s.split('#')[1][:-1]}" for s in sweep["first kernel's"]))
+        ch.put("n_ran", " and ".join(sweep["configs that ran"]))
+        ch.put("tune_pred_lo", min(pred_tune.values()), ".2f"); ch.put("tune_pred_hi", max(pred_tune.values()), ".2f")
+        ran = blocks[blocks["status"] == "ok"]
+        spread = ran.groupby("head_dim")["fwd_tflops"].agg(lambda x: x.max() / x.min())
+        ch.put("tune_spread", f"{spread.min():.1f} to {spread.max():.1f}")
+
+    if ch.frames["steps"] is None or not pred_tune:
+        return ch.nothing("tune_at_sweep", "tune_lo", "tune_hi")
+    gains = ch.rung_gains("tuned tiles")
+    pred = [pred_tune.get(int(d), float("nan")) for d in gains["head_dim"]]
+    ch.table("tuning", "tuning_gains", pd.DataFrame({
+        "TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"],
+        "predicted x (sweep, N = 4096, no mask)": pred}).round(3))
+    at = gains[(gains["seq"] == int(sweep["N"].iloc[0])) & ~gains["causal"]]
+    ch.put("tune_at_sweep", " and ".join(f"{x:.2f} at d = {d}" for d, x in zip(at["head_dim"], at["vs_prev"])))
+    ch.put("tune_lo", gains["vs_prev"].min(), ".2f"); ch.put("tune_hi", gains["vs_prev"].max(), ".2f")
+
+
+# ---------------------------------------------------------------- the whole ladder
+
+#: The full comparison's implementations drawn beside the ladder.
+BASELINES = ("sdpa-flash", "sdpa-cudnn")
+
+
+def _baseline(df, impl, r, column="fwd_tflops"):
+    """``column`` of ``impl`` at row ``r``'s shape (batch, heads, seq, head_dim, mask) in the
+    full comparison, or None."""
+    if df is None:
+        return None
+    hit = df[(df["impl"] == impl) & (df["status"] == "ok") & (df["batch"] == r["batch"])
+             & (df["heads"] == r["heads"]) & (df["seq"] == r["seq"])
+             & (df["head_dim"] == r["head_dim"]) & (df["causal"] == r["causal"])]
+    return float(hit[column].iloc[0]) if len(hit) else None
+
+
+def _baselines(df, frame, column):
+    """One row per shape of ``frame`` and baseline the full comparison measured there."""
+    import pandas as pd
+
+    rows = []
+    for _, r in frame.sort_values("rung").drop_duplicates(SHAPE).iterrows():
+        for impl in BASELINES:
+            value = _baseline(df, impl, r, column)
+            if value is not None:
+                rows.append({"impl": impl, **{k: r[k] for k in SHAPE}, "tflops": value})
+    return pd.DataFrame(rows, columns=["impl", *SHAPE, "tflops"])
+
+
+def _whole_ladder(ch: Chapter10) -> None:
+    from ..plots import ladder as figures
+
+    fsteps, bsteps, df = ch.frames["fsteps"], ch.frames["bsteps"], ch.frames["results"]
+    if fsteps is None:
+        for topic in ("ladder", "ladder_figure", "backward_figure"):
+            ch.say(topic, NO_DATA, missing=True)
+        return ch.nothing("best_rung_by_shape", "first_to_last_lo", "first_to_last_hi", "flash_beaten",
+                          "flash_pairs", "cudnn_below", "cudnn_pairs")
+    view = {"name": "rung", "ms": "ms", "tflops": "TFLOP/s", "vs_prev": "x previous", "vs_first": "x first"}
+    for i, ((d, n, causal), part) in enumerate(fsteps.groupby(SHAPE, sort=False)):
+        r0 = part.iloc[0]
+        ch.markdown("ladder", f"**{shape_label(d, n, causal, r0['batch'], r0['heads'])}**, forward")
+        ch.table("ladder", f"ladder_{i}", part[list(view)].rename(columns=view).set_index("rung").round(3))
+    ch.markdown("ladder", "**Backward** (dQ strategies; `x previous` is separate over atomic)")
+    bview = bsteps.assign(shape=[shape_label(d, n, c) for d, n, c in
+                                 zip(bsteps["head_dim"], bsteps["seq"], bsteps["causal"])])
+    ch.table("ladder", "ladder_backward", bview.set_index(["shape", "name"])[["ms", "tflops", "vs_prev"]]
+             .rename(columns={"tflops": "TFLOP/s", "vs_prev": "x previous"}).round(3))
+
+    names = [r.name for r in RUNGS]
+    forward_refs, backward_refs = _baselines(df, fsteps, "fwd_tflops"), _baselines(df, bsteps, "bwd_tflops")
+    ceiling = max(fsteps["tflops"].max(), df["fwd_tflops"].max() if df is not None else 0)
+    ch.figure("ladder_figure", "ladder", lambda: figures.ladder_figure(
+        fsteps, forward_refs, rung_names=names, gpu_name=ch.gpu_name, ceiling=ceiling))
+    labelled = bsteps.assign(label=[shape_label(d, n, c) for d, n, c in
+                                    zip(bsteps["head_dim"], bsteps["seq"], bsteps["causal"])])
+    ch.figure("backward_figure", "backward", lambda: figures.backward_figure(
+        labelled, backward_refs, gpu_name=ch.gpu_name))
+
+    top = fsteps.loc[fsteps.groupby(SHAPE)["vs_prev"].idxmax()]
+    counts = top["name"].value_counts()
+    ch.put("best_rung_by_shape", ", ".join(f"{name} at {k}" for name, k in counts.items()))
+    last = fsteps[fsteps["name"] == RUNGS[-1].name]
+    ch.put("first_to_last_lo", last["vs_first"].min(), ".2f"); ch.put("first_to_last_hi", last["vs_first"].max(), ".2f")
+    beats = [(t, b) for t, b in ((r["tflops"], _baseline(df, "sdpa-flash", r)) for _, r in last.iterrows())
+             if b is not None]
+    ch.put("flash_beaten", sum(t > b for t, b in beats)); ch.put("flash_pairs", len(beats))
+    below = [(t, b) for t, b in ((r["tflops"], _baseline(df, "sdpa-cudnn", r)) for _, r in last.iterrows())
+             if b is not None]
+    ch.put("cudnn_below", sum(t < b for t, b in below)); ch.put("cudnn_pairs", len(below))
+
+
+def _goals(ch: Chapter10) -> None:
+    """The kernel against cuDNN, judged by the book's goals, within the full comparison."""
+    df = ch.frames["results"]
+    goals = [t for t in PERFORMANCE_TARGETS if t.kind == "goal"]
+    for t in goals:
+        ch.put(f"goal_{t.metric}", t.threshold, "g")
+    if df is None:
+        return ch.nothing("goal_fwd_met", "goal_bwd_met", "goal_fwd_n", "goal_bwd_n", "goal_fwd_lo", "goal_fwd_hi",
+                          "goal_bwd_lo", "goal_bwd_hi", "goal_fwd_gap", "goal_bwd_gap", "goal_fwd_need",
+                          "goal_bwd_need", "goal_verdict")
+    table = target_table(df, targets=goals)
+    ch.table("goals", "goals", table[["head_dim", "seq", "causal", "target", "ratio", "met"]].round(3))
+    for t in goals:
+        rows = table[(table["target"] == t.label) & table["met"].notna()]
+        ch.put(f"goal_{t.metric}_met", int((rows["met"] == True).sum()))        # noqa: E712
+        ch.put(f"goal_{t.metric}_n", len(rows))
+        ch.put(f"goal_{t.metric}_lo", rows["ratio"].min(), ".2f")
+        ch.put(f"goal_{t.metric}_hi", rows["ratio"].max(), ".2f")
+        best = rows["ratio"].max()
+        ch.put(f"goal_{t.metric}_gap", f"short by at least {t.threshold - best:.2f}" if best < t.threshold
+               else f"its best shape clears it by {best - t.threshold:.2f}")
+        # the speed-up still needed at the worst shape to reach the goal
+        ch.put(f"goal_{t.metric}_need", 100 * (t.threshold / rows["ratio"].min() - 1), ".0f")
+    judged = table[table["met"].notna()]
+    met = int((judged["met"] == True).sum())                                   # noqa: E712
+    ch.put("goal_verdict", "not met" if met == 0 else "met" if met == len(judged)
+           else f"met only in part ({met} of {len(judged)} shape-goal pairs)")
+
+
+def build(root=None) -> Chapter10:
+    """Chapter 10's numbers, tables and figures from the results root ``root`` (default:
+    ``bench.results_root()``, as the chapter finds it). Raises ValueError where the
+    recorded ladder contradicts itself (a rung that did not run, or was not exact)."""
+    from . import chapter10_beyond
+
+    ch = Chapter10()
+    _rungs(ch)
+    _recorded(ch, root)
+    _noise(ch)
+    _exp2(ch)
+    _skip(ch)
+    _split(ch)
+    _tuning(ch)
+    _whole_ladder(ch)
+    _goals(ch)
+    chapter10_beyond.build_into(ch)
+    return ch

@@ -1,0 +1,504 @@
+"""The measured sections of chapter 9 (``chapter9.build`` calls them in the chapter's
+order): speed, Nsight's counts, memory, the roofline, the targets, the seed's shape
+measured, and the block-size sweep. Each reads the run ``chapter9`` located, records its
+values, tables and figures on the ``Chapter9`` it is given, and says so where the run
+lacks what it needs.
+"""
+from __future__ import annotations
+
+from .blocks import best_blocks, block_fits, block_shared_bytes, block_state
+from .costs import GB, attention_flops, attention_hbm_bytes, naive_memory_estimate, roofline_ms
+from .harness import shape_label
+from .impls import IMPLEMENTATIONS
+from .readback import (
+    PERFORMANCE_TARGETS, SHAPE_KEYS, roofline_ceilings, roofline_points, seed_shape_rows,
+    target_summary, target_table,
+)
+from ..plots import benchmarks as plots
+
+#: What a cell that shows a measurement says when no run is recorded.
+NO_DATA = ("No recorded results were found (no benchmarks/results/ directory with a "
+           "results.csv), so there is nothing measured to show here.")
+#: How a cell that shows the block sweep begins when none is recorded.
+NO_SWEEP = "No block sweep recorded"
+#: The fused kernels whose patterns the speed section counts.
+FUSED = ["sdpa-flash", "sdpa-cudnn", "flashbook"]
+#: The implementations the roofline shows.
+ROOF_IMPLS = ["naive", "sdpa-flash", "sdpa-cudnn", "flashbook"]
+#: Each target of ``PERFORMANCE_TARGETS`` and the name the prose quotes it by.
+TARGET_KEYS = {"forward >= 1.15x SDPA-flash": "t_fwd_flash", "backward >= 1.0x SDPA-flash": "t_bwd_flash",
+               "peak memory <= 1.1x SDPA-flash": "t_mem_flash", "forward >= 0.9x SDPA-cuDNN": "t_fwd_cudnn",
+               "backward >= 0.8x SDPA-cuDNN": "t_bwd_cudnn"}
+#: The names of the causal diagonal's numbers (the speed section's last paragraph).
+DIAG_KEYS = ("diag_n", "diag_d", "diag_visited", "diag_masked", "diag_excess", "diag_loss",
+             "diag_measured", "diag_short_loss", "diag_short_measured", "diag_above", "diag_shapes")
+
+
+def ceilings(ch):
+    """The roof of the GPU that ran the results (``roofline_ceilings``), or None."""
+    if not ch.provenance:
+        return None
+    try:
+        return roofline_ceilings(ch.provenance, dtype=ch.dtype if ch.dtype in ("bf16", "fp16") else "bf16")
+    except ValueError:           # a GPU the book has no datasheet for
+        return None
+
+
+# ---------------------------------------------------------------- speed
+
+def speed(ch, ceil) -> None:
+    """TFLOP/s against N (the figure), the fastest implementations and three patterns."""
+    import pandas as pd
+
+    from .. import tiled
+    from ..kernels import configs
+
+    df, prov = ch.results, ch.provenance
+    if df is None:
+        ch.say("fig-tflops", NO_DATA, missing=True)
+        ch.nothing("win_fwd", "win_bwd", "fb_fwd_max", "fb_bwd_max", "naive_fwd_max", "peak",
+                   "fb_fwd_pct", "peak_source", "bwd_below", "bwd_pairs", "causal_below",
+                   "causal_pairs", "fb_gain", "n_min", "n_max", "naive_bwd_above", "naive_pairs",
+                   "bwd_credited", "bwd_executed", "fb_bwd_exec", "fb_exec_above",
+                   "fb_exec_pairs", "atomic_fwd_noise", "atomic_wins_note")
+        ch.nothing(*DIAG_KEYS)
+        return
+    ch.figure("fig-tflops", "tflops", lambda: plots.tflops_figure(
+        df, order=IMPLEMENTATIONS, ceilings=ceil, gpu_name=ch.gpu_name, dtype=ch.dtype))
+
+    ok = df[df["status"] == "ok"]
+    keys = ["head_dim", "seq", "causal"]
+    phrases = {}
+    for p in ("fwd", "bwd"):
+        winners = ok.loc[ok.groupby(keys)[f"{p}_tflops"].idxmax(), "impl"].value_counts()
+        total = int(winners.sum())
+        phrases[p] = ", ".join(f"{impl} at {n} of {total}" for impl, n in winners.items())
+        ch.put(f"win_{p}", phrases[p])
+    ours = ok[ok["impl"] == "flashbook"]
+    ch.put("fb_fwd_max", ours["fwd_tflops"].max(), ".0f"); ch.put("fb_bwd_max", ours["bwd_tflops"].max(), ".0f")
+    naive = ok[ok["impl"] == "naive"]
+    ch.put("naive_fwd_max", naive["fwd_tflops"].max() if len(naive) else None, ".0f")
+    ch.put("peak", ceil["peak_tflops"] if ceil else None, "g")
+    ch.put("fb_fwd_pct", 100 * ours["fwd_tflops"].max() / ceil["peak_tflops"] if ceil and len(ours) else None,
+           ".0f")
+    ch.put("peak_source", ceil["peak_source"] if ceil else None)
+    # three patterns, counted rather than asserted
+    fused = ok[ok["impl"].isin(FUSED)]
+    ch.put("bwd_below", int((fused["bwd_tflops"] < fused["fwd_tflops"]).sum())); ch.put("bwd_pairs", len(fused))
+    twins = fused.pivot_table(index=["impl", "head_dim", "seq"], columns="causal",
+                              values="fwd_tflops").dropna()
+    if {False, True} <= set(twins.columns):
+        ch.put("causal_below", int((twins[True] < twins[False]).sum())); ch.put("causal_pairs", len(twins))
+    else:
+        ch.nothing("causal_below", "causal_pairs")
+    n_min, n_max = int(ours["seq"].min()), int(ours["seq"].max())
+    ends = ours.pivot_table(index=["head_dim", "causal"], columns="seq", values="fwd_tflops")
+    ch.put("fb_gain", 100 * float((ends[n_max] / ends[n_min]).median() - 1), ".0f")
+    ch.put("n_min", n_min); ch.put("n_max", n_max)
+    ch.put("naive_bwd_above", int((naive["bwd_tflops"] > naive["fwd_tflops"]).sum()))
+    ch.put("naive_pairs", len(naive))
+    # The backward's credit: the convention counts 5 matrix products per tile pair (2.5 times
+    # the forward's 2); our kernels execute 4 in the dK/dV kernel (S, dP, dV, dK) and 3 in
+    # the dQ kernel (S and dP again, then dQ), chapter 8.
+    products = {"credited": 2 * attention_flops(1, 1, 1, 1, 1, pass_="bwd")
+                            // attention_flops(1, 1, 1, 1, 1), "executed": 4 + 3}
+    ch.put("bwd_credited", products["credited"]); ch.put("bwd_executed", products["executed"])
+    executed = ours["bwd_tflops"] * products["executed"] / products["credited"]
+    ch.put("fb_bwd_exec", executed.max(), ".0f")
+    ch.put("fb_exec_above", int((executed > ours["fwd_tflops"]).sum())); ch.put("fb_exec_pairs", len(ours))
+    # flashbook-atomic runs flashbook's forward kernel: their forward times differ by noise
+    fwd_ms = ok.pivot_table(index=keys, columns="impl", values="fwd_ms")
+    if {"flashbook", "flashbook-atomic"} <= set(fwd_ms.columns):
+        same = (fwd_ms["flashbook-atomic"] / fwd_ms["flashbook"] - 1).abs().dropna()
+        ch.put("atomic_fwd_noise", 100 * same.max(), ".1f")
+        won = fwd_ms[fwd_ms.idxmin(axis=1) == "flashbook-atomic"]
+        others = won.drop(columns=[c for c in won.columns if c.startswith("flashbook")])
+        behind = (others.min(axis=1) / won["flashbook-atomic"] - 1).max() if len(won) else None
+        ch.put("atomic_wins_note", f"so its {len(won)} fastest forwards mean only that at those "
+               f"shapes our forward kernel and the next fastest, {', '.join(sorted(set(others.idxmin(axis=1))))}, "
+               f"are within noise of each other (at most {100 * behind:.1f}% apart)" if len(won)
+               else "and it is the fastest forward nowhere")
+    else:
+        ch.put("atomic_fwd_noise", None); ch.put("atomic_wins_note", "not measured in this run")
+    # The causal diagonal, counted as chapter 7 counts it: the tiles our forward visits per
+    # head (chapter 4's tile_kinds, which chapter 7 checks against the kernel) against the
+    # N^2 / 2 pairs the convention credits. If time followed the visited tiles alone, the
+    # causal forward would reach 1 / (1 + excess) of the unmasked one's TFLOP/s.
+    cc = int(str((prov.get("gpu") or {}).get("capability") or "sm_90").split("_")[1])
+    diag = []
+    pairs = ours.pivot_table(index=["head_dim", "seq"], columns="causal", values="fwd_tflops")
+    for (d, n), r in pairs.dropna().iterrows():
+        cfg = configs.default("forward", cc=cc, block_d=configs.block_d(int(d)), elem_bytes=2)
+        kinds = tiled.tile_kinds(int(n), int(n), cfg.block_m, cfg.block_n, causal=True)
+        visited = int((kinds != "skipped").sum())
+        excess = visited * cfg.block_m * cfg.block_n / (n * n / 2) - 1
+        diag.append({"head_dim": int(d), "seq": int(n), "visited": visited,
+                     "masked": int((kinds == "partial").sum()), "excess": excess,
+                     "diagonal loss": 1 - 1 / (1 + excess), "measured loss": 1 - r[True] / r[False]})
+    diag = pd.DataFrame(diag)
+    ch.tables["causal_diagonal"] = diag
+    if len(diag):
+        at = diag[(diag["seq"] == 4096) & (diag["head_dim"] == 128)]   # chapter 7's shape
+        at = (at if len(at) else diag).iloc[0]
+        short = diag[diag["seq"] == diag["seq"].min()]
+        ch.put("diag_n", int(at["seq"])); ch.put("diag_d", int(at["head_dim"]))
+        ch.put("diag_visited", int(at["visited"]), ","); ch.put("diag_masked", int(at["masked"]))
+        ch.put("diag_excess", 100 * at["excess"], ".1f"); ch.put("diag_loss", 100 * at["diagonal loss"], ".1f")
+        ch.put("diag_measured", 100 * at["measured loss"], ".1f")
+        ch.put("diag_short_loss", 100 * short["diagonal loss"].max(), ".0f")
+        ch.put("diag_short_measured", f"{100 * short['measured loss'].min():.0f} to "
+                                      f"{100 * short['measured loss'].max():.0f}")
+        ch.put("diag_above", int((diag["measured loss"] > diag["diagonal loss"]).sum()))
+        ch.put("diag_shapes", len(diag))
+    else:
+        ch.nothing(*DIAG_KEYS)
+    ch.say("speed-numbers", f"fastest forward: {phrases['fwd']}")
+    ch.say("speed-numbers", f"fastest backward: {phrases['bwd']}")
+
+
+
+def ncu(ch) -> None:
+    """Nsight Compute's count of what the tensor cores did, one pass per kernel on the H200
+    (benchmarks/kernel_ncu.py; ``profiles`` reads ncu's CSV with the passes)."""
+    from . import profiles
+    from .runs import run_path
+
+    run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
+    if run is None or not run.exists():
+        ch.nothing("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb_us",
+                   "ncu_cudnn_us", "ncu_rate", "ncu_regs", "ncu_spill_full", "ncu_spill_causal")
+        return
+    table = profiles.pass_table(run)
+    ch.tables["ncu_passes"] = table
+    at = table[table["dim"] == 128].set_index(["impl", "causal", "pass_"])
+    fb, cu, fl = (at.loc[(impl, False, "backward")] for impl in ("triton", "sdpa-cudnn", "sdpa-flash"))
+    ch.put("ncu_shape", f"B = {fb['batch']}, H = {fb['heads']}, N = {fb['seq']}, d = 128, bf16, no mask")
+    ch.put("ncu_fb_ops", fb["ops_ratio"], ".2f"); ch.put("ncu_cudnn_ops", cu["ops_ratio"], ".2f")
+    ch.put("ncu_flash_ops", fl["ops_ratio"], ".2f")
+    ch.put("ncu_fb_us", fb["us"], ",.0f"); ch.put("ncu_cudnn_us", cu["us"], ",.0f")
+    # executed ops per microsecond, ours over cuDNN's
+    ch.put("ncu_rate", (fb["ops_ratio"] / fb["us"]) / (cu["ops_ratio"] / cu["us"]), ".2f")
+    ch.put("ncu_regs", fb["regs"]); ch.put("ncu_spill_full", fb["spill_mb"], ".0f")
+    ch.put("ncu_spill_causal", at.loc[("triton", True, "backward"), "spill_mb"], ".0f")
+
+
+# ---------------------------------------------------------------- memory
+
+def memory(ch) -> None:
+    """Peak memory against N (the figure), the shapes that did not run, and how memory grows."""
+    import numpy as np
+    import pandas as pd
+
+    df, prov = ch.results, ch.provenance
+    if df is None:
+        ch.say("fig-memory", NO_DATA, missing=True)
+        ch.say("memory-status", NO_DATA, missing=True)
+        ch.nothing("naive_missing", "naive_max_n", "naive_max_d", "naive_max_gb", "fb_same_gb",
+                   "mem_ratio", "others_ran", "fused_mem_spread")
+        return
+    # where a run did not fit, the memory the harness estimated it would need
+    frame = df.assign(estimate_bytes=[
+        naive_memory_estimate(int(r.batch), int(r.heads), int(r.seq), int(r.seq), int(r.head_dim),
+                              elem_bytes=4 if r.impl == "sdpa-math" else 2)
+        if r.status in plots.MISSING else np.nan for r in df.itertuples()])
+    gpu_memory = (prov.get("gpu") or {}).get("memory_bytes") if prov else None
+    ch.figure("fig-memory", "memory", lambda: plots.memory_figure(
+        frame, order=IMPLEMENTATIONS, gpu_name=ch.gpu_name, gpu_memory_bytes=gpu_memory))
+
+    not_ok = df[df["status"] != "ok"]
+    ch.table("memory-status", "not_ran",
+             not_ok[["impl", "head_dim", "seq", "causal", "status", "note"]]
+             .sort_values(["head_dim", "seq", "causal", "impl"]).reset_index(drop=True)
+             if len(not_ok) else pd.DataFrame({"status": ["every implementation ran at every shape"]}))
+    naive = df[df["impl"] == "naive"]
+    missing = naive[naive["status"] != "ok"]
+    ch.put("naive_missing", ", ".join(shape_label(r.head_dim, r.seq, r.causal)
+                                      for r in missing.itertuples()) or "none")
+    # did every fused implementation run where naive did not?
+    fused = df[~df["impl"].isin(["naive", "sdpa-math"])]
+    at = fused.merge(missing[list(SHAPE_KEYS)], on=list(SHAPE_KEYS))
+    ch.put("others_ran", "it ran at every shape measured" if missing.empty else
+           "every fused implementation ran at those shapes" if (at["status"] == "ok").all() else
+           f"{int((at['status'] != 'ok').sum())} fused results are missing there too")
+    ran = naive[(naive["status"] == "ok") & ~naive["causal"]]
+    if len(ran):
+        top = ran.sort_values(["seq", "head_dim"]).iloc[-1]
+        ours = df[(df["impl"] == "flashbook") & (df["seq"] == top["seq"])
+                  & (df["head_dim"] == top["head_dim"]) & ~df["causal"]].iloc[0]
+        ch.put("naive_max_n", int(top["seq"])); ch.put("naive_max_d", int(top["head_dim"]))
+        ch.put("naive_max_gb", top["peak_fwd_bwd_bytes"] / GB, ".1f")
+        ch.put("fb_same_gb", ours["peak_fwd_bwd_bytes"] / GB, ".2f")
+        ch.put("mem_ratio", top["peak_fwd_bwd_bytes"] / ours["peak_fwd_bwd_bytes"], ".0f")
+    else:
+        ch.nothing("naive_max_n", "naive_max_d", "naive_max_gb", "fb_same_gb", "mem_ratio")
+    flat = df[df["impl"].isin(["sdpa-flash", "sdpa-cudnn", "flashbook"]) & (df["status"] == "ok")]
+    spread = flat.groupby(["impl", "head_dim", "causal"])["peak_fwd_bwd_bytes"].agg(
+        lambda x: x.max() / x.min() - 1)
+    ch.put("fused_mem_spread", 100 * float(spread.max()) if len(spread) else None, ".1f")
+
+
+# ---------------------------------------------------------------- the roofline
+
+def roofline(ch, ceil):
+    """Every measured time as a point under the chip's roof (the figure); the points."""
+    import numpy as np
+
+    df = ch.results
+    if df is None or ceil is None:
+        ch.say("fig-roofline", NO_DATA if df is None else
+               "The GPU is not in runtime.CHIPS: no datasheet roof to draw.", missing=True)
+        return None
+    points = roofline_points(df, ROOF_IMPLS)
+    attainable = np.minimum(ceil["peak_tflops"], points["intensity"] * ceil["hbm_tb_s"])
+    points["of roof"] = points["tflops"] / attainable
+    ch.tables["roofline_points"] = points
+    ch.figure("fig-roofline", "roofline", lambda: plots.roofline_figure(points, ceil, impls=ROOF_IMPLS))
+    return points
+
+
+def _span(frame, column, fmt=".0f"):
+    return f"{frame[column].min():{fmt}} to {frame[column].max():{fmt}}" if len(frame) else "n/a"
+
+
+def roofline_numbers(ch, points, ceil) -> None:
+    """Where naive attention and our kernel sit on the roofline, in words."""
+    if points is None:
+        ch.nothing("ridge", "roof_source", "bw_source", "roof_chip", "naive_ai", "fb_ai",
+                   "naive_roof_pct", "fb_roof_pct", "all_below", "roof_why", "naive_side",
+                   "fb_side", "fb_ai_fwd", "fb_ai_bwd")
+        return
+    naive_pts = points[points["impl"] == "naive"]
+    ours_pts = points[points["impl"] == "flashbook"]
+    ch.put("ridge", ceil["ridge"], ".0f"); ch.put("roof_source", ceil["peak_source"])
+    ch.put("bw_source", ceil["hbm_source"]); ch.put("roof_chip", ceil["chip"])
+    ch.put("naive_ai", _span(naive_pts, "intensity")); ch.put("fb_ai", _span(ours_pts, "intensity"))
+    per_pass = ours_pts.groupby("pass")["intensity"].median()
+    ch.put("fb_ai_fwd", per_pass.get("fwd"), ".0f"); ch.put("fb_ai_bwd", per_pass.get("bwd"), ".0f")
+    ch.put("naive_roof_pct", _span(naive_pts.assign(p=100 * naive_pts["of roof"]), "p"))
+    ch.put("fb_roof_pct", _span(ours_pts.assign(p=100 * ours_pts["of roof"]), "p"))
+    below = bool((points["of roof"] <= 1 + 1e-9).all())
+    ch.put("roof_why", "the provenance records no measured ceilings, so the datasheet's are used "
+           "and labelled as such" if {ceil["peak_source"], ceil["hbm_source"]} == {"datasheet"}
+           else "as the provenance records them")
+
+    def side(pts):
+        left, right = (pts["intensity"] < ceil["ridge"]), (pts["intensity"] >= ceil["ridge"])
+        return ("left of the ridge at every shape: memory-bound" if left.all() else
+                "right of the ridge at every shape: only the tensor cores can limit it"
+                if right.all() else f"left of the ridge at {int(left.sum())} of {len(pts)} points")
+
+    ch.put("naive_side", side(naive_pts) if len(naive_pts) else None)
+    ch.put("fb_side", side(ours_pts) if len(ours_pts) else None)
+    ch.put("all_below", "every point lies under the roof" if below
+           else "some points lie above the roof, so a ceiling is wrong")
+    if not below:
+        raise ValueError(f"measured points must lie under the roof:\n{points[points['of roof'] > 1]}")
+    ch.table("roofline-numbers", "roofline_medians",
+             points.groupby(["impl", "pass"])[["intensity", "tflops", "of roof"]].median().round(2),
+             printed=True)
+
+
+# ---------------------------------------------------------------- the targets
+
+def _target_cells(table):
+    import pandas as pd
+
+    from ..display import verdict_text
+
+    text = table.apply(lambda r: "not measured" if r["met"] is None or pd.isna(r["met"])
+                       else verdict_text(r["ratio"], r["threshold"], r["met"]), axis=1)
+    wide = (table.assign(cell=text)
+            .pivot_table(index=["head_dim", "seq", "causal"], columns="target", values="cell",
+                         aggfunc="first"))
+    order = [t.label for t in PERFORMANCE_TARGETS if t.label in wide.columns]
+    wide = wide[order].fillna("")
+    wide.index = wide.index.set_names(["d", "N", "causal"])
+    return wide
+
+
+def targets(ch) -> None:
+    """The targets' thresholds, then each shape's ratio and verdict, and the counts."""
+    t = {x.label: x for x in PERFORMANCE_TARGETS}
+    if set(TARGET_KEYS) != set(t):
+        raise ValueError(f"the prose names every target once: {sorted(set(TARGET_KEYS) ^ set(t))}")
+    for label, key in TARGET_KEYS.items():
+        ch.put(key + "_thr", t[label].threshold)
+    goal = t["forward >= 0.9x SDPA-cuDNN"]
+    ch.put("goal_d", goal.head_dims[0]); ch.put("goal_n", f"{goal.min_seq // 1024}K")
+    df = ch.results
+    if df is None:
+        ch.say("target-table", NO_DATA, missing=True)
+        ch.say("target-summary", NO_DATA, missing=True)
+        for key in TARGET_KEYS.values():
+            ch.nothing(key, key + "_missed")
+        return
+    table = target_table(df, impl="flashbook")
+    summary = target_summary(table)
+    ch.tables["target_rows"] = table
+    ch.table("target-table", "targets", _target_cells(table))
+    ch.table("target-summary", "target_summary", summary)
+    for label, key in TARGET_KEYS.items():
+        s = summary.loc[label]
+        verdict = (f"at {s['met']} of the {s['measured']} shapes measured"
+                   + (f" ({s['shapes'] - s['measured']} not measured)" if s["shapes"] > s["measured"] else ""))
+        ch.put(key, verdict)
+        missed = table[(table["target"] == label) & (table["met"] == False)]  # noqa: E712
+        ch.put(key + "_missed", "; ".join(f"{shape_label(r.head_dim, r.seq, r.causal)} "
+                                          f"({r.ratio:.2f})" for r in missed.itertuples()) or "none")
+        ch.say("target-summary", f"{label}: met {verdict}; missed: "
+               f"{'; '.join(f'{shape_label(r.head_dim, r.seq, r.causal)}' for r in missed.itertuples()) or 'none'}")
+
+
+# ---------------------------------------------------------------- the seed's shape, measured
+
+def _seed_rows_table(rows):
+    import pandas as pd
+
+    return pd.DataFrame([
+        {"implementation": r.impl, "status": r.status,
+         "forward memory (GB)": r.peak_fwd_bytes / GB,
+         "fwd + bwd memory (GB)": r.peak_fwd_bwd_bytes / GB,
+         "forward (ms)": r.fwd_ms, "backward (ms)": r.bwd_ms,
+         "forward TFLOP/s": r.fwd_tflops, "backward TFLOP/s": r.bwd_tflops}
+        for r in rows.itertuples()]).set_index("implementation")
+
+
+def seed_measured(ch, check, ceil) -> None:
+    """The measured shape closest to the seed article's, and the first section's floor at it."""
+    df = ch.results
+    if df is None:
+        ch.say("seed-measured", NO_DATA, missing=True)
+        ch.nothing("seed_why", "seed_why_128", "seed_naive", "seed_fb", "seed_floor_ms", "seed_floor_ok")
+        return
+    seed_rows, seed_why = seed_shape_rows(df)
+    ch.say("seed-measured", f"Closest to the seed's shape: {seed_why}")
+    ch.table("seed-measured", "seed_measured", _seed_rows_table(seed_rows).round(3))
+    ch.put("seed_why", seed_why)
+    by = seed_rows.set_index("impl")
+    r0 = seed_rows.iloc[0]
+    inputs_gb = 3 * r0["batch"] * r0["heads"] * r0["seq"] * r0["head_dim"] * 2 / GB
+    for impl, key, name in (("naive", "naive", "naive attention's"), ("flashbook", "fb", "our kernel's")):
+        if impl not in by.index:
+            ch.put(f"seed_{key}", f"{name} forward was not measured")
+        elif by.loc[impl, "status"] != "ok":
+            ch.put(f"seed_{key}", f"{name} forward did not run ({by.loc[impl, 'status']}: "
+                                  f"{by.loc[impl, 'note']})")
+        else:
+            ch.put(f"seed_{key}", f"{name} forward took {by.loc[impl, 'fwd_ms']:.2f} ms and held "
+                                  f"{by.loc[impl, 'peak_fwd_bytes'] / GB:.2f} GB beyond the "
+                                  f"{inputs_gb:.2f} GB of Q, K and V")
+    # the arithmetic of the first section, applied to these measurements
+    b, h, n, d = (int(r0[k]) for k in ("batch", "heads", "seq", "head_dim"))
+    chip = ceil["chip"] if ceil else "H200"
+    floor = roofline_ms(attention_flops(b, h, n, n, d), attention_hbm_bytes(b, h, n, n, d), chip,
+                        ch.dtype if ch.dtype in ("bf16", "fp16") else "bf16")["floor_ms"]
+    ch.put("seed_floor_ms", floor, ".2f")
+    fused_fwd = seed_rows[(seed_rows["status"] == "ok") & ~seed_rows["impl"].isin(["naive", "sdpa-math"])]
+    above = bool((fused_fwd["fwd_ms"] >= floor).all())
+    ch.put("seed_floor_ok", f"all {len(fused_fwd)} fused forward times here are above it" if above
+           else "a measured time is below it, so something is wrong")
+    if not above:
+        raise ValueError(f"measured times must not be below the floor:\n{fused_fwd[fused_fwd['fwd_ms'] < floor]}")
+    d128 = df[df["head_dim"] == check.d]
+    if len(d128) and seed_rows["head_dim"].iloc[0] != check.d:
+        rows128, why128 = seed_shape_rows(d128)
+        ch.say("seed-measured", f"With the seed's d = {check.d}: {why128}")
+        ch.table("seed-measured", "seed_measured_d", _seed_rows_table(rows128).round(3))
+        ch.put("seed_why_128", why128)
+    else:
+        ch.put("seed_why_128", "the same shape")
+
+
+# ---------------------------------------------------------------- the block-size sweep
+
+def blocks(ch) -> None:
+    """The recorded sweep: its counts, the explorer, the library's default, the heatmap."""
+    import pandas as pd
+
+    from ..explorers.sweep import labelled_fits, sweep_config
+    from ..kernels import configs
+
+    sweep, prov = ch.blocks, ch.blocks_provenance
+    if sweep is None:
+        ch.say("sweep-numbers", "No block sweep was recorded (no blocks.csv under benchmarks/results/): "
+                                "there is nothing measured to explore here.", missing=True)
+        ch.say("explorer", f"{NO_SWEEP}: nothing to explore.", missing=True)
+        ch.say("fig-block-default", f"{NO_SWEEP}: no default configuration to show.", missing=True)
+        ch.say("fig-block-heatmap", f"{NO_SWEEP}: no heatmap to draw.", missing=True)
+        ch.nothing("sweep_n", "sweep_ran", "sweep_oor", "sweep_spill", "model_agrees", "model_checked",
+                   "sweep_grid", "default_cfg", "default_d", "default_tflops", "default_rank", "default_n",
+                   "best_cfg", "best_tflops", "default_fits", "heat_best", "spill_median",
+                   "nospill_median", "fit_counts")
+        return
+    arch = ((prov.get("gpu") or {}).get("capability")) or "sm_90"
+    ran = sweep[sweep["status"] == "ok"]
+    model = sweep.apply(lambda r: configs.smem_estimate(
+        "forward", configs.Config(int(r.block_m), int(r.block_n), int(r.num_warps), int(r.num_stages)),
+        configs.block_d(int(r.head_dim)), 2, int(arch.split("_")[1])), axis=1)
+    measured = sweep.apply(lambda r: block_shared_bytes(r.to_dict()), axis=1)
+    known = measured.notna()
+    agree = int((model[known] == measured[known]).sum())
+    ch.put("sweep_n", len(sweep)); ch.put("sweep_ran", len(ran))
+    ch.put("sweep_oor", int(sweep["status"].eq("out-of-resources").sum()))
+    ch.put("sweep_spill", int((ran["n_spills"] > 0).sum()))
+    ch.put("model_agrees", agree); ch.put("model_checked", int(known.sum()))
+    ch.put("sweep_grid", " x ".join(str(sweep[k].nunique()) for k in
+                                    ("block_m", "block_n", "num_warps", "num_stages")))
+    ch.say("sweep-numbers", f"{len(sweep)} configs x shapes, {len(ran)} ran; the model matches the "
+                            f"compiler's shared memory for {agree} of {int(known.sum())}")
+
+    # the configuration the library itself picks for the forward on this architecture
+    d0 = 128 if 128 in set(sweep["head_dim"]) else int(sweep["head_dim"].max())
+    cfg = configs.default("forward", cc=int(arch.split("_")[1]), block_d=configs.block_d(d0), elem_bytes=2)
+    default = {"head_dim": d0, "block_m": cfg.block_m, "block_n": cfg.block_n,
+               "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    at_d = sweep[sweep["head_dim"] == d0]
+    if not ((at_d["block_m"] == cfg.block_m) & (at_d["block_n"] == cfg.block_n)
+            & (at_d["num_warps"] == cfg.num_warps) & (at_d["num_stages"] == cfg.num_stages)).any():
+        # the default is not in the sweep's grid: start from the sweep's fastest instead
+        default.update(at_d.sort_values("fwd_tflops", na_position="first").iloc[-1][
+            ["block_m", "block_n", "num_warps", "num_stages"]].astype(int).to_dict())
+    gpu = (prov.get("gpu") or {}).get("name", "")
+    ch.explorer = sweep_config(sweep, start=default, measured_arch=arch, gpu=gpu)
+    ch.outputs.setdefault("explorer", []).append(("explorer", None))
+
+    state = block_state(sweep, **default, measured_arch=arch)
+    ch.say("fig-block-default", state.summary())
+    fits = labelled_fits(state.fits, gpu)   # "measured" only on the GPU that ran
+    ch.table("fig-block-default", "block_fits", pd.DataFrame(
+        {name: {"needs (KiB)": f["bytes"] / 1024, "limit (KiB)": f["limit"] / 1024,
+                "fits": "yes" if f["fits"] else "no", "from": f["how"]}
+         for name, f in fits.items()}).T)
+    bm, bn, w, s = state.config
+    mine = (f"{state.tflops:.0f} TFLOP/s, number {state.rank} of {state.n_ran}"
+            if state.rank else (state.row["status"] if state.row else "not in the sweep"))
+    title = f"d={state.head_dim}, N={state.seq}: B_r={bm}, B_c={bn}, {w} warps, {s} stages (red): {mine}"
+    ch.figure("fig-block-default", "block_default", lambda: plots.block_state_figure(
+        state.ranking, state.config, state.fits, title=title))
+    best = state.best
+    ch.put("default_cfg", f"B_r = {bm}, B_c = {bn}, {w} warps, {s} stages")
+    ch.put("default_d", state.head_dim)
+    ch.put("default_tflops", state.tflops, ".0f"); ch.put("default_rank", state.rank)
+    ch.put("default_n", state.n_ran)
+    ch.put("best_cfg", f"B_r = {int(best['block_m'])}, B_c = {int(best['block_n'])}, "
+                       f"{int(best['num_warps'])} warps, {int(best['num_stages'])} stages")
+    ch.put("best_tflops", best["fwd_tflops"], ".0f")
+    ch.put("default_fits", ", ".join(n for n, f in state.fits.items() if f["fits"]) or "no chip")
+
+    top = best_blocks(sweep)
+    ch.tables["best_blocks"] = top
+    ch.figure("fig-block-heatmap", "block_heatmap", lambda: plots.block_heatmap(
+        top, gpu_name=(prov.get("gpu") or {}).get("name", "the GPU")))
+    tops = top.loc[top.groupby("head_dim")["fwd_tflops"].idxmax()]
+    ch.put("heat_best", "; ".join(
+        f"at d = {r.head_dim}, {r.block_m} x {r.block_n} ({r.num_warps} warps, "
+        f"{r.num_stages} stages) at {r.fwd_tflops:.0f} TFLOP/s" for r in tops.itertuples()))
+    spilled = ran["n_spills"] > 0
+    ch.put("spill_median", ran.loc[spilled, "fwd_tflops"].median() if spilled.any() else None, ".0f")
+    ch.put("nospill_median", ran.loc[~spilled, "fwd_tflops"].median() if (~spilled).any() else None, ".0f")
+    # the same grid, judged by each chip's shared memory (the model for the chips not measured)
+    chips = pd.DataFrame([block_fits(r.block_m, r.block_n, r.num_warps, r.num_stages, r.head_dim,
+                                     shared_bytes=block_shared_bytes(r._asdict()), measured_arch=arch)
+                          for r in sweep.itertuples(index=False)])
+    ch.put("fit_counts", ", ".join(f"{name} {int(chips[name].map(lambda f: f['fits']).sum())}"
+                                   for name in chips.columns) + f" of {len(chips)}")

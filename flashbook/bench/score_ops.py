@@ -1,0 +1,31 @@
+"""Chapter 10's instruction count per score (its "Prediction" for exp2 and lazy rescaling):
+elementwise instructions per score in one tile of the forward's inner loop. The chapter shows
+the same model as code the reader can change; a test holds the two to the same counts.
+``chapter10`` and ``chapter10_beyond`` both read it from here."""
+from __future__ import annotations
+
+#: elementwise instructions per score in one tile of the inner loop (the two tl.dot aside)
+PER_SCORE = {
+    "masked": ["compare key < seq_k", "select -inf", "multiply by the scale", "row max (compare)",
+               "subtract the max", "ex2", "row sum (add)", "convert P to 16 bits"],
+    "main": ["row max (compare)", "scale and subtract the max (one FMA)", "ex2", "row sum (add)",
+             "convert P to 16 bits"],
+}
+CAUSAL_EXTRA = ["compare key <= row + diagonal", "and the two conditions"]   # masked stage, causal
+NATURAL_EXP = ["multiply by log2(e) inside exp"]
+
+
+def ops_per_score(stage, causal, exp2):
+    """Elementwise instructions per score of one stage (``"masked"``, ``"main"``)."""
+    ops = list(PER_SCORE[stage])
+    if stage == "masked" and causal:
+        ops += CAUSAL_EXTRA
+    if not exp2:
+        ops += NATURAL_EXP
+    return len(ops)
+
+
+def exp2_bound() -> dict:
+    """mask ("full", "causal") -> the most ``exp2`` can gain if those instructions set the pace."""
+    return {("causal" if c else "full"): ops_per_score("masked", c, False) / ops_per_score("masked", c, True)
+            for c in (False, True)}
