@@ -28,6 +28,7 @@ from .. import tiled
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
+from .chapter_data import ChapterData
 from .harness import TOLERANCE, shape_label
 from .readback import (PERFORMANCE_TARGETS, ladder_speedups, latest_blocks, latest_ladder,
                        latest_results, load_results, provenance_summary, target_table)
@@ -71,17 +72,11 @@ from .score_ops import CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, exp2_bound, ops_per
 
 
 @dataclass
-class Chapter10:
+class Chapter10(ChapterData):
     """Chapter 10's numbers, tables and figures for one results root (see the module)."""
 
-    values: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)
-    figures: dict = field(default_factory=dict)
-    messages: dict = field(default_factory=dict)
-    outputs: dict = field(default_factory=dict)
     frames: dict = field(default_factory=dict)
     styles: dict = field(default_factory=dict)     # table -> (Styler -> Styler, pandas options)
-    root: object = None                            # the results root read (a Path), or None
     ladder_provenance: dict = field(default_factory=dict)
     noise: float | None = None                     # the floor every rung's verdict is judged against
     cc: int = 90                                   # the compute capability the ladder ran on
@@ -89,23 +84,6 @@ class Chapter10:
     gpu_name: str = "the GPU"
 
     # -- what the sections record
-    def put(self, name: str, value, fmt: str = "") -> None:
-        """Record a value for the prose, formatted as ``glue_text`` formats it."""
-        if name in self.values:
-            raise ValueError(f"name must be glued once, and {name!r} already is")
-        self.values[name] = "n/a" if value is None else format(value, fmt)
-
-    def nothing(self, *names: str) -> None:
-        """The values the data do not give: "n/a", as ``glue_text(name, None)``."""
-        for name in names:
-            self.put(name, None)
-
-    def say(self, topic: str, text: str, *, missing: bool = False) -> None:
-        """``topic``'s cell prints ``text``; ``missing``: because something is not recorded."""
-        self.outputs.setdefault(topic, []).append(("text", text))
-        if missing:
-            self.messages[topic] = (self.messages[topic] + "\n" + text) if topic in self.messages else text
-
     def table(self, topic: str, name: str, frame, style=None, **options) -> None:
         """``topic``'s cell displays the table ``name``: ``style`` (a function of its Styler)
         formats it, ``options`` are pandas display options (``max_colwidth=90``)."""
@@ -118,11 +96,6 @@ class Chapter10:
     def markdown(self, topic: str, text: str) -> None:
         """``topic``'s cell displays ``text`` as Markdown (a table's heading)."""
         self.outputs.setdefault(topic, []).append(("markdown", text))
-
-    def figure(self, topic: str, name: str, draw) -> None:
-        """``topic``'s cell shows the figure ``draw()`` makes."""
-        self.figures[name] = draw
-        self.outputs.setdefault(topic, []).append(("figure", name))
 
     def styled(self, name: str):
         """The table ``name`` as it is displayed: its Styler, or the frame itself."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from . import chapter9_measured as measured
 from .chapter9_measured import NO_DATA
+from .chapter_data import ChapterData
 from .costs import GB, naive_memory_estimate, tflops
 from .readback import latest_blocks, latest_results, load_results
 from .records import results_root
@@ -35,15 +36,9 @@ NO_DATA_HINT = ("The arithmetic above stands on its own; the measured figures be
 
 
 @dataclass
-class Chapter9:
+class Chapter9(ChapterData):
     """Chapter 9's numbers, tables and figures for one results root (see the module)."""
 
-    values: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)
-    figures: dict = field(default_factory=dict)
-    messages: dict = field(default_factory=dict)
-    outputs: dict = field(default_factory=dict)
-    root: object = None              # the results root read (a Path), or None
     results: object = None           # the newest results.csv as a frame, or None
     provenance: dict = field(default_factory=dict)
     blocks: object = None            # the newest blocks.csv as a frame, or None
@@ -65,38 +60,12 @@ class Chapter9:
                                          else "bf16")
 
     # -- what the sections record
-    def put(self, name: str, value, fmt: str = "") -> None:
-        """Record a value for the prose, formatted as ``glue_text`` formats it."""
-        if name in self.values:
-            raise ValueError(f"name must be glued once, and {name!r} already is")
-        self.values[name] = "n/a" if value is None else format(value, fmt)
-
-    def nothing(self, *names: str) -> None:
-        """The values the data do not give: "n/a", as ``glue_text(name, None)``."""
-        for name in names:
-            self.put(name, None)
-
-    def say(self, cell: str, text: str, *, missing: bool = False) -> None:
-        """``cell`` prints ``text``; ``missing``: because something is not recorded."""
-        self.outputs.setdefault(cell, []).append(("text", text))
-        if missing:
-            self.messages[cell] = (self.messages[cell] + "\n" + text) if cell in self.messages else text
-
     def table(self, cell: str, name: str, frame, *, printed: bool = False) -> None:
         """``cell`` displays the table ``name`` (or prints it as text, ``printed``)."""
         self.tables[name] = frame
         self.outputs.setdefault(cell, []).append(("print" if printed else "table", name))
 
-    def figure(self, cell: str, name: str, draw) -> None:
-        """``cell`` shows the figure ``draw()`` makes."""
-        self.figures[name] = draw
-        self.outputs.setdefault(cell, []).append(("figure", name))
-
     # -- what the chapter calls
-    def glued(self) -> list:
-        """(name, text) for every value the prose quotes."""
-        return list(self.values.items())
-
     def show(self, cell: str) -> None:
         """Show in a notebook what ``cell`` shows: its texts, tables, figure, explorer."""
         from IPython.display import display
