@@ -146,16 +146,16 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
     for head_dim, (block_m, block_n, stages, schedule) in hopper.DEFAULTS.items():
         for dtype in ("fp16", "bf16"):
             for causal in (False, True):
-                jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=head_dim, dtype=dtype, causal=causal,
+                jobs.append(dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=head_dim, dtype=dtype, causal=causal,
                                  schedule=schedule, config=[block_m, block_n, 4, stages]))
     for block_m, block_n, stages, schedule in ((128, 128, 3, "overlap"), (64, 64, 3, "overlap"),
                                                (128, 64, 4, "producer"), hopper.SHORT_DEFAULT):
-        jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True,
+        jobs.append(dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=128, dtype="fp16", causal=True,
                          schedule=schedule, config=[block_m, block_n, 4, stages]))
     # lengths that are not whole key tiles (the last key tile overlaps the one before), both schedules
     for head_dim, (block_m, block_n, stages, schedule) in ((128, hopper.DEFAULTS[128]), (64, hopper.SHORT_DEFAULT)):
         for causal in (False, True):
-            jobs.append(dict(kernel="gluon_forward", cc=90, head_dim=head_dim, dtype="bf16", causal=causal,
+            jobs.append(dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=head_dim, dtype="bf16", causal=causal,
                              schedule=schedule, config=[block_m, block_n, 4, stages], options={"ragged": True}))
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
@@ -176,11 +176,11 @@ def test_lab_schedules_compile_for_sm90_and_fit(request):
     from flashbook import runtime
     from flashbook.kernels import targets
 
-    jobs = [dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="fp16", causal=True, schedule="pingpong",
+    jobs = [dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=128, dtype="fp16", causal=True, schedule="pingpong",
                  config=[128, 128, 4, 3]),
-            dict(kernel="gluon_forward", cc=90, head_dim=64, dtype="fp16", causal=True, schedule="persistent",
+            dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=64, dtype="fp16", causal=True, schedule="persistent",
                  config=[64, 128, 4, 2]),
-            dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="bf16", causal=False, schedule="persistent",
+            dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=128, dtype="bf16", causal=False, schedule="persistent",
                  config=[128, 64, 4, 2])]
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900, script=LAB)
@@ -204,7 +204,7 @@ def test_fma_shares_move_exponentials_and_no_data(request):
     through shared memory (the columns it hands over are the same thread's registers)."""
     from flashbook.kernels import targets
 
-    jobs = [dict(kernel="gluon_forward", cc=90, head_dim=64, dtype="fp16", causal=False, schedule="overlap",
+    jobs = [dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=64, dtype="fp16", causal=False, schedule="overlap",
                  config=[64, 128, 4, 2], options=dict(fma_share=share, degree=degree))
             for share, degree in ((0, 4), (2, 4), (4, 4), (4, 3))]
     cache_dir = request.config.cache.mkdir("triton-compile-targets")
