@@ -355,3 +355,55 @@ def test_no_chapter_promises_a_dram_measurement_another_does_not_make():
     assert "dram__bytes_read.sum" in ch1 and "dram__bytes_read.sum" in ch4
     ch11 = json.dumps(_notebook("11_decoding_and_many_gpus.ipynb"))
     assert "decoding.ncu_steps" in ch11 and "DRAM (% of peak)" in ch11
+
+
+# --- the newcomer's list (issue #26, section 4) ------------------------------------------
+
+def test_the_h200s_memory_says_which_number_is_the_driver_and_which_the_datasheet():
+    _, prov = _recorded()
+    driver = prov["gpu"]["memory_bytes"]
+    sheet = runtime.chip("H200").hbm_gib
+    # the driver's GiB is neither the datasheet's figure in GB nor in GiB
+    assert round(driver / 2**30, 1) < sheet < driver / 1e9
+    ch6 = _notebook("06_gpu_and_triton.ipynb")
+    glued = {}
+    ns = {"chips": runtime.CHIPS, "h100": runtime.chip("H100"), "glue": lambda *a, **k: None}
+    import flashbook.display
+    real = flashbook.display.glue_text
+    flashbook.display.glue_text = lambda name, value, fmt="": glued.update({name: value})
+    try:
+        exec(next("".join(c["source"]) for c in ch6["cells"]
+                  if c["cell_type"] == "code" and "h200_memory" in "".join(c["source"])), ns)
+    finally:
+        flashbook.display.glue_text = real
+    assert glued["h200_memory"] == (f"the recorded H200 runs' driver reports {driver / 2**30:.1f} GiB, "
+                                    f"{driver / 1e9:.1f} × 10⁹ bytes, for the chip its datasheet "
+                                    f'calls "{sheet:g} GB"')
+    text = _markdown(ch6)
+    assert "{glue:text}`h200_memory`" in text and "141 × 10⁹" not in text
+    page = open(os.path.join(BOOK, "sources_checked.md"), encoding="utf-8").read()
+    assert "{glue:text}`s11_h200_how`" in page and "datasheet says\n\"{glue:text}`s11_h200_sheet` GB\"" in page
+    glossary = open(os.path.join(BOOK, "glossary.md"), encoding="utf-8").read()
+    assert "141 GiB" not in glossary
+
+
+def test_notation_counts_m_in_elements_as_chapter_4_and_the_library_do():
+    import inspect
+
+    from flashbook import tiled
+
+    notation = open(os.path.join(BOOK, "notation.md"), encoding="utf-8").read()
+    row = next(line for line in notation.splitlines() if line.startswith("| $M$ |"))
+    assert "`smem_elements`" in row and "elements" in row and "`smem_bytes`" not in row
+    for f in (tiled.paper_blocks, tiled.io_bound):
+        assert "smem_elements" in inspect.signature(f).parameters
+    assert "($M$ in fp16 elements)" in _markdown(_notebook("04_tiled_forward.ipynb"))
+
+
+def test_pages_do_not_send_a_web_reader_to_files_they_lack():
+    page = open(os.path.join(BOOK, "sources_checked.md"), encoding="utf-8").read()
+    assert not re.search(r"\b00\d_[0-9a-f]{16}\.txt", page)          # the seeds' file names
+    for name in ("08_triton_backward.ipynb", "09_benchmarks.ipynb"):
+        text = _markdown(_notebook(name))
+        assert "this checkout" not in text
+        assert "the book's source repository's `benchmarks/results/`" in text
