@@ -11,7 +11,7 @@ BUILD  := _build/html
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: book test serve venv browser clean gpu-test student colab pdf
+.PHONY: book test serve venv browser clean gpu-test student colab colab-venv pdf
 
 venv: $(VENV)/.installed
 
@@ -40,9 +40,21 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; \
 	  else echo "install Debian's 'chromium' and 'fonts-wqy-microhei' packages to run the browser tests and make pdf"; fi; }
 
-# Debian's chromium installs while pip fills the venv (two jobs: the network and two cores).
+# The Colab-like runtime's packages (torch first, numpy 2.0.2, ipywidgets 7.7.1, ...; nothing
+# of flashbook) in a venv of their own, _build/colab-venv. tests/colab_like.py holds the list
+# and builds it (standard library only, so it runs while .venv is being filled); the Colab
+# test layers a fresh venv on top of it for each run, and builds it itself when it is missing.
+COLAB_VENV := _build/colab-venv
+
+colab-venv: $(COLAB_VENV)/.installed
+
+$(COLAB_VENV)/.installed: tests/colab_like.py
+	$(PYTHON) tests/colab_like.py $(COLAB_VENV)
+
+# Debian's chromium installs while pip fills both venvs (three jobs: the network, the disk
+# and two cores).
 test:
-	$(MAKE) -j2 venv browser
+	$(MAKE) -j3 venv browser colab-venv
 	$(MAKE) book colab
 	$(PY) -m pytest -m "not gpu" -n 2 --durations=25 $(PYTEST_ARGS)
 

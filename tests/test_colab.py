@@ -1,8 +1,9 @@
 """The Colab edition (tools/colab_edition.py), the setup cell, the packaged results.
 
 `make test` builds the book, then the Colab edition (_build/colab), before pytest.
-The slow test installs the wheel into a fresh Colab-like venv and runs every chapter
-there, from a directory outside the repository.
+The slow test installs the wheel into a fresh Colab-like venv (a venv of its own on top
+of _build/colab-venv, `make colab-venv`: tests/colab_like.py) and runs every chapter there,
+from a directory outside the repository.
 """
 import glob
 import html
@@ -22,6 +23,7 @@ from conftest import ROOT, require
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import colab_edition as ce  # noqa: E402
 from setup_cell import KEPT  # noqa: E402
+import colab_like  # noqa: E402  (COLAB_LIKE, TORCH and the base venv: make colab-venv)
 
 NOTEBOOKS = ce.book_notebooks()
 HTML = os.path.join(ROOT, "_build", "html", "notebooks")
@@ -178,12 +180,6 @@ def test_results_dir_prefers_override_then_checkout_then_package(tmp_path, monke
 
 # --- the Colab-like run ---------------------------------------------------------------
 
-#: What a Colab runtime has that the chapters touch (/work/shared/colab-like.md), plus
-#: a kernel and nbclient to execute; no jupyter-book, no myst-nb.
-COLAB_LIKE = ["numpy==2.0.2", "ipywidgets==7.7.1", "matplotlib", "pandas", "scipy",
-              "tabulate", "tqdm", "triton", "ipykernel", "nbclient"]
-TORCH = os.environ.get("FLASHBOOK_TEST_TORCH", "torch==2.13.0")
-
 _RUNNER = r'''
 import json, sys, tempfile, time, nbclient, nbformat
 from jupyter_client.manager import KernelManager
@@ -200,18 +196,13 @@ print(json.dumps({"seconds": round(time.perf_counter() - start, 1)}))
 
 
 #: The venv sees neither this checkout nor an override of the recorded runs.
-ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLASHBOOK_RESULTS")}
-
-
-def _pip(py, *args):
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-compile", *args], check=True,
-                   capture_output=True, text=True, env=ENV)
+ENV = colab_like.ENV
 
 
 def _freeze(py):
     """name -> version (or the URL it came from) of everything installed in py's venv."""
-    out = subprocess.run([py, "-m", "pip", "freeze"], check=True, capture_output=True, text=True,
-                         env=ENV).stdout
+    out = subprocess.run([py, "-m", "pip", "freeze", "--all"], check=True, capture_output=True,
+                         text=True, env=ENV).stdout  # --all: pip and setuptools too
     found = (re.split(r"\s*(?:==|@)\s*", line, maxsplit=1) for line in out.splitlines())
     return {parts[0].lower(): parts[1] for parts in found if len(parts) == 2}
 
@@ -230,14 +221,18 @@ def test_colab_edition_runs_in_a_colab_like_runtime(tmp_path):
     import zipfile
     shipped = [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("flashbook/data/results/")]
     assert any(n.endswith("results.csv") for n in shipped), "the recorded runs are not in the wheel"
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    py = str(venv / "bin" / "python")
-    _pip(py, TORCH)  # first, so that nothing pulls another torch build
-    _pip(py, *COLAB_LIKE)
+    # the runtime: a fresh venv on top of the base one (built by `make colab-venv`, or here
+    # when it is missing or holds another list), which nothing below installs into
+    base = colab_like.build()
+    base_files = colab_like.snapshot(base)
+    py = colab_like.layer(tmp_path / "venv", base)
     timings["venv"] = time.perf_counter()
     before = _freeze(py)
     assert "myst-nb" not in before and "jupyter-book" not in before and "flashbook" not in before
+    assert "torch" in before, "pip does not see the base venv's packages"
+    for spec in colab_like.COLAB_LIKE:
+        name, _, pinned = spec.partition("==")
+        assert before.get(name, "").startswith(pinned) and name in before, (spec, before.get(name))
 
     # the editions, with the setup cell installing this wheel instead of the release tag
     out = tmp_path / "outside"  # not inside the repository
@@ -284,6 +279,10 @@ def test_colab_edition_runs_in_a_colab_like_runtime(tmp_path):
                for k, v in sorted(results.items())}
     print(seconds)
     print({k: round(timings[k] - timings["start"], 1) for k in ("venv", "install", "run")})
+
+    # the base holds what it held: flashbook and what it added went into the fresh venv
+    changed = sorted(path for path, *_ in colab_like.snapshot(base) ^ base_files)
+    assert not changed, f"the base venv changed: {changed[:10]}"
 
     # chapters 9-10 found the recorded runs inside the package: tables and figures
     for name in ("09_benchmarks.ipynb", "10_making_it_fast.ipynb"):

@@ -1,0 +1,112 @@
+"""The Colab-like base environment of tests/test_colab.py: the one list of its packages
+and the one way to build it (what it pins: /work/shared/colab-like.md).
+
+    python tests/colab_like.py [DIR]    # default _build/colab-venv; `make colab-venv` runs it
+
+The base is a venv with torch (``$FLASHBOOK_TEST_TORCH`` or torch==2.13.0, installed first
+so that nothing pulls another build) and COLAB_LIKE; nothing of flashbook, no myst-nb, no
+jupyter-book. Its stamp (``DIR/.installed``) records what it holds; a base whose stamp
+differs from what is wanted now is rebuilt from scratch. Standard library only: make runs
+this with the system Python while .venv is still being filled.
+
+The test never installs into the base: ``layer`` makes a fresh venv that sees the base's
+packages through a .pth file, and pip installs flashbook into the fresh venv alone.
+"""
+import fcntl
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+#: What a Colab runtime has that the chapters touch, plus a kernel and nbclient to execute;
+#: no jupyter-book, no myst-nb.
+COLAB_LIKE = ["numpy==2.0.2", "ipywidgets==7.7.1", "matplotlib", "pandas", "scipy",
+              "tabulate", "tqdm", "triton", "ipykernel", "nbclient"]
+TORCH = os.environ.get("FLASHBOOK_TEST_TORCH", "torch==2.13.0")
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "_build" / "colab-venv"
+
+#: The venvs see neither this checkout nor an override of the recorded runs.
+ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLASHBOOK_RESULTS")}
+
+
+def pip(py, *args):
+    """``py -m pip install -q --no-compile ARGS``; pip's own words on failure."""
+    done = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", *args],
+                          capture_output=True, text=True, env=ENV)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip install {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+
+
+def site_packages(venv) -> Path:
+    """The venv's site-packages (POSIX layout: lib/pythonX.Y/site-packages)."""
+    return Path(venv) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def wanted() -> dict:
+    """What the stamp of an up-to-date base says."""
+    return {"python": platform.python_version(), "packages": [TORCH, *COLAB_LIKE]}
+
+
+def build(base=BASE) -> Path:
+    """The base venv at ``base``, built unless its stamp says it holds ``wanted()``."""
+    base = Path(base)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    stamp = base / ".installed"
+    with open(f"{base}.lock", "w") as lock:  # two builders at once: the second one waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if json.loads(stamp.read_text()) == wanted():
+                os.utime(stamp)  # up to date: tell make so
+                return base
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(base, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(base)], check=True)
+        py = base / "bin" / "python"
+        pip(py, TORCH)  # first, so that nothing pulls another torch build
+        pip(py, *COLAB_LIKE)
+        # compiled once here, on every core (pip compiles one file at a time): the kernels
+        # then import them compiled (a chapter ran ~1.6x slower in a venv without), and
+        # nothing writes into the base. A few files are not Python 3 (templates, tests):
+        # compileall says so and exits 1, as pip would have passed them over.
+        subprocess.run([str(py), "-m", "compileall", "-q", "-j", "0", str(site_packages(base))],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stamp.write_text(json.dumps(wanted()) + "\n")
+    return base
+
+
+def layer(venv, base=BASE) -> str:
+    """A fresh, empty venv at ``venv`` on top of ``base``: a .pth file in its site-packages
+    appends the base's site-packages to sys.path, so that Python, pip and importlib.metadata
+    see the base's packages after the venv's own. pip (the base's) installs into the venv
+    only, and never uninstalls from the base: it is outside the venv's environment. Returns
+    the venv's python.
+
+    Without a pip of its own: ensurepip's setuptools (65) would shadow the base's, which
+    torch's wheel needs at >= 77, and the setup cell would upgrade it."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    own = site_packages(venv)
+    assert own.is_dir(), f"no {own}"
+    (own / "colab_like_base.pth").write_text(f"{site_packages(base)}\n")
+    return str(Path(venv) / "bin" / "python")
+
+
+def snapshot(base=BASE) -> set:
+    """(path, size, mtime) of every file in the base but bytecode caches, which Python may
+    write there when it imports a module that was not compiled at install time."""
+    found = set()
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            st = os.lstat(os.path.join(folder, name))
+            found.add((os.path.relpath(os.path.join(folder, name), base), st.st_size, st.st_mtime_ns))
+    return found
+
+
+if __name__ == "__main__":
+    build(sys.argv[1] if len(sys.argv) > 1 else BASE)
