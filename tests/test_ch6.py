@@ -100,7 +100,7 @@ def test_notebook_cites_only_known_keys():
 def test_every_number_in_the_prose_is_glued():
     nb = _notebook()
     used = set(re.findall(r"\{glue(?::\w+)?\}`([\w]+)", _text(nb, "markdown")))
-    glued = set(re.findall(r"""glue\(\s*f?["']([\w{}.()\[\]"']+)["']""", _text(nb, "code")))
+    glued = set(re.findall(r"""glue(?:_text)?\(\s*f?["']([\w{}.()\[\]"']+)["']""", _text(nb, "code")))
     # f-string names such as f"ridge_{name.lower()}" are expanded over the chips
     expanded = set()
     for name in glued:
