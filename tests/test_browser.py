@@ -109,22 +109,8 @@ def chapter_pages():
                   for p in glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 
 
-@pytest.mark.parametrize("slug", chapter_pages())
-def test_every_chapter_page_works_offline(server, browser, slug):
-    page, external, errors = open_page(browser, f"{server}/notebooks/{slug}.html")
-    page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30000)
-    assert page.locator("mjx-container merror").count() == 0, "MathJax reported a TeX error"
-    images = page.locator(".cell_output img")
-    for i in range(images.count()):
-        img = images.nth(i)
-        img.scroll_into_view_if_needed()
-        assert img.evaluate("el => el.complete && el.naturalWidth > 50"), f"figure {i} did not load"
-    text = page.inner_text("main")
-    if slug[:1].isdigit():   # a chapter; the appendix pages (A1_, A2_) have no exercises
-        for heading in ("What you will learn", "Summary", "Exercises"):
-            assert heading in text
-    assert external == [] and errors == [], (external, errors)
-    page.close()
+# Every chapter page working offline (its math, figures, frame, no request out, no error) is
+# checked where each page is opened anyway: test_screens.test_page_fits_the_screen_and_is_photographed.
 
 
 # ----------------------------------------------------------------- the live explorers

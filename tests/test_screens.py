@@ -4,7 +4,10 @@ Each page is photographed at both sizes into _build/screens/ (look at them after
 layout change; the top screenful by default, the whole page with
 FLASHBOOK_SCREENS=full, which takes a few seconds more per page), and nothing may stick out past the right edge of the screen unless it
 sits inside a box that scrolls or clips sideways (wide equations, tables and code scroll
-in their own box: book/_ext/static/flashbook.css).
+in their own box: book/_ext/static/flashbook.css). Each page asks for nothing from the
+network and raises no JavaScript error; on a chapter page MathJax typesets without an
+error, every figure loads, and the chapter has its "What you will learn", summary and
+exercises (one visit a page checks it all).
 """
 import glob
 import os
@@ -96,6 +99,19 @@ def test_page_fits_the_screen_and_is_photographed(server, browser, rel):  # noqa
                             f"({result['scrollWidth']} px wide in a {result['width']} px screen; "
                             f"hidden things past the edge: {result['hidden'][:5]})")
         page.screenshot(path=os.path.join(SCREENS, f"{rel.replace('/', '-')}-{w}.png"), full_page=FULL_PAGE)
+    if rel.startswith("notebooks/"):   # a chapter works offline: its math, its figures, its frame
+        slug = rel.split("/", 1)[1]
+        page.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=30000)
+        assert page.locator("mjx-container merror").count() == 0, "MathJax reported a TeX error"
+        images = page.locator(".cell_output img")
+        for i in range(images.count()):
+            img = images.nth(i)
+            img.scroll_into_view_if_needed()
+            assert img.evaluate("el => el.complete && el.naturalWidth > 50"), f"figure {i} did not load"
+        if slug[:1].isdigit():   # a chapter; the appendix pages (A2_) have no exercises
+            text = page.inner_text("main")
+            for heading in ("What you will learn", "Summary", "Exercises"):
+                assert heading in text, heading
     page.close()
     assert not problems, "content wider than the screen:\n" + "\n".join(problems)
     assert external == [] and errors == [], (external, errors)
