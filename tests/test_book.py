@@ -1,4 +1,5 @@
 """The built HTML book (made by `make book`, which `make test` runs first)."""
+import functools
 import glob
 import os
 import re
@@ -211,14 +212,20 @@ def _prose_blocks(built, rel):
             yield block
 
 
+@functools.lru_cache(maxsize=None)
+def _prose_links(built, rel):
+    """(text, glossary anchors it links) of each prose block of ``rel``: the page parsed once."""
+    return [(block.get_text(" "), {a.get("href", "").split("glossary.html#")[-1] for a in block.find_all("a")
+                                   if "glossary.html#" in a.get("href", "")})
+            for block in _prose_blocks(built, rel)]
+
+
 def _first_use(built, rel, term):
     """The first prose block of ``rel`` that uses ``term``, and whether it links it."""
     pattern, anchors = GLOSSARY_TERMS[term]
-    for block in _prose_blocks(built, rel):
-        if re.search(pattern, block.get_text(" ")):
-            links = {a.get("href", "").split("glossary.html#")[-1] for a in block.find_all("a")
-                     if "glossary.html#" in a.get("href", "")}
-            return block.get_text(" ")[:160], bool(links & anchors)
+    for text, links in _prose_links(built, rel):
+        if re.search(pattern, text):
+            return text[:160], bool(links & anchors)
     return None, None
 
 
