@@ -114,6 +114,28 @@ def _red_add(ptrs, x, VEC: gl.constexpr):
 
 
 @_jit
+def _weights(st, LSE, q_row, offs_m, start_m, rows_k, seq_q, seq_k, start_n, diagonal, qk_scale, key_tile_ragged,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Pᵀ recomputed from the raw scores Sᵀ (keys down, queries across) and the forward's lse
+    (chapter 8, in base 2), zero where the mask hides a key from a query or where a tile runs
+    past its sequence: masked only on tiles that need it."""
+    queries = start_m + offs_m
+    q_ok = queries < seq_q
+    lse = gl.load(LSE + (q_row + offs_m), mask=q_ok, other=0.0) * 1.4426950408889634
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+    if CAUSAL:
+        masked = key_tile_ragged | (start_m + BLOCK_M > seq_q) | (start_m + diagonal < start_n + BLOCK_N - 1)
+    else:
+        masked = key_tile_ragged | (start_m + BLOCK_M > seq_q)
+    if masked:
+        visible = gl.expand_dims(rows_k < seq_k, 1) & gl.expand_dims(q_ok, 0)
+        if CAUSAL:
+            visible = visible & (gl.expand_dims(rows_k, 1) <= gl.expand_dims(queries, 0) + diagonal)
+        pt = gl.where(visible, pt, 0.0)
+    return pt
+
+
+@_jit
 def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, DV,
                     n_heads, group, seq_q, seq_k, qk_scale, sm_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -212,17 +234,8 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
             queries = start_m + offs_m
             q_ok = queries < seq_q
             st = warpgroup_mma_wait(2, deps=(st,))
-            lse = gl.load(LSE + (q_row + offs_m), mask=q_ok, other=0.0) * 1.4426950408889634
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
-            if CAUSAL:
-                masked = key_tile_ragged | (start_m + BLOCK_M > seq_q) | (start_m + diagonal < start_n + BLOCK_N - 1)
-            else:
-                masked = key_tile_ragged | (start_m + BLOCK_M > seq_q)
-            if masked:
-                visible = gl.expand_dims(rows_k < seq_k, 1) & gl.expand_dims(q_ok, 0)
-                if CAUSAL:
-                    visible = visible & (gl.expand_dims(rows_k, 1) <= gl.expand_dims(queries, 0) + diagonal)
-                pt = gl.where(visible, pt, 0.0)
+            pt = _weights(st, LSE, q_row, offs_m, start_m, rows_k, seq_q, seq_k, start_n, diagonal, qk_scale,
+                          key_tile_ragged, BLOCK_M, BLOCK_N, CAUSAL)
             dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), dos, dv, is_async=True)
             dpt, dqp = warpgroup_mma_wait(1, deps=(dpt, dqp))
             if DQ_MODE == "tma":
@@ -276,17 +289,8 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
             queries = start_m + offs_m
             q_ok = queries < seq_q
             st = warpgroup_mma_wait(1, deps=(st,))
-            lse = gl.load(LSE + (q_row + offs_m), mask=q_ok, other=0.0) * 1.4426950408889634
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
-            if CAUSAL:
-                masked = key_tile_ragged | (start_m + BLOCK_M > seq_q) | (start_m + diagonal < start_n + BLOCK_N - 1)
-            else:
-                masked = key_tile_ragged | (start_m + BLOCK_M > seq_q)
-            if masked:
-                visible = gl.expand_dims(rows_k < seq_k, 1) & gl.expand_dims(q_ok, 0)
-                if CAUSAL:
-                    visible = visible & (gl.expand_dims(rows_k, 1) <= gl.expand_dims(queries, 0) + diagonal)
-                pt = gl.where(visible, pt, 0.0)
+            pt = _weights(st, LSE, q_row, offs_m, start_m, rows_k, seq_q, seq_k, start_n, diagonal, qk_scale,
+                          key_tile_ragged, BLOCK_M, BLOCK_N, CAUSAL)
             p16 = pt.to(dtype)
             dv = warpgroup_mma(gl.convert_layout(p16, a_layout), dos, dv, is_async=True)
             dpt = warpgroup_mma_wait(1, deps=(dpt,))
