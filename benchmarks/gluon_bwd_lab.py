@@ -114,6 +114,22 @@ def _red_add(ptrs, x, VEC: gl.constexpr):
 
 
 @_jit
+def _step_scores(t, bars, q_smem, do_smem, k_smem, v_smem, st_zero, tiles_per_head, m_lo, q_head0, seq_q, shift,
+                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """Step ``t``: wait for its Q and dO in the ring, then issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
+    without waiting. Returns the slot, the tile's rows (``_step_row``), Q's and dO's shared
+    memory and the two products in flight."""
+    slot = t % STAGES
+    start_m, q_row = _step_row(t, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
+    mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
+    qs = q_smem.index(slot)
+    dos = do_smem.index(slot)
+    st = warpgroup_mma(k_smem, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    return slot, start_m, q_row, qs, dos, st, dpt
+
+
+@_jit
 def _weights(st, LSE, q_row, offs_m, start_m, rows_k, seq_q, seq_k, start_n, diagonal, qk_scale, key_tile_ragged,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """Pᵀ recomputed from the raw scores Sᵀ (keys down, queries across) and the forward's lse
@@ -223,13 +239,9 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
         # shared memory) beside S_t and dP_t, so the tensor cores have it while the softmax runs
         prev_row = q_head0 * seq_q
         for t in range(n_steps):
-            slot = t % STAGES
-            start_m, q_row = _step_row(t, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
-            mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
-            qs = q_smem.index(slot)
-            dos = do_smem.index(slot)
-            st = warpgroup_mma(k_smem, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            dpt = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            slot, start_m, q_row, qs, dos, st, dpt = _step_scores(
+                t, bars, q_smem, do_smem, k_smem, v_smem, st_zero, tiles_per_head, m_lo, q_head0, seq_q, shift,
+                BLOCK_M, STAGES)
             dqp = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
             queries = start_m + offs_m
             q_ok = queries < seq_q
@@ -279,13 +291,9 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
                 _red_add(DQ + offs, dq4, 4)
     else:
         for t in range(n_steps):
-            slot = t % STAGES
-            start_m, q_row = _step_row(t, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
-            mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
-            qs = q_smem.index(slot)
-            dos = do_smem.index(slot)
-            st = warpgroup_mma(k_smem, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            dpt = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            slot, start_m, q_row, qs, dos, st, dpt = _step_scores(
+                t, bars, q_smem, do_smem, k_smem, v_smem, st_zero, tiles_per_head, m_lo, q_head0, seq_q, shift,
+                BLOCK_M, STAGES)
             queries = start_m + offs_m
             q_ok = queries < seq_q
             st = warpgroup_mma_wait(1, deps=(st,))
