@@ -27,6 +27,7 @@ twice the error of PyTorch's FlashAttention (SDPA flash backend) against float64
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Callable
 
@@ -54,6 +55,7 @@ _state = {
     "fp32_precision": None,  # None: follow torch.get_float32_matmul_precision()
     "autotune": os.environ.get("FLASHBOOK_AUTOTUNE", "0") not in ("", "0"),
     "poison": False,  # fill every buffer a kernel writes with NaN first (tests: a missed write shows)
+    "head_group": None,  # forward.launch_position's HEAD_GROUP: None follows configs.head_group (an int: forced)
 }
 
 
@@ -187,12 +189,32 @@ def _seq_bucket(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def launch_shape(packed, side: str, heads: int, batch: int, length: int, block: int, extra: dict) -> tuple[tuple, dict]:
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def head_group(device: torch.device, programs: int) -> int:
+    """``HEAD_GROUP`` for a grid of ``programs`` on ``device`` (``configs.head_group``; 1 on
+    the interpreter, or what ``_state["head_group"]`` forces)."""
+    if _state["head_group"] is not None:
+        return _state["head_group"]
+    if device.type != "cuda":
+        return 1
+    return configs.head_group(programs, sms=_sms(device), cc=_cc(device))
+
+
+def launch_shape(packed, side: str, heads: int, batch: int, length: int, block: int, extra: dict,
+                 device: torch.device | None = None) -> tuple[tuple, dict]:
     """A kernel's grid and its keyword arguments beyond chapter 7's (``extra``: a window's and
     a soft cap's, ``kernel_mask``; empty without them). Usually (cdiv(length, block), batch *
     heads). For documents packed along one sequence (``varlen.Packed``): one program row per
     document at its longest length, (cdiv(max_seqlen, block), documents * heads), and the
-    ``cu_seqlens``. ``side``: "q" or "k", whose length the grid walks."""
+    ``cu_seqlens``. ``side``: "q" or "k", whose length the grid walks. On ``device``, a small
+    grid deals its programs out a few heads at a time (``head_group``: ``HEAD_GROUP``)."""
+    group = 1 if device is None else head_group(device, triton.cdiv(length, block) * batch * heads)
+    if group != 1:
+        extra = dict(extra, HEAD_GROUP=group)
     if packed is None:
         return (triton.cdiv(length, block), batch * heads), extra
     longest = packed.max_seqlen_q if side == "q" else packed.max_seqlen_k
@@ -355,7 +377,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     made = []
 
     def launch(cfg: Config):
-        grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra)   # later: windows, caps, documents
+        grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra, q.device)   # later: masks, documents
         made[:] = [_launch(kernel, grid, [
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
@@ -443,7 +465,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     def launch_dkdv(cfg: Config):
         if atomic:
             dq.zero_()
-        grid, later = launch_shape(packed, "k", kv_heads, batch, seq_k, cfg.block_n, extra)
+        grid, later = launch_shape(packed, "k", kv_heads, batch, seq_k, cfg.block_n, extra, q.device)
         made["dkdv"] = _launch(dkdv_kernel, grid, [
             q, k, v, do, lse, delta, dk, dv, dq,
             q.stride(0), q.stride(1), q.stride(2),
@@ -459,7 +481,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later), ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq"))
 
     def launch_dq(cfg: Config):
-        grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra)
+        grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra, q.device)
         made["dq"] = _launch(dq_kernel, grid, [
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2),

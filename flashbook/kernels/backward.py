@@ -37,9 +37,9 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, documents, load_lse, load_tile,
-                      prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap, visible_keys,
-                      window_bounds, window_query_bounds)
+from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, documents, launch_position, load_lse,
+                      load_tile, prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap,
+                      visible_keys, window_bounds, window_query_bounds)
 
 
 @triton.jit
@@ -156,15 +156,15 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
               ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False):
+              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1):
     """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
     ``forward._attn_fwd`` (varlen: grid (cdiv(max_seqlen_k, BLOCK_N), documents * kv_heads);
     ALiBi: each query head of the group its own slope)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_n = tl.program_id(0) * BLOCK_N
-    bh_kv = tl.program_id(1)
+    tile, bh_kv = launch_position(HEAD_GROUP)
+    start_n = tile * BLOCK_N
     b = (bh_kv // n_kv_heads).to(tl.int64)
     h_kv = (bh_kv % n_kv_heads).to(tl.int64)
 
@@ -299,14 +299,14 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
             ALIBI_SLOPES=None, alibi_stride=0,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-            PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False):
+            PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
     ``forward._attn_fwd``."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_m = query_tile_index(CAUSAL) * BLOCK_M  # the heaviest query tiles first, as in the forward
-    bh = tl.program_id(1)
+    start_m = query_tile_index(CAUSAL, HEAD_GROUP) * BLOCK_M  # the heaviest query tiles first, as in the forward
+    _, bh = launch_position(HEAD_GROUP)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads
     h_kv = (h // group).to(tl.int64)

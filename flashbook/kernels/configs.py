@@ -218,3 +218,24 @@ def kept_candidates(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> l
     limit = smem_limit(cc)
     return [c for c in candidates(kernel)
             if keep(kernel, c, cc=cc, block_d=block_d, elem_bytes=elem_bytes, limit_bytes=limit)]
+
+
+# ------------------------------------------------------------------ launch order
+
+#: A grid of at most this many programs per SM deals its programs out HEAD_GROUP heads at a time
+#: (``forward.launch_position``), chosen from ``benchmarks/launch_order_experiment.py`` on an H200
+#: (results: ``launch_order_h200``): groups of 4 or more heads gained most at 512 programs (batch 1,
+#: 16 heads, N = 4K), a little at 1,024, and nothing beyond the run-to-run spread from 2,048 on,
+#: where groups of 16 heads lost.
+SMALL_GRID_PROGRAMS_PER_SM = 8
+SMALL_GRID_HEAD_GROUP = 4
+
+
+def head_group(programs: int, *, sms: int, cc: int) -> int:
+    """How many heads a grid of ``programs`` deals out at a time on a chip with ``sms`` SMs:
+    ``SMALL_GRID_HEAD_GROUP`` for a small grid on sm_90 (where it was measured), else 1 (the
+    kernels' plain order)."""
+    if cc == 90 and programs <= SMALL_GRID_PROGRAMS_PER_SM * sms:
+        return SMALL_GRID_HEAD_GROUP
+    return 1
+

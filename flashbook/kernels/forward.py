@@ -93,13 +93,36 @@ def load_tile(base, rows, stride, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr,
 
 
 @triton.jit
-def query_tile_index(CAUSAL: tl.constexpr):
-    """Which query tile this program owns (program axis 0).
+def launch_position(HEAD_GROUP: tl.constexpr = 1):
+    """(tile, batch x head) of this program in a grid (tiles, batch * heads).
+
+    The GPU starts programs in order of ``program_id(0) + program_id(1) * tiles``: with
+    ``HEAD_GROUP`` = 1 that is every tile of one head, then the next head. With
+    ``HEAD_GROUP`` = G > 1 the same positions are dealt out G heads at a time, tile by
+    tile: tile 0 of heads 0..G-1, tile 1 of the same heads, ..., then the next G heads.
+    """
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    if HEAD_GROUP > 1:
+        tiles = tl.num_programs(0)
+        pid = bh * tiles + tile                # the launch order
+        span = HEAD_GROUP * tiles              # programs of one group of heads
+        group = pid // span
+        width = tl.minimum(HEAD_GROUP, tl.num_programs(1) - group * HEAD_GROUP)   # the last group may be narrower
+        rest = pid - group * span
+        tile = rest // width
+        bh = group * HEAD_GROUP + rest - tile * width
+    return tile, bh
+
+
+@triton.jit
+def query_tile_index(CAUSAL: tl.constexpr, HEAD_GROUP: tl.constexpr = 1):
+    """Which query tile this program owns (program axis 0; ``launch_position``).
 
     Under a causal mask the last query tiles see the most keys: they get the first
     programs, so that no long program is left running alone at the end.
     """
-    pid_m = tl.program_id(0)
+    pid_m, _ = launch_position(HEAD_GROUP)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
     return pid_m
@@ -433,7 +456,7 @@ def _attn_fwd(Q, K, V, O, LSE,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
               ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False):
+              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
@@ -455,8 +478,8 @@ def _attn_fwd(Q, K, V, O, LSE,
     counted within each document. Every tile pays for it, masked or not.
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_m = query_tile_index(CAUSAL) * BLOCK_M
-    bh = tl.program_id(1)
+    start_m = query_tile_index(CAUSAL, HEAD_GROUP) * BLOCK_M
+    _, bh = launch_position(HEAD_GROUP)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads
     h_kv = (h // group).to(tl.int64)  # GQA: `group` query heads share one K/V head

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .autograd import forward_with
 from .configs import Config
-from .forward import LENGTH_ARGS, LOG2E, _attn_fwd, causal_bounds, fold_values, load_tile, visible_keys
+from .forward import LENGTH_ARGS, LOG2E, _attn_fwd, causal_bounds, fold_values, launch_position, load_tile, visible_keys
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,10 @@ RUNGS = (
 # the plain version below (same arguments, same results, slower).
 
 @triton.jit
-def in_launch_order(CAUSAL: tl.constexpr):
+def in_launch_order(CAUSAL: tl.constexpr, HEAD_GROUP: tl.constexpr = 1):
     """Instead of ``query_tile_index``: program i takes query tile i, heavy or not."""
-    return tl.program_id(0)
+    pid_m, _ = launch_position(HEAD_GROUP)
+    return pid_m
 
 
 @triton.jit

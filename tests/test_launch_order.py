@@ -1,0 +1,118 @@
+"""The launch order of the programs (``forward.launch_position``'s ``HEAD_GROUP``).
+
+Dealing the programs out a few heads at a time changes when each program starts, never what
+it computes: every output and gradient must be bitwise the same as with the default order,
+for each kernel the order reaches (forward, dK/dV, dQ), with a causal mask, a window, GQA,
+packed documents and a last group narrower than the others. The interpreter runs the same
+kernels the GPU does; ``benchmarks/launch_order_experiment.py`` times the orders on a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import flashbook
+from flashbook import runtime
+from flashbook.kernels import autograd, varlen
+from flashbook.kernels.forward import launch_position
+
+import triton  # noqa: E402  (after flashbook: it decides GPU or interpreter first)
+import triton.language as tl  # noqa: E402
+
+DEVICE = runtime.device()
+
+
+@contextlib.contextmanager
+def head_group(n: int):
+    before = autograd._state["head_group"]
+    autograd._state["head_group"] = n
+    for plans in autograd._PLANS.values():
+        plans.clear()
+    try:
+        yield
+    finally:
+        autograd._state["head_group"] = before
+        for plans in autograd._PLANS.values():
+            plans.clear()
+
+
+def _grads(fn, *xs):
+    xs = [x.detach().clone().requires_grad_(True) for x in xs]
+    out = fn(*xs)
+    torch.manual_seed(3)
+    out.backward(torch.randn_like(out))
+    return [out.detach()] + [x.grad for x in xs]
+
+
+CASES = {   # name: (batch, heads, kv_heads, seq, kwargs)
+    "causal": (2, 3, 3, 70, dict(causal=True)),
+    "full-gqa": (1, 4, 2, 45, dict(causal=False)),
+    "window": (2, 3, 1, 70, dict(causal=True, window=(20, 0))),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("group", [2, 5])   # 5: one group of 5 heads would be wider than the 2 x 3 of "causal"
+def test_grouped_launch_order_changes_nothing(name, group):
+    batch, heads, kv_heads, seq, kwargs = CASES[name]
+    gen = torch.Generator().manual_seed(11 + group)
+    q = torch.randn(batch, heads, seq, 32, generator=gen).to(DEVICE, torch.float16)
+    k, v = (torch.randn(batch, kv_heads, seq, 32, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
+    fn = lambda q, k, v: flashbook.flash_attention(q, k, v, backend="triton", **kwargs)  # noqa: E731
+    base = _grads(fn, q, k, v)
+    with head_group(group):
+        grouped = _grads(fn, q, k, v)
+    for what, a, b in zip(("o", "dq", "dk", "dv"), base, grouped):
+        assert torch.isfinite(a).all() and a.abs().max() > 0, what
+        assert torch.equal(a, b), f"{what} differs with HEAD_GROUP={group}: {(a - b).abs().max().item()}"
+
+
+def test_grouped_launch_order_with_packed_documents():
+    gen = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, 30, 37, 90], dtype=torch.int32, device=DEVICE)
+    q, k, v = (torch.randn(90, 2, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(3))
+    fn = lambda q, k, v: varlen.flash_attention_varlen(q, k, v, cu, cu, 53, 53, causal=True)  # noqa: E731
+    base = _grads(fn, q, k, v)
+    with head_group(4):
+        grouped = _grads(fn, q, k, v)
+    for what, a, b in zip(("o", "dq", "dk", "dv"), base, grouped):
+        assert torch.isfinite(a).all() and a.abs().max() > 0, what
+        assert torch.equal(a, b), what
+
+
+@triton.jit
+def _where(OUT, HEAD_GROUP: tl.constexpr):
+    tile, bh = launch_position(HEAD_GROUP)
+    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    tl.store(OUT + 2 * pid, tile)
+    tl.store(OUT + 2 * pid + 1, bh)
+
+
+def test_launch_position_deals_the_heads_out_in_groups():
+    """Program p (the p-th the GPU starts) owns (tile, bh) as the docstring says: a permutation
+    of every (tile, bh), G heads at a time, tile by tile, the last group narrower."""
+    tiles, bhs = 4, 7
+    for group in (1, 3, 7, 9):
+        out = torch.full((tiles * bhs, 2), -1, dtype=torch.int32, device=DEVICE)
+        _where[(tiles, bhs)](out, HEAD_GROUP=group)
+        got = [tuple(r) for r in out.cpu().tolist()]
+        want = []
+        for start in range(0, bhs, group):
+            width = min(group, bhs - start)
+            want += [(t, start + h) for t in range(tiles) for h in range(width)]
+        assert got == want, (group, got)
+
+
+def test_the_rule_groups_heads_only_for_small_grids_on_the_chip_it_was_measured_on():
+    from flashbook.kernels import configs
+    sms = 132
+    assert configs.head_group(512, sms=sms, cc=90) == configs.SMALL_GRID_HEAD_GROUP > 1   # causal 4K, batch 1
+    assert configs.head_group(configs.SMALL_GRID_PROGRAMS_PER_SM * sms, sms=sms, cc=90) > 1
+    assert configs.head_group(configs.SMALL_GRID_PROGRAMS_PER_SM * sms + 1, sms=sms, cc=90) == 1
+    assert configs.head_group(512, sms=108, cc=80) == 1    # not measured on an A100: the plain order
+    if DEVICE == "cpu":   # the interpreter runs one program at a time: no order to choose
+        assert autograd.head_group(torch.device("cpu"), 512) == 1
+    with head_group(3):
+        assert autograd.head_group(torch.device(DEVICE), 10 ** 6) == 3
