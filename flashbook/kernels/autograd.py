@@ -212,14 +212,16 @@ def launch_shape(packed, side: str, heads: int, batch: int, length: int, block: 
     document at its longest length, (cdiv(max_seqlen, block), documents * heads), and the
     ``cu_seqlens``. ``side``: "q" or "k", whose length the grid walks. On ``device``, a small
     grid deals its programs out a few heads at a time (``head_group``: ``HEAD_GROUP``)."""
-    group = 1 if device is None else head_group(device, triton.cdiv(length, block) * batch * heads)
+    if packed is None:
+        grid = (triton.cdiv(length, block), batch * heads)
+    else:
+        longest = packed.max_seqlen_q if side == "q" else packed.max_seqlen_k
+        grid = (triton.cdiv(longest, block), packed.documents * heads)
+        extra = dict(extra, CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True)
+    group = 1 if device is None else head_group(device, grid[0] * grid[1])
     if group != 1:
         extra = dict(extra, HEAD_GROUP=group)
-    if packed is None:
-        return (triton.cdiv(length, block), batch * heads), extra
-    longest = packed.max_seqlen_q if side == "q" else packed.max_seqlen_k
-    return ((triton.cdiv(longest, block), packed.documents * heads),
-            dict(extra, CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True))
+    return grid, extra
 
 
 def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: float,

@@ -224,9 +224,9 @@ def kept_candidates(kernel: str, *, cc: int, block_d: int, elem_bytes: int) -> l
 
 #: A grid of at most this many programs per SM deals its programs out HEAD_GROUP heads at a time
 #: (``forward.launch_position``), chosen from ``benchmarks/launch_order_experiment.py`` on an H200
-#: (results: ``launch_order_h200``): groups of 4 or more heads gained most at 512 programs (batch 1,
+#: (recorded run ``launch_order``): groups of 4 or more heads gained most at 512 programs (batch 1,
 #: 16 heads, N = 4K), a little at 1,024, and nothing beyond the run-to-run spread from 2,048 on,
-#: where groups of 16 heads lost.
+#: where groups of 16 heads lost up to 7%.
 SMALL_GRID_PROGRAMS_PER_SM = 8
 SMALL_GRID_HEAD_GROUP = 4
 
