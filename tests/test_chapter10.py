@@ -14,19 +14,20 @@ from flashbook import bench
 from flashbook.bench import chapter10
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "10_making_it_fast.ipynb")
+LAB_NOTES = os.path.join(ROOT, "notebooks", "A3_lab_notes.ipynb")   # the experiments that lost
 RECORDED = os.path.join(ROOT, "benchmarks", "results")
 HIDDEN = ("hide-input", "remove-cell", "remove-input")
 
 
-def _cells():
-    with open(NOTEBOOK, encoding="utf-8") as f:
+def _cells(path=NOTEBOOK):
+    with open(path, encoding="utf-8") as f:
         return json.load(f)["cells"]
 
 
-def _quoted() -> set:
-    """Every name the chapter's Markdown quotes: {glue:text}`name` (with or without a
-    format) and {glue:}`name`."""
-    text = "".join("".join(c["source"]) for c in _cells() if c["cell_type"] == "markdown")
+def _quoted(path=NOTEBOOK) -> set:
+    """Every name the chapter's (or the lab notes') Markdown quotes: {glue:text}`name` (with
+    or without a format) and {glue:}`name`."""
+    text = "".join("".join(c["source"]) for c in _cells(path) if c["cell_type"] == "markdown")
     return set(re.findall(r"\{glue(?::[\w-]*)?\}`([^`:]+)", text))
 
 
@@ -50,8 +51,10 @@ def empty(tmp_path_factory):
 
 def test_every_quoted_name_has_a_value_from_the_recorded_runs(recorded):
     quoted = _quoted()
-    assert len(quoted) > 200
+    assert len(quoted) > 150
     assert quoted - GLUED_BY_NOTEBOOK <= set(recorded.values), sorted(quoted - GLUED_BY_NOTEBOOK - set(recorded.values))
+    lab = _quoted(LAB_NOTES)           # the lab notes glue build()'s values only
+    assert len(lab) > 80 and lab <= set(recorded.values), sorted(lab - set(recorded.values))
     assert GLUED_BY_NOTEBOOK <= quoted | {"ptx_gl_wgmma"}     # the PTX table shows that one
     assert not GLUED_BY_NOTEBOOK & set(recorded.values)          # each name is glued once
     missing = {k: v for k, v in recorded.values.items() if v in ("n/a", "(not recorded)") or "not recorded" in v}
@@ -80,12 +83,17 @@ def test_the_names_the_notebook_glues_itself_are_glued_where_the_module_says():
     assert "for name, text in ch.values.items():" in _code("4206a104")
 
 
+def _shown(path) -> set:
+    return {t for c in _cells(path) if c["cell_type"] == "code"
+            for t in re.findall(r'ch\.show\("(\w+)"\)', "".join(c["source"]))}
+
+
 def test_the_notebook_shows_every_topic_and_only_those():
-    shown = set()
-    for c in _cells():
-        if c["cell_type"] == "code":
-            shown |= set(re.findall(r'ch\.show\("(\w+)"\)', "".join(c["source"])))
-    assert shown == set(chapter10.TOPICS)
+    from flashbook.bench.chapter10_lab import LAB_TOPICS
+
+    assert _shown(NOTEBOOK) == set(chapter10.TOPICS)
+    assert _shown(LAB_NOTES) == set(LAB_TOPICS)
+    assert not set(chapter10.TOPICS) & set(LAB_TOPICS)
     assert "ch = chapter10.build()" in _code("4206a104")
     hidden = [c for c in _cells() if c["cell_type"] == "code"
               and any(t in c.get("metadata", {}).get("tags", []) for t in HIDDEN)]
@@ -98,9 +106,11 @@ def test_with_nothing_recorded_every_name_has_a_value_and_the_cells_say_why(empt
     assert set(empty.values) == set(chapter10.build(RECORDED).values)
     assert empty.values["noise"] == "n/a" and empty.values["n_rungs"] == str(len(chapter10.RUNGS))
     assert empty.figures == {} and empty.noise is None and empty.frames["steps"] is None
+    from flashbook.bench.chapter10_lab import LAB_TOPICS
+
     assert len(empty.messages) >= 15
     for topic, text in empty.messages.items():
-        assert topic in chapter10.TOPICS
+        assert topic in chapter10.TOPICS + LAB_TOPICS
         assert all("No recorded" in line or "none recorded" in line for line in text.splitlines()), (topic, text)
     assert "No recorded ladder was found" in empty.messages["ladder_figure"]
 

@@ -39,10 +39,9 @@ from .sweeps import LADDER_SEQS
 NO_DATA = ("No recorded ladder was found (no benchmarks/results/ directory with a "
            "ladder.csv), so there is nothing measured to show here.")
 #: What ``Chapter10.show`` shows, one topic per cell of the chapter, in its order.
-TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip_prediction", "skip", "split_prediction",
-          "split", "tuning_prediction", "tuning", "ladder", "ladder_figure", "backward_figure", "goals",
-          "tutorial", "descriptors", "lazy", "static", "autotune", "schedules", "gluon_peers", "host", "graphs",
-          "fma", "wide", "short", "persistent", "defaults")
+TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip", "split_prediction",
+          "split", "tuning_prediction", "tuning", "heavy", "launch_order", "dq_bytes", "ladder", "ladder_figure", "backward_figure", "goals", "profile",
+          "schedules")
 #: The names of ``Features``, in order: one switch each.
 FEATURES = [f.name for f in dataclasses.fields(Features)]
 #: The columns that name one shape of the ladder (a pass aside).
@@ -56,16 +55,10 @@ NO_OPS_UNMASKED = ("skip masked tiles", "heaviest first")
 GLUED_BY_NOTEBOOK = {
     "1791dcf8": ("exp2_ops_full", "exp2_ops_causal", "exp2_saved_lo", "exp2_saved_hi", "exp2_bound_lo",
                  "exp2_bound_hi"),
-    "f1573c58": ("heavy_pred_lo", "heavy_pred_hi", "heavy_lo", "heavy_hi", "heavy_sig", "heavy_n",
-                 "heavy_full_dev", "heavy_slots"),
-    "ec3afd65": ("mm_atomic", "mm_separate", "mm_ratio", "atomic_gb_lo", "atomic_gb_hi",
-                 "atomic_floor_share_lo", "atomic_floor_share_hi", "dq_lo", "dq_hi"),
-    "3c382fe0": ("fixed_tiles", "fixed_gain_1k", "fixed_gain_2k"),
     "6041c7eb": ("live_phrase",),
     "38a7f663": ("exact_n", "exact_d", "exact_tol"),
     "c10-ptx-waits": ("ptx_triton_version", "ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_wgmma", "ptx_gl_tma",
                       "ptx_tri_tma", "ptx_gl_waits"),
-    "b7508bde": ("poly3_err", "poly4_err"),
 }
 
 from .score_ops import CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, exp2_bound, ops_per_score  # noqa: E402,F401
@@ -79,6 +72,7 @@ class Chapter10(ChapterData):
     styles: dict = field(default_factory=dict)     # table -> (Styler -> Styler, pandas options)
     ladder_provenance: dict = field(default_factory=dict)
     noise: float | None = None                     # the floor every rung's verdict is judged against
+    noise_runs: float | None = None                # the same comparison's largest gap over every recorded run
     cc: int = 90                                   # the compute capability the ladder ran on
     arch: str | None = None                        # the same as "sm_90", None when not recorded
     gpu_name: str = "the GPU"
@@ -109,14 +103,29 @@ class Chapter10(ChapterData):
         r["shape"] = [shape_label(d, n, c) for d, n, c in zip(r["head_dim"], r["seq"], r["causal"])]
         return r.set_index("shape")
 
+    def verdict(self, gain) -> str:
+        """A gain (``x previous``) against the noise: within this run's floor, within the
+        largest gap the same comparison showed over repeated runs, or beyond both."""
+        off = abs(float(gain) - 1)
+        if self.noise is None:
+            return "n/a"
+        if off <= self.noise:
+            return "within noise"
+        if self.noise_runs is not None and off <= self.noise_runs:
+            return "within repeated runs' spread"
+        return "beyond noise"
+
     # -- what the chapter calls
     def show(self, topic: str) -> None:
-        """Show in a notebook what ``topic``'s cell shows: its texts, tables and figures."""
+        """Show in a notebook what ``topic``'s cell shows (chapter 10's ``TOPICS``, the lab
+        notes' ``LAB_TOPICS``): its texts, tables and figures."""
         import pandas as pd
         from IPython.display import Markdown, display
 
-        if topic not in TOPICS:
-            raise ValueError(f"topic must be one of {TOPICS}, got {topic!r}")
+        from .chapter10_lab import LAB_TOPICS
+
+        if topic not in TOPICS + LAB_TOPICS:
+            raise ValueError(f"topic must be one of {TOPICS + LAB_TOPICS}, got {topic!r}")
         for kind, what in self.outputs.get(topic, []):
             if kind == "text":
                 print(what)
@@ -146,12 +155,11 @@ def _rungs(ch: Chapter10) -> None:
     import pandas as pd
 
     rung_table = pd.DataFrame([
-        {"rung": i, "name": r.name, **{f: "on" if getattr(r.features, f) else "off" for f in FEATURES},
-         "tiles": str(r.config) if r.config else "the library's choice", "what it adds": r.change}
+        {"rung": i, "name": r.name, **{f: "on" if getattr(r.features, f) else "off" for f in FEATURES}}
         for i, r in enumerate(RUNGS)]).set_index("rung")
     ch.put("n_rungs", len(RUNGS)); ch.put("first_config", str(FIRST_CONFIG))
     ch.put("first_bm", FIRST_CONFIG.block_m); ch.put("first_bn", FIRST_CONFIG.block_n)
-    ch.table("rungs", "rungs", rung_table, max_colwidth=90)
+    ch.table("rungs", "rungs", rung_table)
 
 
 def _recorded(ch: Chapter10, root) -> None:
@@ -206,8 +214,7 @@ def _noise(ch: Chapter10) -> None:
     noise_ladder = float((same["vs_prev"] - 1).abs().max())
     ch.put("noise_ladder", 100 * noise_ladder, ".1f"); ch.put("noise_n", len(same))
     ch.put("n_checked_ladder", len(ladder))
-    ch.table("noise", "noise_pairs", same[["name"] + SHAPE + ["tflops", "vs_prev"]].rename(
-        columns={"tflops": "TFLOP/s", "vs_prev": "x previous rung (same kernel)"}).round(3))
+    ch.frames["noise_pairs"] = same[["name"] + SHAPE + ["tflops", "vs_prev"]]   # the repeats table shows its span
     # one forward kernel timed under two names in one run: flashbook and flashbook-atomic
     # differ only in their backward (chapter 9), so their forward times are a second noise sample
     twin = None
@@ -241,7 +248,8 @@ def _exp2(ch: Chapter10) -> None:
     gains = ch.rung_gains("exp2")
     bound = gains["causal"].map(lambda c: bounds["causal" if c else "full"])
     ch.table("exp2", "exp2_gains", pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"],
-                                                 "bound from the count": bound}).round(3))
+                                                 "bound from the count": bound,
+                                                 "verdict": gains["vs_prev"].map(ch.verdict)}).round(3))
     ch.put("exp2_lo", gains["vs_prev"].min(), ".2f"); ch.put("exp2_hi", gains["vs_prev"].max(), ".2f")
     n_above = int((gains["vs_prev"] > bound).sum())
     ch.put("exp2_above", n_above); ch.put("exp2_n", len(gains))
@@ -275,7 +283,7 @@ def _skip(ch: Chapter10) -> None:
     pred_skip = {(r["N"], r["causal"]): r["predicted x"] for r in skip_pred.to_dict("records")}
     causal_pred = skip_pred[skip_pred["causal"]]["predicted x"]
     ch.put("skip_pred_lo", causal_pred.min(), ".2f"); ch.put("skip_pred_hi", causal_pred.max(), ".2f")
-    ch.table("skip_prediction", "skip_prediction", skip_pred.round(3))
+    ch.frames["skip_prediction"] = skip_pred          # its "predicted x" is a column of the measured table
 
     if ch.frames["steps"] is None:
         return ch.nothing("skip_lo", "skip_hi", "skip_of_pred_lo", "skip_of_pred_hi", "skip_full_dev",
@@ -284,6 +292,7 @@ def _skip(ch: Chapter10) -> None:
     pred = [pred_skip[(n, c)] for n, c in zip(gains["seq"], gains["causal"])]
     table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "predicted x": pred})
     table["measured / predicted"] = table["x previous"] / table["predicted x"]
+    table["verdict"] = table["x previous"].map(ch.verdict)
     ch.table("skip", "skip_gains", table.round(3))
     causal, full = table[gains["causal"].values], table[~gains["causal"].values]
     ch.put("skip_lo", causal["x previous"].min(), ".2f"); ch.put("skip_hi", causal["x previous"].max(), ".2f")
@@ -323,6 +332,7 @@ def _split(ch: Chapter10) -> None:
     table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "instructions saved": saved})
     # if a share s of the time is this elementwise work, saving a fraction f of it gives 1 / (1 - s f)
     table["implied share of time"] = (1 - 1 / table["x previous"]) / table["instructions saved"]
+    table["verdict"] = table["x previous"].map(ch.verdict)
     ch.table("split", "split_gains", table.round(3))
     is_causal = gains["causal"].values
     ch.put("split_full_lo", table["x previous"][~is_causal].min(), ".2f")
@@ -361,14 +371,13 @@ def _tuning(ch: Chapter10) -> None:
             (best_cfg, best), (worst_cfg, worst) = mine.ranking[0], mine.ranking[-1]
             pred_tune[int(d)] = mine.tflops / first.tflops
             rows.append({"d": int(d), "N": mine.seq, "configs that ran": f"{mine.n_ran} of {mine.n_configs}",
-                         "best": f"{_as_text(best_cfg)}: {best:.0f}", "worst": f"{_as_text(worst_cfg)}: {worst:.0f}",
                          "first kernel's": f"{_as_text(first.config)}: {first.tflops:.0f} (#{first.rank})",
                          "library's": f"{_as_text(mine.config)}: {mine.tflops:.0f} (#{mine.rank})",
                          "predicted x": pred_tune[int(d)]})
             ch.put(f"tune_best_{d}", f"{_as_text(best_cfg)} at {best:.0f} TFLOP/s")
             ch.put(f"tune_worst_{d}", f"{_as_text(worst_cfg)} at {worst:.0f}")
         sweep = pd.DataFrame(rows).set_index("d")
-        ch.table("tuning_prediction", "sweep", sweep.round(3), max_colwidth=60)
+        ch.table("tuning_prediction", "sweep", sweep.drop(columns=["N", "configs that ran"]).round(3), max_colwidth=60)
         ch.put("sweep_seq", int(sweep["N"].iloc[0]))
         ch.put("lib_rank", " and ".join(f"#{s.split('#')[1][:-1]}" for s in sweep["library's"]))
         ch.put("first_rank", " and ".join(f"#{s.split('#')[1][:-1]}" for s in sweep["first kernel's"]))
@@ -379,15 +388,16 @@ def _tuning(ch: Chapter10) -> None:
         ch.put("tune_spread", f"{spread.min():.1f} to {spread.max():.1f}")
 
     if ch.frames["steps"] is None or not pred_tune:
-        return ch.nothing("tune_at_sweep", "tune_lo", "tune_hi")
+        return ch.nothing("tune_at_sweep", "tune_lo", "tune_hi", "tune_beyond", "tune_n")
     gains = ch.rung_gains("tuned tiles")
     pred = [pred_tune.get(int(d), float("nan")) for d in gains["head_dim"]]
     ch.table("tuning", "tuning_gains", pd.DataFrame({
         "TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"],
-        "predicted x (sweep, N = 4096, no mask)": pred}).round(3))
+        "predicted x (sweep, N = 4096, no mask)": pred, "verdict": gains["vs_prev"].map(ch.verdict)}).round(3))
     at = gains[(gains["seq"] == int(sweep["N"].iloc[0])) & ~gains["causal"]]
     ch.put("tune_at_sweep", " and ".join(f"{x:.2f} at d = {d}" for d, x in zip(at["head_dim"], at["vs_prev"])))
     ch.put("tune_lo", gains["vs_prev"].min(), ".2f"); ch.put("tune_hi", gains["vs_prev"].max(), ".2f")
+    ch.put("tune_beyond", int((gains["vs_prev"].map(ch.verdict) == "beyond noise").sum())); ch.put("tune_n", len(gains))
 
 
 # ---------------------------------------------------------------- the whole ladder
@@ -421,6 +431,8 @@ def _baselines(df, frame, column):
 
 
 def _whole_ladder(ch: Chapter10) -> None:
+    import pandas as pd
+
     from ..plots import ladder as figures
 
     fsteps, bsteps, df = ch.frames["fsteps"], ch.frames["bsteps"], ch.frames["results"]
@@ -429,16 +441,22 @@ def _whole_ladder(ch: Chapter10) -> None:
             ch.say(topic, NO_DATA, missing=True)
         return ch.nothing("best_rung_by_shape", "first_to_last_lo", "first_to_last_hi", "flash_beaten",
                           "flash_pairs", "cudnn_below", "cudnn_pairs")
-    view = {"name": "rung", "ms": "ms", "tflops": "TFLOP/s", "vs_prev": "x previous", "vs_first": "x first"}
-    for i, ((d, n, causal), part) in enumerate(fsteps.groupby(SHAPE, sort=False)):
-        r0 = part.iloc[0]
-        ch.markdown("ladder", f"**{shape_label(d, n, causal, r0['batch'], r0['heads'])}**, forward")
-        ch.table("ladder", f"ladder_{i}", part[list(view)].rename(columns=view).set_index("rung").round(3))
+    shapes = [shape_label(d, n, c) for d, n, c in zip(fsteps["head_dim"], fsteps["seq"], fsteps["causal"])]
+    by_rung = fsteps.assign(shape=shapes).pivot_table(index=["rung", "name"], columns="shape", values="tflops",
+                                                     sort=False)
+    last = fsteps[fsteps["rung"] == fsteps["rung"].max()]
+    by_rung.loc[("", "x first kernel"), :] = last.assign(shape=[shape_label(d, n, c) for d, n, c in zip(
+        last["head_dim"], last["seq"], last["causal"])]).set_index("shape")["vs_first"]
+    r0 = fsteps.iloc[0]
+    ch.markdown("ladder", f"**Forward, TFLOP/s** (batch x heads as recorded, e.g. B={r0['batch']} H={r0['heads']} "
+                          f"at {shape_label(r0['head_dim'], r0['seq'], r0['causal'])})")
+    ch.table("ladder", "ladder_forward", by_rung.droplevel("rung").round(2), lambda st: st.format(precision=0)
+             .format("{:.2f}", subset=pd.IndexSlice[["x first kernel"], :]))
     ch.markdown("ladder", "**Backward** (dQ strategies; `x previous` is separate over atomic)")
     bview = bsteps.assign(shape=[shape_label(d, n, c) for d, n, c in
                                  zip(bsteps["head_dim"], bsteps["seq"], bsteps["causal"])])
     ch.table("ladder", "ladder_backward", bview.set_index(["shape", "name"])[["ms", "tflops", "vs_prev"]]
-             .rename(columns={"tflops": "TFLOP/s", "vs_prev": "x previous"}).round(3))
+             .rename(columns={"tflops": "TFLOP/s", "vs_prev": "x previous"}).round(2))
 
     names = [r.name for r in RUNGS]
     forward_refs, backward_refs = _baselines(df, fsteps, "fwd_tflops"), _baselines(df, bsteps, "bwd_tflops")
@@ -496,12 +514,13 @@ def build(root=None) -> Chapter10:
     """Chapter 10's numbers, tables and figures from the results root ``root`` (default:
     ``bench.results_root()``, as the chapter finds it). Raises ValueError where the
     recorded ladder contradicts itself (a rung that did not run, or was not exact)."""
-    from . import chapter10_beyond
+    from . import chapter10_beyond, chapter10_lab
 
     ch = Chapter10()
     _rungs(ch)
     _recorded(ch, root)
     _noise(ch)
+    chapter10_lab.repeats(ch)
     _exp2(ch)
     _skip(ch)
     _split(ch)
@@ -509,4 +528,5 @@ def build(root=None) -> Chapter10:
     _whole_ladder(ch)
     _goals(ch)
     chapter10_beyond.build_into(ch)
+    chapter10_lab.build_into(ch)
     return ch

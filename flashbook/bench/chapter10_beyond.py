@@ -180,7 +180,7 @@ def _schedules(ch, root) -> None:
     gluon_run = load_recorded_json(GLUON_EXPERIMENTS[128], root) or {}
     shape = (gluon128["dtype"] + " " + (gluon128["seq"] // 1024).astype(str) + "K "
              + gluon128["causal"].map(MASKS))
-    shown = gluon128.assign(shape=shape)[["shape", "flashbook", *sched, "cudnn"]]
+    shown = gluon128.assign(shape=shape)[gluon128["dtype"] == "bf16"][["shape", "flashbook", *sched, "cudnn"]]
     shown.columns = ["shape", "ch. 7", *sched, "cuDNN"]
     ch.table("schedules", "schedules", shown, lambda s: s.hide(axis="index")
              .format("{:.0f}", subset=["ch. 7", *sched, "cuDNN"]))

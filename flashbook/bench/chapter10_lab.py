@@ -1,0 +1,399 @@
+"""Chapter 10's noise over repeated runs, its profiler readings and the front door's choice,
+and the entries of the lab notes (appendix A3) that the other two modules do not hold: the
+atomic-dQ experiment and the lab's Gluon backward.
+
+``repeats(ch)`` runs right after the ladder's own noise (``chapter10._noise``): every later
+verdict reads ``ch.noise_runs``. ``build_into(ch)`` adds the rest. Like ``chapter10_beyond``,
+every section says once what it shows when its runs are not recorded.
+"""
+from __future__ import annotations
+
+import json
+
+from .readback import find_runs, ladder_speedups, load_results
+from .runs import load_recorded_json, run_path
+
+#: What the lab notes page (notebooks/A3_lab_notes.ipynb) shows, one topic per cell, in its order.
+LAB_TOPICS = ("lab_noise", "descriptors", "lazy", "static", "autotune", "fma", "wide", "short", "persistent",
+              "atomic_dq", "gluon_bwd", "gluon_bwd_ncu", "tutorial", "gluon_peers", "host", "graphs", "defaults")
+#: The two rungs that, without a mask, run the kernel of the rung before them.
+NO_OPS = ("skip masked tiles", "heaviest first")
+KEYS = ["batch", "heads", "seq", "head_dim", "causal"]
+
+
+def _pct(series) -> tuple:
+    return 100 * float(series.median()), 100 * float(series.max())
+
+
+def repeats(ch) -> None:
+    """The same comparison in every recorded run: the ladder's no-op rungs, the forward timed
+    under two names in each full comparison, and the Gluon sweep timed twice."""
+    import pandas as pd
+
+    rows = []
+    for path in reversed(find_runs(ch.root, "ladder.csv")):      # oldest first
+        steps = ladder_speedups(load_results(path)[0])
+        same = steps[(steps["pass_"] == "fwd") & ~steps["causal"] & steps["name"].isin(NO_OPS)]
+        rows.append(("no-op rungs", path.parent.name, len(same), *_pct((same["vs_prev"] - 1).abs())))
+    for path in reversed(find_runs(ch.root, "results.csv")):
+        df = load_results(path)[0]
+        if not {"flashbook", "flashbook-atomic"} <= set(df["impl"]):
+            continue
+        pair = df[df["impl"] == "flashbook"].merge(df[df["impl"] == "flashbook-atomic"], on=KEYS)
+        twin = (pair["fwd_ms_y"] / pair["fwd_ms_x"] - 1).abs().dropna()
+        rows.append(("twin forward", path.parent.name, len(twin), *_pct(twin)))
+    first, again = load_recorded_json("gluon_d128", ch.root), load_recorded_json("gluon_d128_run2", ch.root)
+    if first and again:
+        index = ["dtype", "seq", "causal", "variant"]
+        a, b = (pd.DataFrame(r["rows"]).set_index(index)["tflops"] for r in (first, again))
+        common = a.index.intersection(b.index)
+        rows.append(("Gluon rerun", "gluon_d128, gluon_d128_run2", len(common),
+                     *_pct((b[common] - a[common]).abs() / a[common])))
+    within = [r for r in rows if r[0] != "Gluon rerun"]
+    if not within:
+        ch.noise_runs = None
+        for topic in ("noise", "lab_noise"):
+            ch.say(topic, "No recorded repeated runs (benchmarks/results/).", missing=True)
+        return ch.nothing("noise_runs", "noop_lo", "noop_hi", "twin_lo", "twin_hi", "n_ladders", "n_sweeps",
+                          "rerun_median", "rerun_max", "ladder_min_ms")
+    table = pd.DataFrame(rows, columns=["what is compared", "run", "pairs", "median %", "largest %"])
+    ch.table("noise", "repeats", table.set_index(["what is compared", "run"]).round(1))
+    ch.outputs.setdefault("lab_noise", []).append(("table", "repeats"))
+    ch.noise_runs = max(r[4] for r in within) / 100
+    ch.put("noise_runs", 100 * ch.noise_runs, ".1f")
+    noop = [r[4] for r in rows if r[0] == "no-op rungs"]
+    twin = [r[4] for r in rows if r[0] == "twin forward"]
+    ch.put("noop_lo", min(noop), ".1f"); ch.put("noop_hi", max(noop), ".1f"); ch.put("n_ladders", len(noop))
+    ch.put("twin_lo", min(twin), ".1f") if twin else ch.nothing("twin_lo")
+    ch.put("twin_hi", max(twin), ".1f") if twin else ch.nothing("twin_hi")
+    ch.put("n_sweeps", len(twin))
+    fsteps = ch.frames.get("fsteps")
+    ch.put("ladder_min_ms", None if fsteps is None else fsteps["ms"].min(), ".2f")   # the shortest timed forward
+    rerun = [r for r in rows if r[0] == "Gluon rerun"]
+    ch.put("rerun_median", rerun[0][3] if rerun else None, ".0f")
+    ch.put("rerun_max", rerun[0][4] if rerun else None, ".0f")
+
+
+def _profile(ch) -> None:
+    """Nsight Compute's readings of the library's passes beside cuDNN's (run ``kernel_ncu``)."""
+    from .profiles import kernel_rows, pass_table
+
+    run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
+    names = ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma",
+             "ncu_bwd_ops", "ncu_dkdv_ops", "ncu_dq_ops", "ncu_cudnn_bwd_ops")
+    if run is None or not run.exists():
+        ch.say("profile", "No recorded Nsight Compute run (run 'kernel_ncu' in benchmarks/results/index.json).", missing=True)
+        return ch.nothing(*names)
+    t = pass_table(run)
+    t = t[(t["dim"] == 128) & ("mask" not in t or t["mask"].isna()) & ("config_dkdv" not in t or
+                                                                        t["config_dkdv"].isna())]
+    names_of = {"triton": "chapters 7-8 (Triton)", "gluon": "Gluon forward", "sdpa-cudnn": "SDPA cuDNN",
+                "sdpa-flash": "SDPA flash (FlashAttention-2)"}
+    shown = t[t["impl"].isin(list(names_of)) & ~t["causal"]].assign(kernel=lambda f: f["impl"].map(names_of))
+    ch.table("profile", "profile", shown.set_index(["kernel", "pass_"])[
+        ["dram_mb", "tensor_pct", "ops_ratio"]].rename(columns={
+            "dram_mb": "DRAM read (MB)", "tensor_pct": "tensor pipe busy (%)",
+            "ops_ratio": "tensor ops / forward's"}).round(1))
+    at = t.set_index(["impl", "pass_", "causal"]).sort_index()
+    ours = at.loc[("triton", "forward")]
+    one = t.iloc[0]
+    qkv = one["batch"] * one["heads"] * one["seq"] * 128 * 2 / 1e6
+    ch.put("ncu_dram", ours["dram_mb"].max(), ".1f"); ch.put("ncu_qkv", qkv, ".1f")
+    ch.put("ncu_l2", f"{ours['l2_hit'].min():.0f} to {ours['l2_hit'].max():.0f}%")
+    for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
+        ch.put(f"ncu_tc_{key}", at.loc[(impl, "forward", False), "tensor_pct"], ".0f")
+    flash = [k for k in kernel_rows(run) if k["impl"] == "sdpa-flash" and k["pass_"] == "forward" and k["dim"] == 128]
+    ch.put("ncu_flash_wgmma", int(sum(k["sm__inst_executed_pipe_tensor_op_gmma.sum"] for k in flash)))
+    ch.put("ncu_bwd_ops", at.loc[("triton", "backward", False), "ops_ratio"], ".2f")
+    ch.put("ncu_cudnn_bwd_ops", at.loc[("sdpa-cudnn", "backward", False), "ops_ratio"], ".2f")
+    kernels = [k for k in kernel_rows(run) if k["impl"] == "triton" and k["pass_"] == "backward" and k["dim"] == 128
+               and not k["causal"] and "mask" not in k and "config_dkdv" not in k]
+    credited = at.loc[("triton", "backward", False), "ops_ratio"] / sum(
+        sum(k.get(m, 0.0) for m in _ops()) for k in kernels)
+    for key, name in (("dkdv", "_bwd_dkdv"), ("dq", "_bwd_dq")):
+        ops = sum(sum(k.get(m, 0.0) for m in _ops()) for k in kernels if k["Kernel Name"] == name)
+        ch.put(f"ncu_{key}_ops", ops * credited, ".2f")
+
+
+def _ops():
+    from .profiles import TENSOR_OPS
+    return TENSOR_OPS
+
+
+def _front_door(ch) -> None:
+    """Which forward ``backend="auto"`` took at each recorded shape, and how fast (run ``front_door``)."""
+    from ..kernels import hopper_choices
+
+    run, lengths = load_recorded_json("front_door", ch.root), load_recorded_json("gluon_lengths", ch.root)
+    names = ("auto_backends", "auto_n", "auto_fwd_lo", "auto_fwd_hi", "auto_bwd_lo", "auto_bwd_hi",
+             "len_taken_lo", "len_taken_hi", "len_left_lo", "len_left_hi")
+    if run is None or lengths is None:
+        ch.say("schedules", "No recorded front-door run (run 'front_door' in benchmarks/results/index.json).", missing=True)
+        return ch.nothing(*names)
+    rows = run["rows"]
+    ch.put("auto_backends", " and ".join(sorted({r["backend"] for r in rows}))); ch.put("auto_n", len(rows))
+    for p in ("fwd", "bwd"):
+        x = [r[f"auto_over_cudnn_{p}"] for r in rows]
+        ch.put(f"auto_{p}_lo", min(x), ".2f"); ch.put(f"auto_{p}_hi", max(x), ".2f")
+    ragged = [r for r in lengths["rows"] if r["ragged"]]
+    left = [hopper_choices.slower_than_triton(r["head_dim"], r["seq"], r["seq"], r["causal"]) for r in ragged]
+    taken = [r["gluon_over_triton"] for r, x in zip(ragged, left) if not x]
+    slow = [r["gluon_over_triton"] for r, x in zip(ragged, left) if x]
+    ch.put("len_taken_lo", min(taken), ".2f"); ch.put("len_taken_hi", max(taken), ".2f")
+    ch.put("len_left_lo", min(slow), ".2f"); ch.put("len_left_hi", max(slow), ".2f")
+
+
+def _atomic_frame(data):
+    import pandas as pd
+
+    return pd.DataFrame([{"n": r["n"], "d": r["d"], "causal": r["causal"], "variant": r["variant"],
+                          "ms": r["median_ms"], "x": 1.0 / r["vs_separate"],
+                          "spread": (max(r["ms"]) - min(r["ms"])) / r["median_ms"]} for r in data["rows"]])
+
+
+def _atomic_dq(ch) -> None:
+    """benchmarks/atomic_dq_experiment.py, run twice: each dQ variant's time over the separate kernel's."""
+    import pandas as pd
+
+    runs = [load_recorded_json(n, ch.root) for n in ("atomic_dq", "atomic_dq_repeat")]
+    names = ("at10_fence_lo", "at10_fence_hi", "at10_relaxed_lo", "at10_relaxed_hi", "at10_stagger_lo",
+             "at10_stagger_hi", "at10_spread", "at10_where")
+    if any(r is None for r in runs):
+        ch.say("atomic_dq", "No recorded atomic-dQ runs (runs 'atomic_dq' and 'atomic_dq_repeat' in benchmarks/results/index.json).", missing=True)
+        return ch.nothing(*names)
+    frames = [_atomic_frame(r) for r in runs]
+    spans = pd.concat([f[f["variant"] != "separate"].groupby("variant", sort=False)["x"].agg(
+        lambda s: f"{s.min():.2f} to {s.max():.2f}").rename(f"run {i + 1}") for i, f in enumerate(frames)], axis=1)
+    ch.table("atomic_dq", "atomic_dq", spans.rename_axis("dQ variant (time over the separate kernel's)"))
+    both = pd.concat(frames)
+    fence = both[both["variant"].str.startswith("atomic")]["x"]
+    relaxed = both[both["variant"].str.startswith("relaxed")]["x"]
+    ch.put("at10_fence_lo", fence.min(), ".2f"); ch.put("at10_fence_hi", fence.max(), ".2f")
+    ch.put("at10_relaxed_lo", relaxed.min(), ".2f"); ch.put("at10_relaxed_hi", relaxed.max(), ".2f")
+    stagger = []
+    for f in frames:
+        ms = f.pivot_table(index=["n", "d", "causal"], columns="variant", values="ms")
+        stagger += list(ms["relaxed+stagger"] / ms["relaxed"] - 1) + list(ms["relaxed+stagger 64x128"]
+                                                                        / ms["relaxed 64x128"] - 1)
+    ch.put("at10_stagger_lo", 100 * min(stagger), "+.1f"); ch.put("at10_stagger_hi", 100 * max(stagger), "+.1f")
+    ch.put("at10_spread", 100 * both["spread"].max(), ".1f")
+    env = runs[0]["environment"]
+    ch.put("at10_where", f"{env['gpu']['name']}, {env['date_utc'][:10]}")
+
+
+#: The lab backward's recorded runs (run 'gluon_bwd' in benchmarks/results/index.json), in the order run.
+GLUON_BWD_RUNS = ("run1_red_atomic", "run2_tma", "run3_stagger", "run4_pipe")
+GLUON_BWD_SHOWN = ("triton", "gluon_none", "gluon_atomic", "gluon_red4", "gluon_tma", "gluon_red4_pipe")
+
+
+def _gluon_bwd(ch) -> None:
+    """The lab's Gluon backward over cuDNN's, every run, and where its time goes (ncu)."""
+    import pandas as pd
+
+    from .profiles import REGS, SPILL_ST, TENSOR_BUSY, TIME, ncu_csv
+
+    folder = run_path("gluon_bwd", ch.root) if ch.root is not None else None
+    names = ("gb_triton_lo", "gb_triton_hi", "gb_best_lo", "gb_best_hi", "gb_none_lo", "gb_none_hi",
+             "gb_local_lo", "gb_local_hi", "gb_tc_none", "gb_tc_written", "gb_regs", "gb_where")
+    if folder is None or not (folder / "ncu" / "raw.csv").is_file():
+        for topic in ("gluon_bwd", "gluon_bwd_ncu"):
+            ch.say(topic, "No recorded lab Gluon backward (run 'gluon_bwd' in benchmarks/results/index.json).", missing=True)
+        return ch.nothing(*names)
+    rows = []
+    for name in GLUON_BWD_RUNS:
+        data = json.loads((folder / f"{name}.json").read_text())
+        for r in data["speed"]:
+            rows += [{"d": r["d"], "variant": v.removeprefix("gluon_"), "x cuDNN": t / r["tflops"]["cudnn"]}
+                     for v, t in r["tflops"].items() if v in GLUON_BWD_SHOWN]
+    df = pd.DataFrame(rows)
+    span = df.groupby(["variant", "d"], sort=False)["x cuDNN"].agg(lambda s: f"{s.min():.2f} to {s.max():.2f}")
+    ch.table("gluon_bwd", "gluon_bwd", span.unstack("d").rename_axis(columns="d"))
+    at = df.groupby(["variant", "d"])["x cuDNN"].agg(["min", "max"])
+    written = at.drop(index=["triton", "none"], level="variant").xs(128, level="d")
+    ch.put("gb_triton_lo", at.loc[("triton", 128), "min"], ".2f"); ch.put("gb_triton_hi", at.loc[("triton", 128), "max"], ".2f")
+    ch.put("gb_best_lo", written["min"].min(), ".2f"); ch.put("gb_best_hi", written["max"].max(), ".2f")
+    ch.put("gb_none_lo", at.loc[("none", 128), "min"], ".2f"); ch.put("gb_none_hi", at.loc[("none", 128), "max"], ".2f")
+    order = [line.split()[-1] for line in (folder / "ncu" / "stderr.txt").read_text().splitlines()
+             if line.startswith("# profiled")]
+    mains = [k for k in ncu_csv(folder / "ncu" / "raw.csv") if k["Kernel Name"] in ("_gluon_attn_bwd", "_bwd_dkdv",
+                                                                                  "_bwd_dq")]
+    labels = [v for v in order if v != "triton"] + ["triton dK/dV", "triton dQ"]
+    local = "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"
+    ncu = pd.DataFrame([{"kernel": name, "time (ms)": k[TIME] / 1e6, "local-memory loads (GB)": k[local] / 1e9,
+                         "local stores (GB)": k[SPILL_ST] / 1e9, "tensor pipe busy (%)": k[TENSOR_BUSY],
+                         "registers": int(k[REGS])} for name, k in zip(labels, mains)]).set_index("kernel")
+    ch.table("gluon_bwd_ncu", "gluon_bwd_ncu", ncu.round(2))
+    spilled = ncu.drop(index=["none", "triton dK/dV", "triton dQ"])["local-memory loads (GB)"]
+    ch.put("gb_local_lo", spilled.min(), ".1f"); ch.put("gb_local_hi", spilled.max(), ".1f")
+    ch.put("gb_tc_none", ncu.loc["none", "tensor pipe busy (%)"], ".0f")
+    written_tc = ncu.drop(index=["none", "triton dK/dV", "triton dQ"])["tensor pipe busy (%)"]
+    ch.put("gb_tc_written", f"{written_tc.min():.0f} to {written_tc.max():.0f}")
+    ch.put("gb_regs", int(ncu["registers"].max()))
+    prov = json.loads((folder / f"{GLUON_BWD_RUNS[-1]}.json").read_text())["provenance"]
+    ch.put("gb_where", f"{prov['gpu']['name']}, {prov['date_utc'][:10]}")
+
+
+def _start_and_end(ch) -> None:
+    """A program's fixed cost, fitted as a + b t over the key tiles t it visits (the old
+    default's full-attention speed at three lengths, first graph-timed run)."""
+    import numpy as np
+
+    short = ch.frames.get("short")
+    if short is None:
+        return ch.nothing("fixed_tiles", "fixed_gain_1k", "fixed_gain_2k")
+    full = short[(short["run"] == 1) & ~short["causal"]]
+    tiles = full["seq"].to_numpy() / 128                  # key tiles per query tile
+    b, a = np.polyfit(tiles, tiles / full["old default"].to_numpy(), 1)
+    ch.put("fixed_tiles", a / b, ".2f")
+    ch.put("fixed_gain_1k", 100 * a / (8 * b), ".0f"); ch.put("fixed_gain_2k", 100 * a / (16 * b), ".0f")
+
+
+def dq_bytes(ch) -> None:
+    """The ladder's two dQ rungs: the products each does per tile pair, and the bytes the
+    atomic rung's fp32 read-modify-writes move, against the extra time it measured."""
+    import pandas as pd
+
+    from .. import runtime, tiled
+    from ..kernels import configs
+    from .costs import GB
+    from .harness import shape_label
+
+    matmuls = {"atomic": 5, "separate": 4 + 3}      # S, dV, dP, dK (+ dQ); the dQ kernel: S, dP, dQ again
+    ch.put("mm_atomic", matmuls["atomic"]); ch.put("mm_separate", matmuls["separate"])
+    ch.put("mm_ratio", matmuls["separate"] / matmuls["atomic"], ".1f")
+    bsteps = ch.frames.get("bsteps")
+    if bsteps is None:
+        ch.say("dq_bytes", "No recorded ladder (benchmarks/results/).", missing=True)
+        return ch.nothing("atomic_gb_lo", "atomic_gb_hi", "atomic_floor_share_lo", "atomic_floor_share_hi",
+                          "dq_lo", "dq_hi")
+    chip = runtime.chip((ch.ladder_provenance.get("gpu") or {}).get("datasheet", {}).get("chip", "H200"))
+    rows = []
+    for r in bsteps[bsteps["name"] == "dQ separate"].itertuples():
+        atomic = bsteps[(bsteps["name"] == "dQ atomic") & (bsteps["seq"] == r.seq)
+                        & (bsteps["head_dim"] == r.head_dim) & (bsteps["causal"] == r.causal)].iloc[0]
+        cfg = configs.default("backward_dkdv", cc=ch.cc, block_d=configs.block_d(r.head_dim), elem_bytes=2,
+                              causal=bool(r.causal))
+        pairs = sum(tiled.visible_key_tiles(r.seq, r.seq, cfg.block_m, cfg.block_n, r.causal))
+        added = r.batch * r.heads * pairs * cfg.block_m * r.head_dim * 4 * 2     # fp32, read and write
+        rows.append({"shape": shape_label(r.head_dim, r.seq, r.causal), "atomic ms": atomic["ms"],
+                     "separate ms": r.ms, "separate x": r.vs_prev, "atomic GB moved": added / GB,
+                     "that at HBM speed, ms": added / (chip.hbm_tb_s * 1e12) * 1e3,
+                     "extra ms measured": atomic["ms"] - r.ms})
+    dq = pd.DataFrame(rows).set_index("shape")
+    dq["floor / extra"] = dq["that at HBM speed, ms"] / dq["extra ms measured"]
+    ch.table("dq_bytes", "dq_bytes", dq.drop(columns=["atomic ms", "separate ms"]).round(2))
+    ch.put("atomic_gb_lo", dq["atomic GB moved"].min(), ".0f"); ch.put("atomic_gb_hi", dq["atomic GB moved"].max(), ".0f")
+    ch.put("atomic_floor_share_lo", 100 * dq["floor / extra"].min(), ".0f")
+    ch.put("atomic_floor_share_hi", 100 * dq["floor / extra"].max(), ".0f")
+    ch.put("dq_lo", dq["separate x"].min(), ".1f"); ch.put("dq_hi", dq["separate x"].max(), ".1f")
+
+
+def slots_per_sm(row, chip, num_warps):
+    """Programs one SM holds at once: limited by registers, shared memory and warps."""
+    regs = chip.regs_per_sm_kib * 1024 // 4
+    by_regs = regs // (int(row["n_regs"]) * 32 * num_warps)
+    by_smem = chip.smem_per_sm_kib * 1024 // int(row["shared_bytes"])
+    return max(1, min(by_regs, by_smem, chip.max_warps_per_sm // num_warps))
+
+
+def finish_time(work, slots):
+    """Greedy list schedule: programs in launch order, each on the slot that frees first."""
+    import numpy as np
+
+    free = np.zeros(slots)
+    for w in work:
+        i = int(np.argmin(free))
+        free[i] += w
+    return free.max()
+
+
+def heavy_first(ch) -> None:
+    """Heaviest query tiles first: the schedule model's predicted gain beside the measured one.
+    A program takes the key tiles it visits plus one (loading Q, writing O)."""
+    import dataclasses
+
+    import numpy as np
+    import pandas as pd
+
+    from .. import runtime, tiled
+    from ..kernels import configs
+    from .blocks import block_state
+
+    names = ("heavy_pred_lo", "heavy_pred_hi", "heavy_lo", "heavy_hi", "heavy_sig", "heavy_n", "heavy_full_dev",
+             "heavy_slots")
+    blocks = ch.frames.get("blocks")
+    if ch.frames.get("steps") is None or blocks is None:
+        ch.say("heavy", "No recorded ladder or block sweep (benchmarks/results/).", missing=True)
+        return ch.nothing(*names)
+    gpu = ch.ladder_provenance.get("gpu") or {}
+    chip = runtime.chip(gpu.get("datasheet", {}).get("chip", "H200"))
+    sms = int(gpu.get("sms") or chip.sms)
+    gains = ch.rung_gains("heaviest first")
+    preds, slots_used = [], {}
+    for r in gains.itertuples():
+        p = 1.0                                                    # no mask: the same kernel
+        if r.causal:
+            cfg = configs.default("forward", cc=ch.cc, block_d=configs.block_d(r.head_dim), elem_bytes=2)
+            state = block_state(blocks, r.head_dim, *dataclasses.astuple(cfg), measured_arch=ch.arch)
+            slots = sms * slots_per_sm(state.row, chip, cfg.num_warps)
+            per_tile = np.array(tiled.visible_key_tiles(r.seq, r.seq, cfg.block_m, cfg.block_n, True)) + 1.0
+            light_first = np.tile(per_tile, r.batch * r.heads)      # program_id 0 (the lightest) first
+            p = finish_time(light_first, slots) / finish_time(light_first[::-1], slots)
+            slots_used[r.head_dim] = slots
+        preds.append(p)
+    table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "predicted x": preds})
+    table["verdict"] = table["x previous"].map(ch.verdict)
+    ch.table("heavy", "heavy", table.round(3))
+    causal = table[gains["causal"].values]
+    ch.put("heavy_pred_lo", causal["predicted x"].min(), ".3f"); ch.put("heavy_pred_hi", causal["predicted x"].max(), ".3f")
+    ch.put("heavy_lo", causal["x previous"].min(), ".3f"); ch.put("heavy_hi", causal["x previous"].max(), ".3f")
+    ch.put("heavy_sig", int((causal["verdict"] == "beyond noise").sum())); ch.put("heavy_n", len(causal))
+    ch.put("heavy_full_dev", 100 * float((table[~gains["causal"].values]["x previous"] - 1).abs().max()), ".1f")
+    ch.put("heavy_slots", " and ".join(f"{s} at d = {d}" for d, s in sorted(slots_used.items())))
+
+
+def launch_order(ch) -> None:
+    """Rung 5 across heads: the programs dealt out a few heads at a time (run ``launch_order``;
+    ``forward.launch_position``, ``configs.head_group``)."""
+    import pandas as pd
+
+    from ..kernels import configs
+
+    names = ("lo_group", "lo_per_sm", "lo_small_fwd", "lo_small_fb", "lo_large_lo", "lo_large_hi", "lo_n_large")
+    run = load_recorded_json("launch_order", ch.root) if ch.root is not None else None
+    if not run:
+        ch.say("launch_order", "No recorded launch-order run (run 'launch_order' in benchmarks/results/index.json).",
+               missing=True)
+        return ch.nothing(*names)
+    group = f"G={configs.SMALL_GRID_HEAD_GROUP}"
+    rows = []
+    for r in run["rows"]:
+        tile = configs.default("forward", cc=90, block_d=configs.block_d(r["head_dim"]), elem_bytes=2,
+                               causal=r["mask"] != "full").block_m
+        t = r["times"]
+        rows.append({"shape": r["shape"], "programs": -(-r["seq"] // tile) * r["batch"] * r["heads"],
+                     "fwd+bwd, plain order (ms)": t["G=1"]["fwd_bwd_ms"],
+                     f"fwd+bwd, {configs.SMALL_GRID_HEAD_GROUP} heads at a time (ms)": t[group]["fwd_bwd_ms"],
+                     "x plain, fwd": t["G=1"]["fwd_ms"] / t[group]["fwd_ms"],
+                     "x plain, fwd+bwd": t["G=1"]["fwd_bwd_ms"] / t[group]["fwd_bwd_ms"],
+                     "bitwise equal": all(r["exact"].values())})
+    table = pd.DataFrame(rows).set_index("shape")
+    ch.table("launch_order", "launch_order", table.round(3))
+    small = table.loc[table["programs"].idxmin()]
+    large = table[table["programs"] >= 2048]["x plain, fwd+bwd"]
+    ch.put("lo_group", configs.SMALL_GRID_HEAD_GROUP); ch.put("lo_per_sm", configs.SMALL_GRID_PROGRAMS_PER_SM)
+    ch.put("lo_small_fwd", small["x plain, fwd"], ".2f"); ch.put("lo_small_fb", small["x plain, fwd+bwd"], ".2f")
+    ch.put("lo_large_lo", large.min(), ".2f"); ch.put("lo_large_hi", large.max(), ".2f")
+    ch.put("lo_n_large", len(large))
+
+
+def build_into(ch) -> None:
+    """The profiler readings, the front door, and the lab entries of this module, into ``ch``."""
+    heavy_first(ch)
+    launch_order(ch)
+    dq_bytes(ch)
+    _profile(ch)
+    _front_door(ch)
+    _atomic_dq(ch)
+    _gluon_bwd(ch)
+    _start_and_end(ch)
