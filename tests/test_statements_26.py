@@ -14,18 +14,9 @@ import pytest
 from conftest import ROOT, require
 from flashbook import bench, runtime, tiled
 
-NOTEBOOKS = os.path.join(ROOT, "notebooks")
-BOOK = os.path.join(ROOT, "book")
+from test_statements import BOOK, NOTEBOOKS, _cell, _notebook  # noqa: E402  (one copy of the readers)
+
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-
-
-def _notebook(name):
-    with open(os.path.join(NOTEBOOKS, name), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _cell(nb, cell_id):
-    return "".join(next(c for c in nb["cells"] if c.get("id") == cell_id)["source"])
 
 
 def _page(name):
