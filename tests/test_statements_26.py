@@ -1,7 +1,6 @@
 """An expert's and a newcomer's corrections outside chapters 7, 8 and 10: each statement as
 the book now makes it, with the number behind it read from the library or a recorded run.
 (tests/test_statements.py holds the corrections made before; these are the ones it lacked.)"""
-import json
 import math
 import os
 import re
