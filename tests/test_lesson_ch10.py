@@ -165,12 +165,9 @@ def test_the_gpu_cells_keep_their_recorded_sources():
     recorded = {c["id"]: c["source_sha256"] for c in json.load(open(RECORDING))["cells"]}
     gpu = {c["id"]: "".join(c["source"]) for c in _cells() if "gpu" in c["metadata"].get("tags", [])}
     assert set(gpu) == set(recorded)
-    # 6041c7eb (the live ladder) changed after its recording, before this chapter was rewritten
-    # as a lesson: the book labels its recorded output as from an earlier source until a GPU
-    # run records it again (tools/run_notebooks.py). Every other gpu cell is as recorded.
-    stale = {"6041c7eb"}
+    # every gpu cell is as recorded (the last recording, tools/run_notebooks.py, ran at 546fe34)
     for cell_id, source in gpu.items():
-        assert (gpu_outputs.source_sha256(source) == recorded[cell_id]) == (cell_id not in stale), cell_id
+        assert gpu_outputs.source_sha256(source) == recorded[cell_id], cell_id
 
 
 def test_the_lab_notes_page_exists_and_is_in_the_table_of_contents():

@@ -2,7 +2,7 @@
 
 The chapter's prose once quoted the CPU build's numbers under H200 tables (the largest
 error "at 0.21 of its tolerance ... at most 1.2 times SDPA's" beneath a recorded table
-whose maxima were 0.18 and 1.0), compared its speed with "SDPA" without naming the
+whose maxima were 0.18 and 1.0 then), compared its speed with "SDPA" without naming the
 backend SDPA chose, and said why the kernel is as fast as it is without a measurement.
 Each test here runs the chapter's own hidden cell against the recorded data and
 recomputes what it glues from that data independently, so the prose cannot drift again.
@@ -56,7 +56,7 @@ def test_the_check_prose_quotes_the_recorded_h200_table():
     assert len(rows) == 4, rows
     worst = max(r[0] / r[2] for r in rows)
     vs_sdpa = max(r[0] / r[1] for r in rows)
-    assert (f"{worst:.2f}", f"{vs_sdpa:.1f}") == ("0.18", "1.0")   # not the CPU build's 0.21 and 1.2
+    assert (f"{worst:.2f}", f"{vs_sdpa:.1f}") == ("0.19", "1.0")   # not the CPU build's 0.21 and 1.2
     # the chapter's own cell, as the book runs it without a GPU, reads the same numbers
     glued = _run("c07-check-glue", CPU=True, results=None)
     assert glued == {"check_worst": f"{worst:.2f}", "check_vs_sdpa": f"{vs_sdpa:.1f}", "check_cases": "4"}
