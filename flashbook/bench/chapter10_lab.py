@@ -213,8 +213,7 @@ def _gluon_bwd(ch) -> None:
     ch.put("gb_triton_lo", at.loc[("triton", 128), "min"], ".2f"); ch.put("gb_triton_hi", at.loc[("triton", 128), "max"], ".2f")
     ch.put("gb_best_lo", written["min"].min(), ".2f"); ch.put("gb_best_hi", written["max"].max(), ".2f")
     ch.put("gb_none_lo", at.loc[("none", 128), "min"], ".2f"); ch.put("gb_none_hi", at.loc[("none", 128), "max"], ".2f")
-    order = [line.split()[-1] for line in (folder / "ncu" / "stderr.txt").read_text().splitlines()
-             if line.startswith("# profiled")]
+    order = json.loads((folder / "ncu" / "order.json").read_text())["profiled"]   # raw.csv's order
     mains = [k for k in ncu_csv(folder / "ncu" / "raw.csv") if k["Kernel Name"] in ("_gluon_attn_bwd", "_bwd_dkdv",
                                                                                   "_bwd_dq")]
     labels = [v for v in order if v != "triton"] + ["triton dK/dV", "triton dQ"]
