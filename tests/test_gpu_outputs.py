@@ -186,3 +186,52 @@ def test_repository_paths_in_the_prose_link_to_the_repository():
                       "benchmarks/results/decode_host_h200"),
                      ("https://github.com/o/r/blob/v9.9.9/tests/test_decode.py", "tests/test_decode.py"),
                      ("https://example.org", "tools/gpu_run.sh")]
+
+
+#: Values a `gpu` cell glues that do not depend on the machine (the same on a CPU build), so the
+#: prose may quote them without a recording: (notebook, name) -> why.
+MACHINE_FREE = {("06_gpu_and_triton", "softmax_ulps"): "a constant of the check, ULPS = 16"}
+
+
+def unrecorded_quotes(nb, stem: str, recorded: dict) -> list[str]:
+    """Names the prose quotes ({glue:text}`name`) from a `gpu` cell whose value, on a page built
+    without a GPU, would be the CPU's: not stored in the cell's recording (``recorded``: cell id ->
+    recorded cell), not glued again by a later non-gpu cell (which reads the recording, as
+    chapter 7's check does), and not ``MACHINE_FREE``."""
+    import re
+
+    glue_call = re.compile(r'\b(?:g|glue|glue_text)\(\s*"([A-Za-z_0-9]+)"')
+    quoted = set(re.findall(r"\{glue(?::\w+)?\}`([^`]+)`",
+                            "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")))
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if not gpu_outputs.is_gpu_cell(cell):
+            continue
+        stored = {o.get("metadata", {}).get("scrapbook", {}).get("name")
+                  for o in recorded.get(cell.id, {}).get("outputs", [])}
+        for name in sorted(set(glue_call.findall(cell.source)) & quoted):
+            again = any(name in glue_call.findall(c.source) for c in nb.cells[i + 1:]
+                        if c.cell_type == "code" and not gpu_outputs.is_gpu_cell(c))
+            if name not in stored and not again and (stem, name) not in MACHINE_FREE:
+                problems.append(f"{stem}: the prose quotes {name!r} from gpu cell {cell.id}, unrecorded")
+    return problems
+
+
+@pytest.mark.parametrize("path", GPU_CHAPTERS, ids=os.path.basename)
+def test_prose_quotes_a_gpu_cells_value_only_as_the_gpu_recorded_it(path):
+    nb = nbformat.read(path, as_version=4)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    record = os.path.join(ROOT, gpu_outputs.RESULTS, f"{stem}.json")
+    recorded = {c["id"]: c for c in json.load(open(record))["cells"]} if os.path.isfile(record) else {}
+    assert unrecorded_quotes(nb, stem, recorded) == []
+
+
+def test_the_prose_rule_catches_a_quoted_value_its_recording_lacks():
+    prose = nbformat.v4.new_markdown_cell("It ran {glue:text}`speed` times as fast.")
+    bare = notebook(gpu_cell('g("speed", 1.5)', [stream("1.5\n")]), prose)
+    assert unrecorded_quotes(bare, "x", {}) == ["x: the prose quotes 'speed' from gpu cell c1, unrecorded"]
+    recorded = {"c1": {"outputs": [glued("speed", "1.5")]}}
+    assert unrecorded_quotes(bare, "x", recorded) == []
+    reread = notebook(gpu_cell('g("speed", 1.5)'), nbformat.v4.new_code_cell('g("speed", from_recording)', id="c2"),
+                      prose)
+    assert unrecorded_quotes(reread, "x", {}) == []
