@@ -9,8 +9,8 @@ configurations (``kernels.configs.smem_estimate`` asks it).
 
 It is compared with the chip's limit *per program* (``runtime.Chip.smem_per_block_kib``:
 163 KiB on an A100), which is 1 KiB less than the shared memory *per SM* (164 KiB)
-because the SM keeps 1 KiB for itself (CUDA guide); several programs share one SM's
-164 KiB. Plain arithmetic: importing it imports neither torch nor triton.
+because the CUDA guide reserves 1 KB of shared memory per thread block for the system;
+several programs share one SM's 164 KiB. Plain arithmetic: importing it imports neither torch nor triton.
 """
 from __future__ import annotations
 
