@@ -29,6 +29,11 @@ sm_90 only, float16 and bfloat16, head_dim 64 or 128, any length, GQA, causal or
 0.5-0.75x cuDNN's backward and slower than chapter 8's kernels in every dQ mode, with dQ
 computed and not written ("none") at 1.06-1.21x cuDNN for d = 128, N >= 4K. So it stays
 here, not in the library, until a dQ path closes that gap.
+
+``rows=True`` runs ``_gluon_attn_bwd_rows`` instead: the same five products and numbers on
+FA3's register plan (S and dP in rows of queries, P and dS through shared memory), and with
+``dq_split=True`` dQ in two head_dim halves; at d = 128 that is the variant ptxas assembles
+without spilling (Triton 3.6's ptxas, sm_90a), where every writing mode above spills.
 """
 from __future__ import annotations
 
@@ -343,6 +348,182 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
     gl.store(DV + kd_offs, dv.to(dtype), mask=key_ok)
 
 
+@_jit
+def _weights_rows(s, LSE, q_row, offs_m, start_m, cols_k, seq_q, seq_k, start_n, diagonal, qk_scale, key_tile_ragged,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """``_weights`` for P in rows of queries (S = Q Kᵀ, queries down, keys across): the same
+    numbers, element for element, one lse value per row."""
+    queries = start_m + offs_m
+    q_ok = queries < seq_q
+    lse = gl.load(LSE + (q_row + offs_m), mask=q_ok, other=0.0) * 1.4426950408889634
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+    if CAUSAL:
+        masked = key_tile_ragged | (start_m + BLOCK_M > seq_q) | (start_m + diagonal < start_n + BLOCK_N - 1)
+    else:
+        masked = key_tile_ragged | (start_m + BLOCK_M > seq_q)
+    if masked:
+        visible = gl.expand_dims(cols_k < seq_k, 0) & gl.expand_dims(q_ok, 1)
+        if CAUSAL:
+            visible = visible & (gl.expand_dims(cols_k, 0) <= gl.expand_dims(queries, 1) + diagonal)
+        p = gl.where(visible, p, 0.0)
+    return p
+
+
+@_jit
+def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, DV,
+                         n_heads, group, seq_q, seq_k, qk_scale, sm_scale,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_MODE: gl.constexpr,
+                         K_LAYOUT: gl.constexpr, DS_LAYOUT: gl.constexpr, STAGGER: gl.constexpr,
+                         DQ_BUFS: gl.constexpr, PIPE: gl.constexpr, DQ_SPLIT: gl.constexpr):
+    """``_gluon_attn_bwd`` (``rows=True``) with FA3's register plan for the same tile. S = Q Kᵀ
+    and dP = dO Vᵀ come out in rows of queries, each warpgroup holding 64 of the 128 keys:
+    a thread then holds 2 query rows (one lse and one δ each) where Sᵀ's layout gives it 16
+    query columns (16 lse and 16 δ values live beside the score tiles). P and dS go to shared
+    memory as soon as they are formed, and every product after the scores reads them there
+    (dV = (Pᵀ) dO, dK = (dSᵀ) Q, dQ = dS K), so no 16-bit copy is held by a product in
+    flight. K and V arrive by vector loads whose addresses are dead before the loop (the dK
+    and dV stores compute theirs after it). ``DQ_SPLIT``: dQ as two head_dim halves, one
+    after the other, into the same shared tile (16 registers live instead of 32); at
+    head_dim 128 only (a half of 64 is 32 columns, less than a swizzle atom; d = 64 does not
+    need it: 219 registers, no spill)."""
+    warps: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    bhk = gl.program_id(1)
+    kv_heads = n_heads // group
+    b = bhk // kv_heads
+    hk = bhk % kv_heads
+    start_n = pid_n * BLOCK_N
+    kv_row = bhk.to(gl.int64) * seq_k
+    diagonal = seq_k - seq_q
+
+    wg: gl.constexpr = warps // 4
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, wg], instr_shape=[16, BLOCK_N // wg, 16])
+    kd_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, HEAD_DIM, 16])
+    SPLIT: gl.constexpr = DQ_SPLIT and HEAD_DIM >= 128   # halves of 64 columns: whole 128-byte swizzle atoms
+    DQ_N: gl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, wg], instr_shape=[16, DQ_N // wg, 16])
+    query_of: gl.constexpr = gl.SliceLayout(1, s_layout)
+    key_of: gl.constexpr = gl.SliceLayout(0, s_layout)
+    ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM, HEAD_DIM // 8],
+                                               warps_per_cta=[warps, 1], order=[1, 0])
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], K_LAYOUT)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], K_LAYOUT)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_LAYOUT)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_LAYOUT)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    if CAUSAL:
+        m_lo = (gl.maximum(start_n - diagonal, 0) // BLOCK_M) * BLOCK_M
+    else:
+        m_lo = 0
+    tiles_per_head = gl.maximum(gl.cdiv(seq_q - m_lo, BLOCK_M), 0)
+    n_steps = group * tiles_per_head
+    if STAGGER:
+        shift = pid_n % gl.maximum(tiles_per_head, 1)
+    else:
+        shift = 0
+    q_head0 = b * n_heads + hk * group
+    for i in gl.static_range(STAGES):
+        _, row = _step_row(i, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
+        _load_step(q_desc, do_desc, q_smem, do_smem, bars, row, i, i < n_steps)
+
+    lkeys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+    lcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, ld_layout))
+    ld_offs = (kv_row + gl.expand_dims(lkeys, 1)) * HEAD_DIM + gl.expand_dims(lcols, 0)
+    ld_ok = gl.expand_dims(lkeys < seq_k, 1)
+    k_smem.store(gl.load(K_PTR + ld_offs, mask=ld_ok, other=0.0))
+    v_smem.store(gl.load(V_PTR + ld_offs, mask=ld_ok, other=0.0))
+    fence_async_shared()
+    cta_barrier()
+
+    cols_k = start_n + gl.arange(0, BLOCK_N, layout=key_of)
+    offs_m = gl.arange(0, BLOCK_M, layout=query_of)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout)
+    if DQ_MODE == "tma":
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
+    red_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[128 // DQ_N, DQ_N // 4],
+                                                warps_per_cta=[warps, 1], order=[1, 0])
+    key_tile_ragged = start_n + BLOCK_N > seq_k
+
+    for t in range(n_steps):
+        slot = t % STAGES
+        start_m, q_row = _step_row(t, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
+        mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
+        qs = q_smem.index(slot)
+        dos = do_smem.index(slot)
+        s = warpgroup_mma(qs, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(dos, v_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        p = _weights_rows(s, LSE, q_row, offs_m, start_m, cols_k, seq_q, seq_k, start_n, diagonal, qk_scale,
+                          key_tile_ragged, BLOCK_M, BLOCK_N, CAUSAL)
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        cta_barrier()
+        dv = warpgroup_mma(p_smem.permute((1, 0)), dos, dv, is_async=True)
+        delta = gl.load(DELTA + (q_row + offs_m), mask=start_m + offs_m < seq_q, other=0.0)
+        dp = warpgroup_mma_wait(1, deps=(dp,))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        ds_smem.store(ds.to(dtype))
+        fence_async_shared()
+        cta_barrier()
+        dk = warpgroup_mma(ds_smem.permute((1, 0)), qs, dk, is_async=True)
+        if DQ_MODE == "tma":
+            dq_smem = dq_bufs.index(t % DQ_BUFS)
+        for h in gl.static_range(HEAD_DIM // DQ_N):
+            if SPLIT:
+                dq = warpgroup_mma(ds_smem, k_smem.slice(h * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False, is_async=True)
+            else:
+                dq = warpgroup_mma(ds_smem, k_smem, dq_zero, use_acc=False, is_async=True)
+            if h == 0:
+                dq, dk, dv = warpgroup_mma_wait(0, deps=(dq, dk, dv))
+            else:
+                dq = warpgroup_mma_wait(0, deps=(dq,))
+            if DQ_MODE == "tma":
+                if h == 0:
+                    tma.store_wait(DQ_BUFS - 1)   # the reduce-add that read this buffer last is done
+                if SPLIT:
+                    dq_smem.slice(h * DQ_N, DQ_N, dim=1).store(dq)
+                else:
+                    dq_smem.store(dq)
+            elif DQ_MODE == "red4":
+                dq4 = gl.convert_layout(dq, red_layout)
+                red_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, red_layout))
+                red_cols = h * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, red_layout))
+                offs = (q_row.to(gl.int64) + gl.expand_dims(red_rows, 1)) * HEAD_DIM + gl.expand_dims(red_cols, 0)
+                _red_add(DQ + offs, dq4, 4)
+        if DQ_MODE == "tma":
+            fence_async_shared()
+            cta_barrier()            # every warp has read this slot, p_smem and ds_smem, and written dq_smem
+            TMA_ADD(dq_desc, [q_row, 0], dq_smem)
+        else:
+            cta_barrier()
+        nxt = t + STAGES
+        _, nrow = _step_row(nxt, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
+        _load_step(q_desc, do_desc, q_smem, do_smem, bars, nrow, slot, nxt < n_steps)
+    if DQ_MODE == "tma":
+        tma.store_wait(0)
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kd_layout))
+    cols_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kd_layout))
+    kd_offs = (kv_row + gl.expand_dims(keys, 1)) * HEAD_DIM + gl.expand_dims(cols_d, 0)
+    key_ok = gl.expand_dims(keys < seq_k, 1)
+    gl.store(DK + kd_offs, (dk * sm_scale).to(dtype), mask=key_ok)
+    gl.store(DV + kd_offs, dv.to(dtype), mask=key_ok)
+
+
 @functools.lru_cache(maxsize=None)
 def _fp32_layout(block: tuple):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.float32)
@@ -366,16 +547,32 @@ def check_bwd_inputs(q, k, v, o, lse, do, dq_mode: str) -> None:
         raise ValueError(f"head_dim must be one of {BWD_HEAD_DIMS} for the Gluon backward, got {q.shape[-1]}")
 
 
+def _check_rows(rows: bool, dq_split: bool, pipe: bool, dq_mode: str) -> None:
+    if dq_split and not rows:
+        raise ValueError("dq_split needs rows=True")
+    if rows and (pipe or dq_mode not in ("tma", "red4", "none")):
+        raise ValueError(f"rows=True takes dq_mode 'tma', 'red4' or 'none' and no pipe, got {dq_mode!r}, pipe={pipe}")
+
+
+def _kernel_for(rows: bool, dq_split: bool, block_m: int, block_n: int):
+    """(kernel, the block its DS_LAYOUT is for, its extra compile-time constants)."""
+    if rows:
+        return _gluon_attn_bwd_rows, (block_m, block_n), dict(DQ_SPLIT=bool(dq_split))
+    return _gluon_attn_bwd, (block_n, block_m), {}
+
+
 def gluon_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_mode: str = "tma",
                    block_m: int | None = None, block_n: int | None = None, stages: int | None = None,
                    num_warps: int | None = None, stagger: bool = False, dq_bufs: int = 1,
-                   pipe: bool = False):
-    """(dq, dk, dv) for upstream gradient ``do``, from the forward's ``o`` and ``lse``."""
+                   pipe: bool = False, rows: bool = False, dq_split: bool = False):
+    """(dq, dk, dv) for upstream gradient ``do``, from the forward's ``o`` and ``lse``.
+    ``rows``: ``_gluon_attn_bwd_rows`` (FA3's register plan), ``dq_split`` with it."""
     from flashbook.reference import resolve_scale
     from flashbook.kernels.backward import _bwd_delta
     from flashbook.kernels.autograd import new_buffer
 
     check_bwd_inputs(q, k, v, o, lse, do, dq_mode)
+    _check_rows(rows, dq_split, pipe, dq_mode)
     cfg = default_bwd_config(q.shape[-1])
     block_m = block_m or cfg["block_m"]
     block_n = block_n or cfg["block_n"]
@@ -399,21 +596,25 @@ def gluon_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     dq_desc = TensorDescriptor.from_tensor(dq32, [block_m, d], _fp32_layout((block_m, d)))
     grid = (triton.cdiv(seq_k, block_n), batch * kv_heads)
-    _gluon_attn_bwd[grid](
+    kernel, ds_block, extra = _kernel_for(rows, dq_split, block_m, block_n)
+    kernel[grid](
         q_desc, do_desc, dq_desc, k, v, lse, delta, dq32, dk, dv,
         heads, heads // kv_heads, seq_q, seq_k, scale * LOG2E.value, scale,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), DQ_MODE=dq_mode,
-        K_LAYOUT=_shared_layout((block_n, d), q.dtype), DS_LAYOUT=_shared_layout((block_n, block_m), q.dtype),
-        STAGGER=bool(stagger), DQ_BUFS=dq_bufs, PIPE=bool(pipe), num_warps=num_warps)
+        K_LAYOUT=_shared_layout((block_n, d), q.dtype), DS_LAYOUT=_shared_layout(ds_block, q.dtype),
+        STAGGER=bool(stagger), DQ_BUFS=dq_bufs, PIPE=bool(pipe), num_warps=num_warps, **extra)
     dq = (dq32[:batch * heads * seq_q].view(q.shape) * scale).to(q.dtype)
     return dq, dk, dv
 
 
 def compile_bwd_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 64, block_n: int = 128, stages: int = 2,
                     causal: bool = True, dtype: str = "bf16", dq_mode: str = "tma", num_warps: int | None = None,
-                    stagger: bool = False, dq_bufs: int = 1, pipe: bool = False):
+                    stagger: bool = False, dq_bufs: int = 1, pipe: bool = False, rows: bool = False,
+                    dq_split: bool = False):
     """Compile the backward for ``cc`` without that GPU (as ``hopper.compile_for``)."""
     from flashbook.kernels.hopper import compile_kernel
+    _check_rows(rows, dq_split, pipe, dq_mode)
+    kernel, ds_block, extra = _kernel_for(rows, dq_split, block_m, block_n)
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 
     def desc(rows, dt, layout):
@@ -427,5 +628,6 @@ def compile_bwd_for(cc: int = 90, *, head_dim: int = 128, block_m: int = 64, blo
            "qk_scale": "fp32", "sm_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                       DQ_MODE=dq_mode, K_LAYOUT=_shared_layout((block_n, head_dim), torch_dtype),
-                      DS_LAYOUT=_shared_layout((block_n, block_m), torch_dtype), STAGGER=stagger, DQ_BUFS=dq_bufs, PIPE=pipe)
-    return compile_kernel(cc, _gluon_attn_bwd, {"num_warps": num_warps or block_n // 16}, sig, constexprs)
+                      DS_LAYOUT=_shared_layout(ds_block, torch_dtype), STAGGER=stagger, DQ_BUFS=dq_bufs, PIPE=pipe,
+                      **extra)
+    return compile_kernel(cc, kernel, {"num_warps": num_warps or block_n // 16}, sig, constexprs)

@@ -40,7 +40,7 @@ CHECKS = [  # (batch, heads, kv_heads, seq_q, seq_k, d)
     (2, 4, 4, 256, 256, 64), (2, 4, 4, 256, 256, 128), (1, 4, 2, 1000, 1000, 128), (1, 4, 1, 130, 777, 64),
     (1, 2, 2, 200, 333, 128), (2, 2, 2, 1, 1, 128), (2, 2, 2, 1, 1, 64), (1, 2, 2, 64, 64, 128),
     (1, 2, 2, 4097, 4097, 128)]
-MODES = ["red2", "red4", "atomic"]   # --modes
+MODES = ["red2", "red4", "atomic", "rows_split_tma", "rows_split_red4", "rows_split_tma2", "rows_tma"]   # --modes
 VARIANTS = {   # name -> gluon_backward's keyword arguments; each --modes name that is a dQ mode is added
     "none": dict(dq_mode="none"),
     "tma_stagger": dict(dq_mode="tma", stagger=True),
@@ -49,8 +49,16 @@ VARIANTS = {   # name -> gluon_backward's keyword arguments; each --modes name t
     "tma_pipe": dict(dq_mode="tma", pipe=True),
     "tma_pipe_s3": dict(dq_mode="tma", pipe=True, stages=3),
     "red4_pipe": dict(dq_mode="red4", pipe=True),
+    # FA3's register plan (S, dP in rows of queries; P, dS through shared memory): ptxas
+    # spills nothing at d = 128 with dQ in two head_dim halves (Triton 3.6's ptxas, sm_90a)
+    "rows_split_tma": dict(dq_mode="tma", rows=True, dq_split=True),
+    "rows_split_red4": dict(dq_mode="red4", rows=True, dq_split=True),
+    "rows_split_tma2": dict(dq_mode="tma", rows=True, dq_split=True, dq_bufs=2),   # 229,392 bytes of shared memory
+    "rows_tma": dict(dq_mode="tma", rows=True),
+    "rows_none": dict(dq_mode="none", rows=True),
 }
-TIMED = ["none", "tma", "tma_pipe", "tma_pipe_s3", "red4_pipe"]   # --timed
+TIMED = ["none", "tma", "tma_pipe", "tma_pipe_s3", "red4_pipe", "rows_split_tma", "rows_split_red4",
+         "rows_split_tma2", "rows_tma", "rows_none"]   # --timed
 SPEED = [(d, n, causal) for d in (64, 128) for n in (1024, 4096, 16384) for causal in (False, True)]
 
 
