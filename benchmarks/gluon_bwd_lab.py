@@ -26,14 +26,19 @@ depends on which program gets there first, so its last bits can change from run 
 sm_90 only, float16 and bfloat16, head_dim 64 or 128, any length, GQA, causal or not.
 ``benchmarks/hopper_bwd_experiment.py`` checks it against float64 and times it (run
 ``gluon_bwd``, benchmarks/results/gluon_bwd_h200/): correct at every checked shape, but
-0.5-0.75x cuDNN's backward and slower than chapter 8's kernels in every dQ mode, with dQ
-computed and not written ("none") at 1.06-1.21x cuDNN for d = 128, N >= 4K. So it stays
-here, not in the library, until a dQ path closes that gap.
+0.5-0.75x cuDNN's backward and slower than chapter 8's kernels in every dQ mode. "none"
+(dQ not written) ran at 1.06-1.21x cuDNN for d = 128, N >= 4K, but it is no bound of this
+design: with dQ unused the compiler drops the dQ products as well (ncu counts 13.1 M wgmma
+instructions against 16.8 M for the modes that write dQ, run ``gluon_bwd_rows``), so "none"
+times a four-product kernel. So it stays here, not in the library, until a dQ path closes
+the gap to chapter 8's kernels.
 
 ``rows=True`` runs ``_gluon_attn_bwd_rows`` instead: the same five products and numbers on
 FA3's register plan (S and dP in rows of queries, P and dS through shared memory), and with
 ``dq_split=True`` dQ in two head_dim halves; at d = 128 that is the variant ptxas assembles
-without spilling (Triton 3.6's ptxas, sm_90a), where every writing mode above spills.
+without spilling (Triton 3.6's ptxas, sm_90a), where every writing mode above spills. Run
+``gluon_bwd_rows`` (benchmarks/results/gluon_bwd_h200-2/) measured it: no local-memory
+traffic, 1.29-1.42x the old plan's ``red4`` at d = 128, 0.86-1.02 of chapter 8's kernels.
 """
 from __future__ import annotations
 
@@ -78,7 +83,7 @@ else:  # pragma: no cover
         return fn
 
 DQ_MODES = ("tma", "atomic", "red2", "red4")
-LAB_DQ_MODES = ("none",)   # the bound: dQ computed, not written
+LAB_DQ_MODES = ("none",)   # dQ not written (the compiler then drops its products: no bound)
 BWD_HEAD_DIMS = (64, 128)
 
 
@@ -337,7 +342,7 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
                 dq4 = gl.convert_layout(dq, red_layout)
                 offs = (q_row.to(gl.int64) + gl.expand_dims(red_rows, 1)) * HEAD_DIM + gl.expand_dims(red_cols, 0)
                 _red_add(DQ + offs, dq4, 4)
-            else:   # "none": the lab's bound, dQ not written
+            else:   # "none": dQ not written, so its product is dropped too
                 cta_barrier()
             nxt = t + STAGES
             _, nrow = _step_row(nxt, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)

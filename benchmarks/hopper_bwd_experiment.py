@@ -7,8 +7,9 @@
    against float64 autograd, beside chapter 8's backward's on the same inputs.
 2. Speed: the Hopper comparison's shapes (bf16; d 64 and 128; N 1K, 4K, 16K; B*N = 32K
    tokens, H = 32 at d = 64 and 16 at d = 128; causal or not): backward time of the
-   Gluon kernel (each ``--modes`` dQ mode, and ``none``, which
-   computes dQ and does not write it: the bound), of ``flash_backward``
+   Gluon kernel (each ``--modes`` dQ mode, and ``none``, which does not write dQ; the
+   compiler then drops the dQ products too, so ``none`` times a four-product kernel, not a
+   bound: run ``gluon_bwd_rows``'s ncu counts), of ``flash_backward``
    (separate dQ kernel) and of SDPA's cuDNN backend (``torch.autograd.grad`` of its output),
    each ``--rounds`` times taking turns, CUDA events, L2 flushed (``flashbook.bench.time_ms``).
    TFLOP/s by the usual convention: 2.5 * 4*B*H*N^2*d, halved when causal.

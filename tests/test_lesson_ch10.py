@@ -208,3 +208,100 @@ def test_the_lab_notes_run_without_a_gpu():
     for word in ("torch.", "cuda", "run_rung", "flash_attention(", "compile_elsewhere"):
         assert word not in code, word
     assert glob.glob(os.path.join(ROOT, "benchmarks", "results", "gluon_bwd_h200", "ncu", "raw.csv"))
+
+
+def _ncu_main_kernels(folder):
+    """The profiled calls of a gluon_bwd_ncu.py run, read from raw.csv without the library:
+    order.json's name -> {kernel name: its row}, the calls split at each delta kernel."""
+    rows = list(csv.reader(open(os.path.join(folder, "ncu", "raw.csv"), newline="")))
+    start = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+    head = rows[start]
+    calls = []
+    for r in rows[start + 2:]:                                   # the row after the header: units
+        k = dict(zip(head, r))
+        if k["Kernel Name"] == "_bwd_delta" or not calls:
+            calls.append({})
+        calls[-1].setdefault(k["Kernel Name"], k)
+    order = json.load(open(os.path.join(folder, "ncu", "order.json")))["profiled"]
+    assert len(order) == len(calls)
+    num = lambda k, m: float(k[m].replace(",", ""))            # noqa: E731
+    return dict(zip(order, calls)), num
+
+
+def test_the_second_gluon_backward_is_quoted_from_its_run(ch):
+    """FA3's register plan (run 'gluon_bwd_rows'): every number the lab notes quote is
+    recomputed from hopper_bwd.json and ncu/raw.csv, and `none` is no longer called a bound."""
+    (folder,) = _paths("gluon_bwd_rows")
+    data = json.load(open(os.path.join(folder, "hopper_bwd.json")))
+    v = ch.values
+    speed = data["speed"]
+    assert len(speed) == 12 and {r["d"] for r in speed} == {64, 128}
+
+    def span(d, over):
+        x = [r["tflops"]["gluon_rows_split_red4"] / r["tflops"][over] for r in speed if r["d"] == d]
+        return f"{min(x):.2f}", f"{max(x):.2f}"
+
+    assert (v["gbr_triton_lo"], v["gbr_triton_hi"]) == span(128, "triton") == ("0.86", "1.02")
+    assert (v["gbr_cudnn_lo"], v["gbr_cudnn_hi"]) == span(128, "cudnn") == ("0.68", "0.82")
+    assert (v["gbr_gain_lo"], v["gbr_gain_hi"]) == span(128, "gluon_red4")
+    assert (v["gbr_gain64_lo"], v["gbr_gain64_hi"]) == span(64, "gluon_red4")
+    assert float(v["gbr_gain_lo"]) > 1.25                          # the spills cost a quarter and more
+    spread = max(max(ms) / min(ms) - 1 for r in speed for ms in r["ms"].values())
+    assert v["gbr_spread"] == f"{100 * spread:.1f}"
+    vs = [r["tflops"]["gluon_rows_split_red4"] / r["tflops"]["triton"] for r in speed]
+    assert v["gbr_n"] == str(len(vs))
+    assert v["gbr_slower"] == str(sum(x < 1 - spread for x in vs)) and int(v["gbr_slower"]) > 0
+    assert v["gbr_faster"] == str(sum(x > 1 + spread for x in vs)) == "0"     # so it stays in the lab
+    assert v["gbr_checks"] == str(len(data["checks"]))
+    assert all(c[m] == c["triton"] for c in data["checks"] for m in data["modes"])   # the same errors
+    assert v["gbr_err_hi"] == "1.00"
+    # Nsight Compute: the wgmma instructions and tensor math each call executes
+    calls, num = _ncu_main_kernels(folder)
+    gmma, ops = "sm__inst_executed_pipe_tensor_op_gmma.sum", "sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum"
+    local, busy = "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum", \
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+    main = {name: c.get("_gluon_attn_bwd_rows") or c.get("_gluon_attn_bwd") for name, c in calls.items()}
+    for name, key in (("rows_none", "none"), ("rows_split_red4", "written"), ("red4", "old")):
+        assert v[f"gbr_wgmma_{key}"] == f"{num(main[name], gmma) / 1e6:.1f}"
+    assert (v["gbr_wgmma_none"], v["gbr_wgmma_written"], v["gbr_wgmma_old"]) == ("13.1", "21.0", "16.8")
+    assert v["gbr_ops_none"] == f"{num(main['rows_none'], ops) / num(main['rows_split_red4'], ops):.2f}" == "0.80"
+    assert num(main["rows_split_red4"], ops) == num(main["red4"], ops)          # same math, wider instructions
+    assert v["gbr_local"] == f"{num(main['rows_split_red4'], local) / 1e9:.1f}" == "0.0"
+    assert v["gbr_local_old"] == f"{num(main['red4'], local) / 1e9:.1f}"
+    time = "gpu__time_duration.sum"
+    assert v["gbr_ms"] == f"{num(main['rows_split_red4'], time) / 1e6:.2f}" == "1.69"
+    assert v["gbr_old_ms"] == f"{num(main['red4'], time) / 1e6:.2f}"
+    assert v["gbr_tri_dkdv_ms"] == f"{num(calls['triton']['_bwd_dkdv'], time) / 1e6:.2f}"
+    assert v["gbr_tri_dq_ms"] == f"{num(calls['triton']['_bwd_dq'], time) / 1e6:.2f}"
+    assert v["gbr_tc"] == f"{num(main['rows_split_red4'], busy):.0f}"
+    assert v["gbr_tc_dq"] == f"{num(calls['triton']['_bwd_dq'], busy):.0f}"
+    barrier = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+    assert v["gbr_bar_tma"] == f"{num(main['rows_split_tma'], barrier):.2f}"
+    assert float(v["gbr_bar_tma"]) > float(v["gbr_bar"])
+    # the prose quotes them, shows the table, and calls `none` no bound
+    text = _markdown(LAB)
+    for name in ("gbr_triton_lo", "gbr_triton_hi", "gbr_cudnn_lo", "gbr_gain_lo", "gbr_gain_hi", "gbr_spread",
+                 "gbr_slower", "gbr_faster", "gbr_wgmma_none", "gbr_wgmma_written", "gbr_wgmma_old", "gbr_local",
+                 "gbr_ms", "gbr_tri_dkdv_ms", "gbr_tri_dq_ms"):
+        assert "{glue:text}`" + name + "`" in text, name
+    assert "the bound of the design." not in text and "### A second try: FlashAttention-3's register plan" in text
+    assert {kind for kind, _ in ch.outputs["gluon_bwd_rows"]} == {"markdown", "table"}
+
+
+def test_without_the_second_run_the_lab_notes_say_so(tmp_path):
+    """A results root holding every run but 'gluon_bwd_rows': its cell says which run is
+    missing, its values read n/a, and nothing else changes."""
+    from flashbook.bench import chapter10
+
+    (folder,) = _paths("gluon_bwd_rows")
+    for entry in os.listdir(RESULTS):
+        if os.path.join(RESULTS, entry) != folder:
+            os.symlink(os.path.join(RESULTS, entry), tmp_path / entry)
+    partial, full = chapter10.build(str(tmp_path)), chapter10.build(RESULTS)
+    assert set(partial.messages) == {"gluon_bwd_rows"}
+    said = partial.messages["gluon_bwd_rows"]
+    assert "No recorded" in said and "'gluon_bwd_rows'" in said
+    changed = {k for k in full.values if partial.values[k] != full.values[k]}
+    assert changed and all(k.startswith("gbr_") for k in changed)
+    assert all(partial.values[k] == "n/a" for k in full.values if k.startswith("gbr_"))
+    assert "gluon_bwd_rows" not in partial.tables and "gluon_bwd_rows_ncu" not in partial.tables

@@ -15,7 +15,8 @@ from .runs import load_recorded_json, run_path
 
 #: What the lab notes page (notebooks/A3_lab_notes.ipynb) shows, one topic per cell, in its order.
 LAB_TOPICS = ("lab_noise", "descriptors", "lazy", "static", "autotune", "fma", "wide", "short", "persistent",
-              "atomic_dq", "gluon_bwd", "gluon_bwd_ncu", "tutorial", "gluon_peers", "host", "graphs", "defaults")
+              "atomic_dq", "gluon_bwd", "gluon_bwd_ncu", "gluon_bwd_rows", "tutorial", "gluon_peers", "host", "graphs",
+              "defaults")
 #: The two rungs that, without a mask, run the kernel of the rung before them.
 NO_OPS = ("skip masked tiles", "heaviest first")
 KEYS = ["batch", "heads", "seq", "head_dim", "causal"]
@@ -232,6 +233,100 @@ def _gluon_bwd(ch) -> None:
     ch.put("gb_where", f"{prov['gpu']['name']}, {prov['date_utc'][:10]}")
 
 
+#: The second try's variants (run 'gluon_bwd_rows'): FA3's register plan, the old plan's red4, chapter 8's kernels.
+GLUON_ROWS_SHOWN = ("rows_split_red4", "rows_split_tma", "rows_none", "red4", "triton")
+WGMMA = "sm__inst_executed_pipe_tensor_op_gmma.sum"
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+
+def _gluon_bwd_rows(ch) -> None:
+    """The lab backward again on FlashAttention-3's register plan (``rows``, ``dq_split``): its
+    speed over chapter 8's kernels, cuDNN and the old plan, and Nsight Compute's readings,
+    wgmma instructions counted (the ``none`` variant drops the dQ products)."""
+    import pandas as pd
+
+    from .profiles import SPILL_ST, TENSOR_BUSY, TIME, ncu_csv
+
+    folder = run_path("gluon_bwd_rows", ch.root) if ch.root is not None else None
+    names = ("gbr_where", "gbr_checks", "gbr_err_hi", "gbr_triton_lo", "gbr_triton_hi", "gbr_cudnn_lo", "gbr_cudnn_hi",
+             "gbr_gain_lo", "gbr_gain_hi", "gbr_gain64_lo", "gbr_gain64_hi", "gbr_spread", "gbr_n", "gbr_slower",
+             "gbr_faster", "gbr_wgmma_none", "gbr_wgmma_written", "gbr_wgmma_old", "gbr_ops_none", "gbr_local",
+             "gbr_local_old", "gbr_ms", "gbr_old_ms", "gbr_tri_dkdv_ms", "gbr_tri_dq_ms", "gbr_extra_ms", "gbr_tc",
+             "gbr_tc_tma", "gbr_tc_dkdv", "gbr_tc_dq", "gbr_bar", "gbr_bar_tma")
+    if folder is None or not (folder / "hopper_bwd.json").is_file() or not (folder / "ncu" / "raw.csv").is_file():
+        ch.say("gluon_bwd_rows", "No recorded second lab Gluon backward (run 'gluon_bwd_rows' in "
+               "benchmarks/results/index.json).", missing=True)
+        return ch.nothing(*names)
+    data = json.loads((folder / "hopper_bwd.json").read_text())
+    errors = [(m / t if t else 1.0 if m == t else float("inf")) for c in data["checks"] for mode in data["modes"]
+              for m, t in zip(c[mode], c["triton"])]
+    rows = [{"d": r["d"], "n": r["n"], "causal": r["causal"], "variant": v.removeprefix("gluon_"), "tflops": t,
+             "x cuDNN": t / r["tflops"]["cudnn"], "spread": max(max(ms) / min(ms) - 1 for ms in r["ms"].values())}
+            for r in data["speed"] for v, t in r["tflops"].items()]
+    df = pd.DataFrame(rows)
+    tf = df.pivot_table(index=["d", "n", "causal"], columns="variant", values="tflops")
+    best = tf["rows_split_red4"]
+    span = lambda s: f"{s.min():.2f} to {s.max():.2f}"          # noqa: E731
+    shown = df[df["variant"].isin(GLUON_ROWS_SHOWN)]
+    speed = shown.groupby(["variant", "d"], sort=False)["x cuDNN"].agg(span).unstack("d")
+    ch.markdown("gluon_bwd_rows", "**Speed over SDPA cuDNN's backward** (bf16, min to max over the shapes)")
+    ch.table("gluon_bwd_rows", "gluon_bwd_rows", speed.reindex(list(GLUON_ROWS_SHOWN)).rename_axis(columns="d"))
+    spread = float(df["spread"].max())
+    at128, at64 = tf.xs(128, level="d"), tf.xs(64, level="d")
+    for key, ratio in (("triton", at128["rows_split_red4"] / at128["triton"]),
+                       ("cudnn", at128["rows_split_red4"] / at128["cudnn"]),
+                       ("gain", at128["rows_split_red4"] / at128["red4"]),
+                       ("gain64", at64["rows_split_red4"] / at64["red4"])):
+        ch.put(f"gbr_{key}_lo", ratio.min(), ".2f"); ch.put(f"gbr_{key}_hi", ratio.max(), ".2f")
+    vs_triton = best / tf["triton"]
+    ch.put("gbr_spread", 100 * spread, ".1f"); ch.put("gbr_n", len(vs_triton))
+    ch.put("gbr_slower", int((vs_triton < 1 - spread).sum()))         # slower, and faster, beyond the spread
+    ch.put("gbr_faster", int((vs_triton > 1 + spread).sum()))
+    ch.put("gbr_checks", len(data["checks"])); ch.put("gbr_err_hi", max(errors), ".2f")
+    ch.put("gbr_where", f"{data['provenance']['gpu']['name']}, {data['provenance']['date_utc'][:10]}")
+    # ncu: each profiled call starts with the delta kernel, in order.json's order
+    order = json.loads((folder / "ncu" / "order.json").read_text())["profiled"]
+    calls = []
+    for k in ncu_csv(folder / "ncu" / "raw.csv"):
+        if k["Kernel Name"] == "_bwd_delta" or not calls:
+            calls.append([])
+        calls[-1].append(k)
+    if len(calls) != len(order):
+        raise ValueError(f"{folder}: {len(calls)} profiled calls in raw.csv, {len(order)} in order.json")
+    local = "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"
+    table, extra = [], {}
+    for name, call in zip(order, calls):
+        mains = [k for k in call if k["Kernel Name"].startswith(("_gluon_attn_bwd", "_bwd_dkdv", "_bwd_dq"))]
+        extra[name] = sum(k[TIME] for k in call if k not in mains and k["Kernel Name"] != "_bwd_delta") / 1e6
+        for k in mains:
+            label = {"_bwd_dkdv": "triton dK/dV", "_bwd_dq": "triton dQ"}.get(k["Kernel Name"], name)
+            table.append({"kernel": label, "time (ms)": k[TIME] / 1e6, "local-memory loads (GB)": k[local] / 1e9,
+                          "local stores (GB)": k[SPILL_ST] / 1e9, "wgmma instructions (M)": k[WGMMA] / 1e6,
+                          "tensor ops (T)": sum(k.get(m, 0.0) for m in _ops()) / 1e12,
+                          "tensor pipe busy (%)": k[TENSOR_BUSY],
+                          "long-scoreboard stalls": k[STALL.format("long_scoreboard")],
+                          "barrier stalls": k[STALL.format("barrier")]})
+    ncu = pd.DataFrame(table).set_index("kernel")
+    ch.markdown("gluon_bwd_rows", "**Nsight Compute, one call each** (stalls: per issued instruction)")
+    ch.table("gluon_bwd_rows", "gluon_bwd_rows_ncu", ncu.round(2))
+    ch.put("gbr_wgmma_none", ncu.loc["rows_none", "wgmma instructions (M)"], ".1f")
+    ch.put("gbr_wgmma_written", ncu.loc["rows_split_red4", "wgmma instructions (M)"], ".1f")
+    ch.put("gbr_wgmma_old", ncu.loc["red4", "wgmma instructions (M)"], ".1f")
+    ops = ncu["tensor ops (T)"]
+    ch.put("gbr_ops_none", ops["rows_none"] / ops["rows_split_red4"], ".2f")      # 0.80: four products of five
+    ch.put("gbr_local", ncu.loc["rows_split_red4", "local-memory loads (GB)"], ".1f")
+    ch.put("gbr_local_old", ncu.loc["red4", "local-memory loads (GB)"], ".1f")
+    for key, kernel in (("ms", "rows_split_red4"), ("old_ms", "red4"), ("tri_dkdv_ms", "triton dK/dV"),
+                        ("tri_dq_ms", "triton dQ")):
+        ch.put(f"gbr_{key}", ncu.loc[kernel, "time (ms)"], ".2f")
+    ch.put("gbr_extra_ms", extra["rows_split_red4"], ".2f")
+    for key, kernel in (("tc", "rows_split_red4"), ("tc_tma", "rows_split_tma"), ("tc_dkdv", "triton dK/dV"),
+                        ("tc_dq", "triton dQ")):
+        ch.put(f"gbr_{key}", ncu.loc[kernel, "tensor pipe busy (%)"], ".0f")
+    ch.put("gbr_bar", ncu.loc["rows_split_red4", "barrier stalls"], ".2f")
+    ch.put("gbr_bar_tma", ncu.loc["rows_split_tma", "barrier stalls"], ".2f")
+
+
 def _start_and_end(ch) -> None:
     """A program's fixed cost, fitted as a + b t over the key tiles t it visits (the old
     default's full-attention speed at three lengths, first graph-timed run)."""
@@ -395,4 +490,5 @@ def build_into(ch) -> None:
     _front_door(ch)
     _atomic_dq(ch)
     _gluon_bwd(ch)
+    _gluon_bwd_rows(ch)
     _start_and_end(ch)
