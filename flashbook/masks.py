@@ -335,18 +335,29 @@ def tile_kinds(n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool =
     left, right, prefix = _rule(causal, window, prefix)
     layout = _layout(n_q, n_k, doc_ids_q, doc_ids_k)
     row_tiles = tiled.tile_slices(n_q, block_q)
-    t_c = -(-n_k // block_k)
-    kinds = np.full((len(row_tiles), t_c), "skipped", dtype="<U7")
-    pad = t_c * block_k - n_k   # a ragged last key tile, padded with what changes neither test
-
-    def by_tile(ok, fill):     # (rows, T_c, B_c)
-        return (np.pad(ok, ((0, 0), (0, pad)), constant_values=fill) if pad else ok).reshape(len(ok), t_c, block_k)
-
+    kinds = np.full((len(row_tiles), -(-n_k // block_k)), "skipped", dtype="<U7")
     for a, rows in enumerate(row_tiles):
-        ok = _visible(layout, rows, slice(None), left, right, prefix)
-        whole, seen = by_tile(ok, True).all(axis=(0, 2)), by_tile(ok, False).any(axis=(0, 2))
-        kinds[a] = np.where(whole, "full", np.where(seen, "partial", "skipped"))
+        kinds[a] = kinds_of(_visible(layout, rows, slice(None), left, right, prefix), block_q, block_k)[0]
     return kinds
+
+
+def kinds_of(ok: np.ndarray, block_q: int, block_k: int) -> np.ndarray:
+    """``tile_kinds`` of a boolean (rows, keys) array that is already built (``allowed``, or
+    one row of tiles of it): "full", "partial" or "skipped" per block_q x block_k tile, a
+    ragged last tile judged on what it holds. Each tile's allowed entries are counted (keys
+    first, along the rows in memory, then rows; a ragged edge padded with zeros): a tile is
+    full when it counts all of its entries."""
+    rows, keys = ok.shape
+    t_r, t_c = -(-rows // block_q), -(-keys // block_k)
+    counts = np.ascontiguousarray(ok, dtype=bool).view(np.uint8)
+    if t_r * block_q != rows or t_c * block_k != keys:
+        counts = np.pad(counts, ((0, t_r * block_q - rows), (0, t_c * block_k - keys)))
+    counts = counts.reshape(t_r * block_q, t_c, block_k).sum(axis=2, dtype=np.int32)
+    counts = counts.reshape(t_r, block_q, t_c).sum(axis=1)
+    heights = np.minimum(block_q, rows - block_q * np.arange(t_r))
+    widths = np.minimum(block_k, keys - block_k * np.arange(t_c))
+    return np.where(counts == heights[:, None] * widths[None, :], "full",
+                    np.where(counts > 0, "partial", "skipped"))
 
 
 def tile_counts(n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool = False,

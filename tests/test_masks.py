@@ -332,6 +332,8 @@ def test_tile_kinds_follow_their_definition(rule):
     mask = masks.allowed(n_q, n_k, **rule)
     for block_q, block_k in itertools.product((1, 2, 4, 32), (1, 3, 5, 32)):
         kinds = masks.tile_kinds(n_q, n_k, block_q, block_k, **rule)
+        # the same kinds read off the whole array at once (what the chapter 12 explorer does)
+        assert np.array_equal(masks.kinds_of(mask, block_q, block_k), kinds)
         for a, rows in enumerate(tiled.tile_slices(n_q, block_q)):
             for b, cols in enumerate(tiled.tile_slices(n_k, block_k)):
                 tile = mask[rows, cols]
