@@ -98,7 +98,10 @@ def assembled(jobs: list[dict]) -> list[bool]:
     GPU tests on the H200: here they stop at PTX. On sm_75 and sm_80 every kind of kernel (a
     kernel, an element type, a product precision, the mask switches) is assembled once, at its
     widest head_dim; its other tile sizes give ptxas the same instructions and stop at PTX,
-    where shared memory and the tensor-core instructions are read."""
+    where shared memory and the tensor-core instructions are read. The A100's IEEE float32
+    jobs stop at PTX too: what they check is shared memory, from Triton's metadata, and their
+    FMA-only kernels are ptxas's slowest (assembling them took 12 of sm_80's 97 CPU-seconds,
+    measured here job by job from a cold cache)."""
     def kind(job):
         return (job["kernel"], job["dtype"], job.get("dot_precision"), job.get("atomic_dq"), job.get("window"),
                 job.get("prefix"))
@@ -106,7 +109,8 @@ def assembled(jobs: list[dict]) -> list[bool]:
     for i, job in enumerate(jobs):
         if kind(job) not in widest or job["head_dim"] > jobs[widest[kind(job)]]["head_dim"]:
             widest[kind(job)] = i
-    return [job["cc"] != 90 and widest[kind(job)] == i for i, job in enumerate(jobs)]
+    return [job["cc"] != 90 and job.get("dot_precision") != "ieee" and widest[kind(job)] == i
+            for i, job in enumerate(jobs)]
 
 
 @pytest.mark.slow
