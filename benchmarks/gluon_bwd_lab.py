@@ -107,6 +107,61 @@ def _step_row(t, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M: gl.conste
 
 
 @_jit
+def _program_tile(n_heads, group, seq_q, seq_k, BLOCK_N: gl.constexpr):
+    """This program's key tile: (its index, batch x kv head, batch, kv head, first key, the
+    head's first row of K and V, the diagonal). Key j is visible to query i when
+    j <= i + diagonal (causal, bottom-right aligned)."""
+    pid_n = gl.program_id(0)
+    bhk = gl.program_id(1)
+    kv_heads = n_heads // group
+    return pid_n, bhk, bhk // kv_heads, bhk % kv_heads, pid_n * BLOCK_N, bhk.to(gl.int64) * seq_k, seq_k - seq_q
+
+
+@_jit
+def _query_walk(q_desc, do_desc, q_smem, do_smem, bars, start_n, diagonal, seq_q, pid_n, b, n_heads, hk, group,
+                CAUSAL: gl.constexpr, STAGGER: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Which query tiles see this program's keys (causal: rows from start_n - diagonal on),
+    over every query head of the group, and the first STAGES of them loaded into the ring.
+    Returns (m_lo, tiles_per_head, n_steps, shift, q_head0) for ``_step_row``. The ring's
+    barriers are initialised here first."""
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    if CAUSAL:
+        m_lo = (gl.maximum(start_n - diagonal, 0) // BLOCK_M) * BLOCK_M
+    else:
+        m_lo = 0
+    tiles_per_head = gl.maximum(gl.cdiv(seq_q - m_lo, BLOCK_M), 0)
+    n_steps = group * tiles_per_head
+    if STAGGER:
+        shift = pid_n % gl.maximum(tiles_per_head, 1)
+    else:
+        shift = 0
+    q_head0 = b * n_heads + hk * group
+    for i in gl.static_range(STAGES):
+        _, row = _step_row(i, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
+        _load_step(q_desc, do_desc, q_smem, do_smem, bars, row, i, i < n_steps)
+    return m_lo, tiles_per_head, n_steps, shift, q_head0
+
+
+@_jit
+def _kv_to_shared(K_PTR, V_PTR, k_smem, v_smem, kv_row, start_n, seq_k, layout: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """The program's K and V tile into shared memory by plain loads (keys past seq_k read
+    zeros), then a fence and a barrier so every warp's products may read them. Returns the
+    tile's offsets and row mask in ``layout`` (the dK/dV store may reuse them)."""
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    offs = (kv_row + gl.expand_dims(keys, 1)) * HEAD_DIM + gl.expand_dims(cols, 0)
+    ok = gl.expand_dims(keys < seq_k, 1)
+    k_smem.store(gl.load(K_PTR + offs, mask=ok, other=0.0))
+    v_smem.store(gl.load(V_PTR + offs, mask=ok, other=0.0))
+    fence_async_shared()
+    cta_barrier()
+    return offs, ok
+
+
+@_jit
 def _red_add(ptrs, x, VEC: gl.constexpr):
     """Add fp32 ``x`` into global memory at ``ptrs`` with relaxed vector reductions (``red.v2/.v4.f32``,
     no value returned), VEC neighbouring elements a thread holds per instruction. No mask: the
@@ -141,22 +196,32 @@ def _step_scores(t, bars, q_smem, do_smem, k_smem, v_smem, st_zero, tiles_per_he
 
 @_jit
 def _weights(st, LSE, q_row, offs_m, start_m, rows_k, seq_q, seq_k, start_n, diagonal, qk_scale, key_tile_ragged,
-             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr = False):
     """Pᵀ recomputed from the raw scores Sᵀ (keys down, queries across) and the forward's lse
     (chapter 8, in base 2), zero where the mask hides a key from a query or where a tile runs
-    past its sequence: masked only on tiles that need it."""
+    past its sequence: masked only on tiles that need it. ``ROWS``: P from S (queries down,
+    keys across; ``rows_k`` then holds the tile's keys along the columns), the same numbers,
+    element for element, one lse value per row."""
     queries = start_m + offs_m
     q_ok = queries < seq_q
     lse = gl.load(LSE + (q_row + offs_m), mask=q_ok, other=0.0) * 1.4426950408889634
-    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+    if ROWS:
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 1))
+    else:
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
     if CAUSAL:
         masked = key_tile_ragged | (start_m + BLOCK_M > seq_q) | (start_m + diagonal < start_n + BLOCK_N - 1)
     else:
         masked = key_tile_ragged | (start_m + BLOCK_M > seq_q)
     if masked:
-        visible = gl.expand_dims(rows_k < seq_k, 1) & gl.expand_dims(q_ok, 0)
-        if CAUSAL:
-            visible = visible & (gl.expand_dims(rows_k, 1) <= gl.expand_dims(queries, 0) + diagonal)
+        if ROWS:
+            visible = gl.expand_dims(rows_k < seq_k, 0) & gl.expand_dims(q_ok, 1)
+            if CAUSAL:
+                visible = visible & (gl.expand_dims(rows_k, 0) <= gl.expand_dims(queries, 1) + diagonal)
+        else:
+            visible = gl.expand_dims(rows_k < seq_k, 1) & gl.expand_dims(q_ok, 0)
+            if CAUSAL:
+                visible = visible & (gl.expand_dims(rows_k, 1) <= gl.expand_dims(queries, 0) + diagonal)
         pt = gl.where(visible, pt, 0.0)
     return pt
 
@@ -170,14 +235,7 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
                     DQ_BUFS: gl.constexpr, PIPE: gl.constexpr):
     warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = q_desc.dtype
-    pid_n = gl.program_id(0)
-    bhk = gl.program_id(1)
-    kv_heads = n_heads // group
-    b = bhk // kv_heads
-    hk = bhk % kv_heads
-    start_n = pid_n * BLOCK_N
-    kv_row = bhk.to(gl.int64) * seq_k
-    diagonal = seq_k - seq_q   # key j is visible to query i when j <= i + diagonal (causal)
+    pid_n, bhk, b, hk, start_n, kv_row, diagonal = _program_tile(n_heads, group, seq_q, seq_k, BLOCK_N)
 
     # layouts: the key-tile products (BLOCK_N rows, one warp per 16) and dQ's (BLOCK_M rows)
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -197,35 +255,14 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_LAYOUT)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    fence_async_shared()
 
-    # which query tiles see these keys: causal rows from start_n - diagonal on
-    if CAUSAL:
-        m_lo = (gl.maximum(start_n - diagonal, 0) // BLOCK_M) * BLOCK_M
-    else:
-        m_lo = 0
-    tiles_per_head = gl.maximum(gl.cdiv(seq_q - m_lo, BLOCK_M), 0)
-    n_steps = group * tiles_per_head
-    if STAGGER:
-        shift = pid_n % gl.maximum(tiles_per_head, 1)
-    else:
-        shift = 0
-    q_head0 = b * n_heads + hk * group
-    for i in gl.static_range(STAGES):
-        _, row = _step_row(i, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
-        _load_step(q_desc, do_desc, q_smem, do_smem, bars, row, i, i < n_steps)
+    m_lo, tiles_per_head, n_steps, shift, q_head0 = _query_walk(
+        q_desc, do_desc, q_smem, do_smem, bars, start_n, diagonal, seq_q, pid_n, b, n_heads, hk, group,
+        CAUSAL, STAGGER, STAGES, BLOCK_M)
 
     # K and V by plain loads (a last tile past seq_k reads zeros), once
-    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kd_layout))
-    cols_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kd_layout))
-    kd_offs = (kv_row + gl.expand_dims(keys, 1)) * HEAD_DIM + gl.expand_dims(cols_d, 0)
-    key_ok = gl.expand_dims(keys < seq_k, 1)
-    k_smem.store(gl.load(K_PTR + kd_offs, mask=key_ok, other=0.0))
-    v_smem.store(gl.load(V_PTR + kd_offs, mask=key_ok, other=0.0))
-    fence_async_shared()
-    cta_barrier()
+    kd_offs, key_ok = _kv_to_shared(K_PTR, V_PTR, k_smem, v_smem, kv_row, start_n, seq_k, kd_layout,
+                                    BLOCK_N, HEAD_DIM)
 
     rows_k = start_n + gl.arange(0, BLOCK_N, layout=key_of)
     offs_m = gl.arange(0, BLOCK_M, layout=query_of)
@@ -354,27 +391,6 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
 
 
 @_jit
-def _weights_rows(s, LSE, q_row, offs_m, start_m, cols_k, seq_q, seq_k, start_n, diagonal, qk_scale, key_tile_ragged,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """``_weights`` for P in rows of queries (S = Q Kᵀ, queries down, keys across): the same
-    numbers, element for element, one lse value per row."""
-    queries = start_m + offs_m
-    q_ok = queries < seq_q
-    lse = gl.load(LSE + (q_row + offs_m), mask=q_ok, other=0.0) * 1.4426950408889634
-    p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
-    if CAUSAL:
-        masked = key_tile_ragged | (start_m + BLOCK_M > seq_q) | (start_m + diagonal < start_n + BLOCK_N - 1)
-    else:
-        masked = key_tile_ragged | (start_m + BLOCK_M > seq_q)
-    if masked:
-        visible = gl.expand_dims(cols_k < seq_k, 0) & gl.expand_dims(q_ok, 1)
-        if CAUSAL:
-            visible = visible & (gl.expand_dims(cols_k, 0) <= gl.expand_dims(queries, 1) + diagonal)
-        p = gl.where(visible, p, 0.0)
-    return p
-
-
-@_jit
 def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, DV,
                          n_heads, group, seq_q, seq_k, qk_scale, sm_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -394,14 +410,7 @@ def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ,
     need it: 219 registers, no spill)."""
     warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = q_desc.dtype
-    pid_n = gl.program_id(0)
-    bhk = gl.program_id(1)
-    kv_heads = n_heads // group
-    b = bhk // kv_heads
-    hk = bhk % kv_heads
-    start_n = pid_n * BLOCK_N
-    kv_row = bhk.to(gl.int64) * seq_k
-    diagonal = seq_k - seq_q
+    pid_n, bhk, b, hk, start_n, kv_row, diagonal = _program_tile(n_heads, group, seq_q, seq_k, BLOCK_N)
 
     wg: gl.constexpr = warps // 4
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -424,33 +433,13 @@ def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ,
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_LAYOUT)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_LAYOUT)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    fence_async_shared()
 
-    if CAUSAL:
-        m_lo = (gl.maximum(start_n - diagonal, 0) // BLOCK_M) * BLOCK_M
-    else:
-        m_lo = 0
-    tiles_per_head = gl.maximum(gl.cdiv(seq_q - m_lo, BLOCK_M), 0)
-    n_steps = group * tiles_per_head
-    if STAGGER:
-        shift = pid_n % gl.maximum(tiles_per_head, 1)
-    else:
-        shift = 0
-    q_head0 = b * n_heads + hk * group
-    for i in gl.static_range(STAGES):
-        _, row = _step_row(i, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
-        _load_step(q_desc, do_desc, q_smem, do_smem, bars, row, i, i < n_steps)
+    m_lo, tiles_per_head, n_steps, shift, q_head0 = _query_walk(
+        q_desc, do_desc, q_smem, do_smem, bars, start_n, diagonal, seq_q, pid_n, b, n_heads, hk, group,
+        CAUSAL, STAGGER, STAGES, BLOCK_M)
 
-    lkeys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
-    lcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, ld_layout))
-    ld_offs = (kv_row + gl.expand_dims(lkeys, 1)) * HEAD_DIM + gl.expand_dims(lcols, 0)
-    ld_ok = gl.expand_dims(lkeys < seq_k, 1)
-    k_smem.store(gl.load(K_PTR + ld_offs, mask=ld_ok, other=0.0))
-    v_smem.store(gl.load(V_PTR + ld_offs, mask=ld_ok, other=0.0))
-    fence_async_shared()
-    cta_barrier()
+    # K and V by vector loads whose addresses die here (the dK/dV stores compute theirs after the loop)
+    _kv_to_shared(K_PTR, V_PTR, k_smem, v_smem, kv_row, start_n, seq_k, ld_layout, BLOCK_N, HEAD_DIM)
 
     cols_k = start_n + gl.arange(0, BLOCK_N, layout=key_of)
     offs_m = gl.arange(0, BLOCK_M, layout=query_of)
@@ -473,8 +462,8 @@ def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ,
         s = warpgroup_mma(qs, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(dos, v_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s,))
-        p = _weights_rows(s, LSE, q_row, offs_m, start_m, cols_k, seq_q, seq_k, start_n, diagonal, qk_scale,
-                          key_tile_ragged, BLOCK_M, BLOCK_N, CAUSAL)
+        p = _weights(s, LSE, q_row, offs_m, start_m, cols_k, seq_q, seq_k, start_n, diagonal, qk_scale,
+                     key_tile_ragged, BLOCK_M, BLOCK_N, CAUSAL, True)
         p_smem.store(p.to(dtype))
         fence_async_shared()
         cta_barrier()
