@@ -17,8 +17,8 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --no-compile -r requirements-dev.txt
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m ipykernel install --prefix $(VENV) --name python3 >/dev/null
 	touch $@
@@ -52,9 +52,10 @@ $(COLAB_VENV)/.installed: tests/colab_like.py
 	$(PYTHON) tests/colab_like.py $(COLAB_VENV)
 
 # Debian's chromium and the Colab-like venv install while the book is built (three jobs:
-# the network, the disk and two cores); only pytest needs them. pip installs without
-# compiling bytecode (--no-compile: torch alone took 17.6 s with it, 9.0 s without, measured
-# here); Python compiles what is imported, once, on first use.
+# the network, the disk and two cores); only pytest needs them. pip compiles the bytecode
+# at install: where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it) nothing compiled
+# later is kept, and every process would compile what it imports again (torch's import:
+# 1.6 s with its bytecode, 2.6 s without, measured here).
 test:
 	$(MAKE) -j3 editions browser colab-venv
 	$(PY) -m pytest -m "not gpu" -n 2 --durations=25 $(PYTEST_ARGS)
