@@ -57,6 +57,9 @@ VARIANTS = {   # name -> gluon_backward's keyword arguments; each --modes name t
     "rows_split_tma2": dict(dq_mode="tma", rows=True, dq_split=True, dq_bufs=2),   # 229,392 bytes of shared memory
     "rows_tma": dict(dq_mode="tma", rows=True),
     "rows_none": dict(dq_mode="none", rows=True),
+    # a third Q/dO stage in the ring: 32 KB more shared memory (about 213,000 bytes with red4, 229,392 with tma)
+    "rows_split_red4_s3": dict(dq_mode="red4", rows=True, dq_split=True, stages=3),
+    "rows_split_tma_s3": dict(dq_mode="tma", rows=True, dq_split=True, stages=3),
 }
 TIMED = ["none", "tma", "tma_pipe", "tma_pipe_s3", "red4_pipe", "rows_split_tma", "rows_split_red4",
          "rows_split_tma2", "rows_tma", "rows_none"]   # --timed
@@ -149,6 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="checks only, one seed")
     p.add_argument("--timed", default=",".join(TIMED), help="variants (VARIANTS) to time")
     p.add_argument("--modes", default=",".join(MODES), help="dQ modes of the Gluon kernel to check and time")
+    p.add_argument("--head-dims", default="64,128", help="the timed shapes' head dims (of 64, 128)")
     args = p.parse_args(argv)
     MODES[:] = args.modes.split(",")
     TIMED[:] = args.timed.split(",")
@@ -161,7 +165,8 @@ def main(argv=None) -> int:
     try:
         check(result["checks"], 1 if args.quick else args.seeds)
         if not args.quick:
-            speed(result["speed"], args.rounds, SPEED)
+            dims = {int(d) for d in args.head_dims.split(",")}
+            speed(result["speed"], args.rounds, [shape for shape in SPEED if shape[0] in dims])
     except Exception:  # noqa: BLE001
         result["error"] = traceback.format_exc()
         print(result["error"], flush=True)
