@@ -499,6 +499,11 @@ def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ,
                 red_cols = h * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, red_layout))
                 offs = (q_row.to(gl.int64) + gl.expand_dims(red_rows, 1)) * HEAD_DIM + gl.expand_dims(red_cols, 0)
                 _red_add(DQ + offs, dq4, 4)
+            elif DQ_MODE == "red2":   # in the product's own layout: no trip through shared memory
+                dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+                dq_cols = h * DQ_N + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
+                offs = (q_row.to(gl.int64) + gl.expand_dims(dq_rows, 1)) * HEAD_DIM + gl.expand_dims(dq_cols, 0)
+                _red_add(DQ + offs, dq, 2)
         if DQ_MODE == "tma":
             fence_async_shared()
             cta_barrier()            # every warp has read this slot, p_smem and ds_smem, and written dq_smem
@@ -544,8 +549,9 @@ def check_bwd_inputs(q, k, v, o, lse, do, dq_mode: str) -> None:
 def _check_rows(rows: bool, dq_split: bool, pipe: bool, dq_mode: str) -> None:
     if dq_split and not rows:
         raise ValueError("dq_split needs rows=True")
-    if rows and (pipe or dq_mode not in ("tma", "red4", "none")):
-        raise ValueError(f"rows=True takes dq_mode 'tma', 'red4' or 'none' and no pipe, got {dq_mode!r}, pipe={pipe}")
+    if rows and (pipe or dq_mode not in ("tma", "red4", "red2", "none")):
+        raise ValueError(f"rows=True takes dq_mode 'tma', 'red4', 'red2' or 'none' and no pipe, got {dq_mode!r}, "
+                         f"pipe={pipe}")
 
 
 def _kernel_for(rows: bool, dq_split: bool, block_m: int, block_n: int):
