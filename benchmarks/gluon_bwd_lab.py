@@ -162,6 +162,18 @@ def _kv_to_shared(K_PTR, V_PTR, k_smem, v_smem, kv_row, start_n, seq_k, layout: 
 
 
 @_jit
+def _tile_state(start_n, key_of: gl.constexpr, query_of: gl.constexpr, score_layout: gl.constexpr,
+                dq_layout: gl.constexpr, kd_layout: gl.constexpr, SCORE_M: gl.constexpr, SCORE_N: gl.constexpr,
+                DQ_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """What a program starts its loop with: its keys' indices, the query tile's offsets, a zero
+    score tile and a zero dQ tile (the fresh accumulators of S, dP and dQ each step), and dK, dV
+    at zero."""
+    return (start_n + gl.arange(0, BLOCK_N, layout=key_of), gl.arange(0, BLOCK_M, layout=query_of),
+            gl.zeros([SCORE_M, SCORE_N], gl.float32, score_layout), gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout),
+            gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout), gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout))
+
+
+@_jit
 def _red_add(ptrs, x, VEC: gl.constexpr):
     """Add fp32 ``x`` into global memory at ``ptrs`` with relaxed vector reductions (``red.v2/.v4.f32``,
     no value returned), VEC neighbouring elements a thread holds per instruction. No mask: the
@@ -180,17 +192,21 @@ def _red_add(ptrs, x, VEC: gl.constexpr):
 
 @_jit
 def _step_scores(t, bars, q_smem, do_smem, k_smem, v_smem, st_zero, tiles_per_head, m_lo, q_head0, seq_q, shift,
-                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr = False):
     """Step ``t``: wait for its Q and dO in the ring, then issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
-    without waiting. Returns the slot, the tile's rows (``_step_row``), Q's and dO's shared
-    memory and the two products in flight."""
+    (``ROWS``: S = Q Kᵀ and dP = dO Vᵀ) without waiting. Returns the slot, the tile's rows
+    (``_step_row``), Q's and dO's shared memory and the two products in flight."""
     slot = t % STAGES
     start_m, q_row = _step_row(t, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
     mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
     qs = q_smem.index(slot)
     dos = do_smem.index(slot)
-    st = warpgroup_mma(k_smem, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    dpt = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if ROWS:
+        st = warpgroup_mma(qs, k_smem.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(dos, v_smem.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    else:
+        st = warpgroup_mma(k_smem, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     return slot, start_m, q_row, qs, dos, st, dpt
 
 
@@ -264,12 +280,9 @@ def _gluon_attn_bwd(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ, DK, 
     kd_offs, key_ok = _kv_to_shared(K_PTR, V_PTR, k_smem, v_smem, kv_row, start_n, seq_k, kd_layout,
                                     BLOCK_N, HEAD_DIM)
 
-    rows_k = start_n + gl.arange(0, BLOCK_N, layout=key_of)
-    offs_m = gl.arange(0, BLOCK_M, layout=query_of)
-    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout)
+    rows_k, offs_m, st_zero, dq_zero, dk, dv = _tile_state(
+        start_n, key_of, query_of, st_layout, dq_layout, kd_layout, BLOCK_N, BLOCK_M, HEAD_DIM, BLOCK_M, BLOCK_N,
+        HEAD_DIM)
     if DQ_MODE == "tma":
         dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
     else:
@@ -441,12 +454,9 @@ def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ,
     # K and V by vector loads whose addresses die here (the dK/dV stores compute theirs after the loop)
     _kv_to_shared(K_PTR, V_PTR, k_smem, v_smem, kv_row, start_n, seq_k, ld_layout, BLOCK_N, HEAD_DIM)
 
-    cols_k = start_n + gl.arange(0, BLOCK_N, layout=key_of)
-    offs_m = gl.arange(0, BLOCK_M, layout=query_of)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kd_layout)
+    cols_k, offs_m, s_zero, dq_zero, dk, dv = _tile_state(
+        start_n, key_of, query_of, s_layout, dq_layout, kd_layout, BLOCK_M, BLOCK_N, DQ_N, BLOCK_M, BLOCK_N,
+        HEAD_DIM)
     if DQ_MODE == "tma":
         dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
     red_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[128 // DQ_N, DQ_N // 4],
@@ -454,13 +464,9 @@ def _gluon_attn_bwd_rows(q_desc, do_desc, dq_desc, K_PTR, V_PTR, LSE, DELTA, DQ,
     key_tile_ragged = start_n + BLOCK_N > seq_k
 
     for t in range(n_steps):
-        slot = t % STAGES
-        start_m, q_row = _step_row(t, tiles_per_head, m_lo, q_head0, seq_q, shift, BLOCK_M)
-        mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
-        qs = q_smem.index(slot)
-        dos = do_smem.index(slot)
-        s = warpgroup_mma(qs, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp = warpgroup_mma(dos, v_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        slot, start_m, q_row, qs, dos, s, dp = _step_scores(
+            t, bars, q_smem, do_smem, k_smem, v_smem, s_zero, tiles_per_head, m_lo, q_head0, seq_q, shift,
+            BLOCK_M, STAGES, True)
         s = warpgroup_mma_wait(1, deps=(s,))
         p = _weights(s, LSE, q_row, offs_m, start_m, cols_k, seq_q, seq_k, start_n, diagonal, qk_scale,
                      key_tile_ragged, BLOCK_M, BLOCK_N, CAUSAL, True)
