@@ -149,18 +149,15 @@ def _flops_per_pair(head_dim: int) -> int:
     return costs.attention_flops(1, 1, 1, 1, head_dim)
 
 
-def tile_view(n: int, mask_rule: dict, allowed_pairs: int, block_m: int, block_n: int,
-              head_dim: int = HEAD_DIM, ok=None) -> dict:
-    """What the explorer shows for one rule (``rule``'s keyword arguments, with the pairs
-    ``masks.allowed`` keeps) at length ``n`` and one tile size: ``masks.tile_kinds``' grid
-    and ``masks.tile_counts``' counts, FLOPs and allowed pairs. ``ok``: the rule's
-    ``masks.allowed`` array when the caller has it (the tiles are then read off it,
-    ``masks.kinds_of``, instead of evaluating the rule again for every tile size)."""
+def tile_view(ok: np.ndarray, allowed_pairs: int, block_m: int, block_n: int, head_dim: int = HEAD_DIM) -> dict:
+    """What the explorer shows for one rule at one tile size, read off the rule's
+    ``masks.allowed`` array ``ok`` (built once for every tile size; ``allowed_pairs``, its
+    count): ``masks.kinds_of``' grid (``masks.tile_kinds``' tiles) and ``masks.tile_counts``'
+    counts, FLOPs and allowed pairs."""
     from ..bench import costs
 
-    n_q = n_k = n
-    kinds = (masks.tile_kinds(n_q, n_k, block_m, block_n, **mask_rule) if ok is None
-             else masks.kinds_of(ok, block_m, block_n))
+    n_q, n_k = ok.shape
+    kinds = masks.kinds_of(ok, block_m, block_n)
     counts = masks.kind_counts(kinds)
     heights = np.diff(np.r_[np.arange(0, n_q, block_m), n_q])
     widths = np.diff(np.r_[np.arange(0, n_k, block_n), n_k])
@@ -198,7 +195,7 @@ def _views(seq_lens: tuple, windows: tuple, prefixes: tuple, tiles: tuple, head_
                 allowed_pairs = int(np.count_nonzero(ok))
                 for tile in tiles:
                     bm, bn = parse_tile(tile)
-                    view = tile_view(n, mask_rule, allowed_pairs, bm, bn, head_dim, ok=ok)
+                    view = tile_view(ok, allowed_pairs, bm, bn, head_dim)
                     view["call"] = call_text(mask, n, p, p, bm, bn)
                     views[view_key(mask, n, p, p, tile)] = view
     return views
