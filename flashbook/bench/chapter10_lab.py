@@ -187,11 +187,35 @@ GLUON_BWD_RUNS = ("run1_red_atomic", "run2_tma", "run3_stagger", "run4_pipe")
 GLUON_BWD_SHOWN = ("triton", "gluon_none", "gluon_atomic", "gluon_red4", "gluon_tma", "gluon_red4_pipe")
 
 
+def _profiled_mains(folder) -> tuple[list, dict]:
+    """A ``gluon_bwd_ncu.py`` profile (``ncu/raw.csv`` in ``order.json``'s order; each profiled
+    call starts with the delta kernel): ([(label, row)] for every backward kernel, a Gluon
+    kernel labelled by its variant and chapter 8's two as "triton dK/dV" and "triton dQ"),
+    {variant: ms of its other kernels (zeroing, converting dQ)}."""
+    from .profiles import TIME, ncu_csv
+
+    order = json.loads((folder / "ncu" / "order.json").read_text())["profiled"]
+    calls = []
+    for k in ncu_csv(folder / "ncu" / "raw.csv"):
+        if k["Kernel Name"] == "_bwd_delta" or not calls:
+            calls.append([])
+        calls[-1].append(k)
+    if len(calls) != len(order):
+        raise ValueError(f"{folder}: {len(calls)} profiled calls in raw.csv, {len(order)} in order.json")
+    mains, extra = [], {}
+    for name, call in zip(order, calls):
+        ours = [k for k in call if k["Kernel Name"].startswith(("_gluon_attn_bwd", "_bwd_dkdv", "_bwd_dq"))]
+        extra[name] = sum(k[TIME] for k in call if k not in ours and k["Kernel Name"] != "_bwd_delta") / 1e6
+        mains += [({"_bwd_dkdv": "triton dK/dV", "_bwd_dq": "triton dQ"}.get(k["Kernel Name"], name), k)
+                  for k in ours]
+    return mains, extra
+
+
 def _gluon_bwd(ch) -> None:
     """The lab's Gluon backward over cuDNN's, every run, and where its time goes (ncu)."""
     import pandas as pd
 
-    from .profiles import REGS, SPILL_ST, TENSOR_BUSY, TIME, ncu_csv
+    from .profiles import REGS, SPILL_ST, TENSOR_BUSY, TIME
 
     folder = run_path("gluon_bwd", ch.root) if ch.root is not None else None
     names = ("gb_triton_lo", "gb_triton_hi", "gb_best_lo", "gb_best_hi", "gb_none_lo", "gb_none_hi",
@@ -214,14 +238,10 @@ def _gluon_bwd(ch) -> None:
     ch.put("gb_triton_lo", at.loc[("triton", 128), "min"], ".2f"); ch.put("gb_triton_hi", at.loc[("triton", 128), "max"], ".2f")
     ch.put("gb_best_lo", written["min"].min(), ".2f"); ch.put("gb_best_hi", written["max"].max(), ".2f")
     ch.put("gb_none_lo", at.loc[("none", 128), "min"], ".2f"); ch.put("gb_none_hi", at.loc[("none", 128), "max"], ".2f")
-    order = json.loads((folder / "ncu" / "order.json").read_text())["profiled"]   # raw.csv's order
-    mains = [k for k in ncu_csv(folder / "ncu" / "raw.csv") if k["Kernel Name"] in ("_gluon_attn_bwd", "_bwd_dkdv",
-                                                                                  "_bwd_dq")]
-    labels = [v for v in order if v != "triton"] + ["triton dK/dV", "triton dQ"]
     local = "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"
     ncu = pd.DataFrame([{"kernel": name, "time (ms)": k[TIME] / 1e6, "local-memory loads (GB)": k[local] / 1e9,
                          "local stores (GB)": k[SPILL_ST] / 1e9, "tensor pipe busy (%)": k[TENSOR_BUSY],
-                         "registers": int(k[REGS])} for name, k in zip(labels, mains)]).set_index("kernel")
+                         "registers": int(k[REGS])} for name, k in _profiled_mains(folder)[0]]).set_index("kernel")
     ch.table("gluon_bwd_ncu", "gluon_bwd_ncu", ncu.round(2))
     spilled = ncu.drop(index=["none", "triton dK/dV", "triton dQ"])["local-memory loads (GB)"]
     ch.put("gb_local_lo", spilled.min(), ".1f"); ch.put("gb_local_hi", spilled.max(), ".1f")
@@ -245,7 +265,7 @@ def _gluon_bwd_rows(ch) -> None:
     wgmma instructions counted (the ``none`` variant drops the dQ products)."""
     import pandas as pd
 
-    from .profiles import SPILL_ST, TENSOR_BUSY, TIME, ncu_csv
+    from .profiles import SPILL_ST, TENSOR_BUSY, TIME
 
     folder = run_path("gluon_bwd_rows", ch.root) if ch.root is not None else None
     names = ("gbr_where", "gbr_checks", "gbr_err_hi", "gbr_triton_lo", "gbr_triton_hi", "gbr_cudnn_lo", "gbr_cudnn_hi",
@@ -284,29 +304,14 @@ def _gluon_bwd_rows(ch) -> None:
     ch.put("gbr_faster", int((vs_triton > 1 + spread).sum()))
     ch.put("gbr_checks", len(data["checks"])); ch.put("gbr_err_hi", max(errors), ".2f")
     ch.put("gbr_where", f"{data['provenance']['gpu']['name']}, {data['provenance']['date_utc'][:10]}")
-    # ncu: each profiled call starts with the delta kernel, in order.json's order
-    order = json.loads((folder / "ncu" / "order.json").read_text())["profiled"]
-    calls = []
-    for k in ncu_csv(folder / "ncu" / "raw.csv"):
-        if k["Kernel Name"] == "_bwd_delta" or not calls:
-            calls.append([])
-        calls[-1].append(k)
-    if len(calls) != len(order):
-        raise ValueError(f"{folder}: {len(calls)} profiled calls in raw.csv, {len(order)} in order.json")
+    mains, extra = _profiled_mains(folder)
     local = "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"
-    table, extra = [], {}
-    for name, call in zip(order, calls):
-        mains = [k for k in call if k["Kernel Name"].startswith(("_gluon_attn_bwd", "_bwd_dkdv", "_bwd_dq"))]
-        extra[name] = sum(k[TIME] for k in call if k not in mains and k["Kernel Name"] != "_bwd_delta") / 1e6
-        for k in mains:
-            label = {"_bwd_dkdv": "triton dK/dV", "_bwd_dq": "triton dQ"}.get(k["Kernel Name"], name)
-            table.append({"kernel": label, "time (ms)": k[TIME] / 1e6, "local-memory loads (GB)": k[local] / 1e9,
-                          "local stores (GB)": k[SPILL_ST] / 1e9, "wgmma instructions (M)": k[WGMMA] / 1e6,
-                          "tensor ops (T)": sum(k.get(m, 0.0) for m in _ops()) / 1e12,
-                          "tensor pipe busy (%)": k[TENSOR_BUSY],
-                          "long-scoreboard stalls": k[STALL.format("long_scoreboard")],
-                          "barrier stalls": k[STALL.format("barrier")]})
-    ncu = pd.DataFrame(table).set_index("kernel")
+    ncu = pd.DataFrame([{"kernel": label, "time (ms)": k[TIME] / 1e6, "local-memory loads (GB)": k[local] / 1e9,
+                         "local stores (GB)": k[SPILL_ST] / 1e9, "wgmma instructions (M)": k[WGMMA] / 1e6,
+                         "tensor ops (T)": sum(k.get(m, 0.0) for m in _ops()) / 1e12,
+                         "tensor pipe busy (%)": k[TENSOR_BUSY],
+                         "long-scoreboard stalls": k[STALL.format("long_scoreboard")],
+                         "barrier stalls": k[STALL.format("barrier")]} for label, k in mains]).set_index("kernel")
     ch.markdown("gluon_bwd_rows", "**Nsight Compute, one call each** (stalls: per issued instruction)")
     ch.table("gluon_bwd_rows", "gluon_bwd_rows_ncu", ncu.round(2))
     ch.put("gbr_wgmma_none", ncu.loc["rows_none", "wgmma instructions (M)"], ".1f")
