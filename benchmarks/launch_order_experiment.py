@@ -1,7 +1,8 @@
-"""Which program starts first: the heads dealt out a few at a time (``HEAD_GROUP``), timed.
+"""Which program starts first: the heads dealt out a few at a time (``HEAD_GROUP``), and a
+window's query tiles last first (``HEAVY_LAST``), timed.
 
     PYTHONPATH=. python3 benchmarks/launch_order_experiment.py --out DIR [--rounds 3] [--budget-s 420]
-        [--groups 1,2,4,8,16] [--no-flex]
+        [--groups 1,2,4,8,16 | --variants rule,heavy-off] [--only SHAPE,...] [--no-flex]
 
 The GPU starts the programs of a grid (tiles, batch * heads) in the order tile 0..T-1 of
 head 0, then head 1, and so on (``forward.launch_position``). The causal forward and dQ
@@ -18,6 +19,11 @@ output and gradient is compared bitwise with G = 1's (a launch order changes not
 program computes). At the masks chapter's shapes (batch 1, H = 16, d = 128) compiled
 FlexAttention with its ``BlockMask`` takes its turn too (``masks_bench``), unless ``--no-flex``.
 Writes DIR/launch_order.json (provenance and every row) after each shape.
+
+``--variants`` names the orders instead of ``--groups``: ``G=g`` forces g heads at a time,
+``rule`` is the library's own choice of every order, ``heavy-off`` the library's with a
+window's query tiles in the plain order (``autograd.heavy_last`` forced off; the causal mask
+reverses its tiles either way). Speed-ups and the bitwise checks are against the first variant.
 """
 from __future__ import annotations
 
@@ -53,13 +59,36 @@ SHAPES = (
     ("causal 16K B2", "causal", 2, 16, 16384, 128, None),
     ("full 4K B8", "full", 8, 16, 4096, 128, None),
     ("causal 4K B8 d64", "causal", 8, 32, 4096, 64, None),
+    ("causal 8K B1", "causal", 1, 16, 8192, 128, None),
+    ("window 1K at 4K", "window", 1, 16, 4096, 128, 1024),
+    ("window 4K at 8K", "window", 1, 16, 8192, 128, 4096),
+    ("window 1K at 16K", "window", 1, 16, 16384, 128, 1024),
+    ("window 1K at 32K", "window", 1, 16, 32768, 128, 1024),
+    ("window 4K at 32K", "window", 1, 16, 32768, 128, 4096),
 )
 
 
-def set_group(g: int) -> None:
-    autograd._state["head_group"] = g
+def variant(name: str) -> dict | None:
+    """The ``autograd._state`` a variant forces (None: FlexAttention's turn)."""
+    if name == "flex":
+        return None
+    if name == "rule":
+        return {"head_group": None, "heavy_last": None}
+    if name == "heavy-off":
+        return {"head_group": None, "heavy_last": False}
+    if name.startswith("G=") and name[2:].isdigit():
+        return {"head_group": int(name[2:]), "heavy_last": None}
+    raise ValueError(f"a variant is G=<heads>, rule, heavy-off or flex, got {name!r}")
+
+
+def set_state(state: dict) -> None:
+    autograd._state.update(state)
     for plans in autograd._PLANS.values():
         plans.clear()
+
+
+def set_group(g: int) -> None:
+    set_state({"head_group": g, "heavy_last": None})
 
 
 def calls(mask, batch, heads, n, d, window, seed):
@@ -85,15 +114,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--groups", default="1,2,4,8,16")
+    p.add_argument("--variants", default="", help="e.g. rule,heavy-off (instead of --groups; module docstring)")
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--only", default="", help="comma-separated shape names (default: all)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
-    groups = [int(g) for g in args.groups.split(",")]
+    names = args.variants.split(",") if args.variants else [f"G={g}" for g in args.groups.split(",")]
+    states = {name: variant(name) for name in names if name != "flex"}
     record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/launch_order_experiment.py"),
-              "groups": groups, "rows": []}
+              "variants": {name: states[name] for name in states}, "rows": []}
+    if not args.variants:
+        record["groups"] = [int(g) for g in args.groups.split(",")]
     path = os.path.join(args.out, "launch_order.json")
     wanted = set(args.only.split(",")) if args.only else None
     for seed, (label, mask, batch, heads, n, d, window) in enumerate(SHAPES):
@@ -105,39 +138,43 @@ def main(argv=None) -> int:
         (q, k, v, do), ours, flex = calls(mask, batch, heads, n, d, window, seed)
         row = {"shape": label, "mask": mask, "batch": batch, "heads": heads, "seq": n, "head_dim": d,
                "window": window, "times": {}, "exact": {}}
-        variants = {f"G={g}": g for g in groups if g <= batch * heads}
+        variants = {name: state for name, state in states.items()
+                    if state["head_group"] is None or state["head_group"] <= batch * heads}
         if flex is not None and not args.no_flex:
             variants["flex"] = None
         base = None
-        for name, g in variants.items():   # compile and check each once
-            fn = flex if g is None else ours
-            if g is not None:
-                set_group(g)
+        for name, state in variants.items():   # compile and check each once
+            fn = flex if state is None else ours
+            if state is not None:
+                set_state(state)
             out = [fn(q, k, v)]
             out += list(torch.autograd.grad(out[0], (q, k, v), do))
-            if g is not None:
+            if state is not None:
                 if base is None:
                     base = [x.clone() for x in out]
                 else:
                     row["exact"][name] = all(torch.equal(a, b) for a, b in zip(base, out))
             row["times"][name] = {"fwd": [], "fwd_bwd": []}
         for _ in range(args.rounds):
-            for name, g in variants.items():
-                fn = flex if g is None else ours
-                if g is not None:
-                    set_group(g)
+            for name, state in variants.items():
+                fn = flex if state is None else ours
+                if state is not None:
+                    set_state(state)
                 t = row["times"][name]
                 t["fwd"].append(time_ms(lambda: fn(q, k, v)))
                 t["fwd_bwd"].append(time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do)))
-        set_group(1)
+        set_state({"head_group": None, "heavy_last": None})
         for name, t in row["times"].items():
             t["fwd_ms"], t["fwd_bwd_ms"] = statistics.median(t["fwd"]), statistics.median(t["fwd_bwd"])
             t["bwd_ms"] = t["fwd_bwd_ms"] - t["fwd_ms"]
-        one = row["times"]["G=1"]
-        row["speedup_vs_G1"] = {name: {"fwd": one["fwd_ms"] / t["fwd_ms"], "fwd_bwd": one["fwd_bwd_ms"] / t["fwd_bwd_ms"]}
-                                for name, t in row["times"].items()}
+        first = row["times"][next(iter(states))]
+        speedups = {name: {"fwd": first["fwd_ms"] / t["fwd_ms"], "fwd_bwd": first["fwd_bwd_ms"] / t["fwd_bwd_ms"]}
+                    for name, t in row["times"].items()}
+        row["speedup_vs_first"] = speedups
+        if not args.variants:
+            row["speedup_vs_G1"] = speedups   # the name run1_groups.json uses
         record["rows"].append(row)
-        print(label, {k: (round(v["fwd"], 3), round(v["fwd_bwd"], 3)) for k, v in row["speedup_vs_G1"].items()},
+        print(label, {k: (round(v["fwd"], 3), round(v["fwd_bwd"], 3)) for k, v in speedups.items()},
               "exact" if all(row["exact"].values()) else f"NOT EXACT {row['exact']}", flush=True)
         with open(path, "w") as f:
             json.dump(record, f, indent=1)

@@ -171,9 +171,11 @@ def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 
     bd = configs.block_d(shape["d"])
     out = dict(shape, default={}, rows=[])
     todo = []
+    # the tiles the library chooses for this mask (configs.tiles_for: a long window the causal mask's)
+    causal, windowed = configs.tiles_for("window" not in shape["name"],
+                                         shape["window"] + 1 if "window" in shape["name"] else None)
     for kernel in ("backward_dkdv", "backward_dq"):
-        windowed = "window" in shape["name"]   # the kernels take a window as WINDOW, not CAUSAL
-        out["default"][kernel] = _fields(configs.default(kernel, cc=90, block_d=bd, elem_bytes=2, causal=not windowed,
+        out["default"][kernel] = _fields(configs.default(kernel, cc=90, block_d=bd, elem_bytes=2, causal=causal,
                                                          window=windowed))
         todo += [(kernel, cfg) for cfg in configs.kept_candidates(kernel, cc=90, block_d=bd, elem_bytes=2)
                  if min(cfg.block_m, cfg.block_n) >= 64 and cfg.num_stages >= 2]

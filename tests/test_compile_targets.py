@@ -210,6 +210,10 @@ def test_mask_specific_defaults():
               for kernel in configs.KERNELS for cc in CHIP_OF for bd in configs.BLOCK_DS}
     assert window.pop(("backward_dq", 90, 128)) == configs.Config(64, 64, 4, 2)
     assert all(cfg == pick(kernel, False, cc, bd) for (kernel, cc, bd), cfg in window.items())
+    # a long sliding window is tiled as the causal mask, a short one as above (configs.tiles_for)
+    assert configs.tiles_for(False, configs.LONG_WINDOW) == (True, False)
+    assert configs.tiles_for(False, configs.LONG_WINDOW - 1) == (False, True)
+    assert configs.tiles_for(True, None) == (True, False) and configs.tiles_for(False, None) == (False, False)
     with pytest.raises(TypeError, match="causal"):
         configs.default("forward", cc=90, block_d=64, elem_bytes=2, causal="yes")
     with pytest.raises(TypeError, match="window"):

@@ -125,6 +125,29 @@ def test_no_window_and_the_causal_window_take_the_kernels_usual_paths():
     assert torch.equal(both[0], both[1]) and flashbook.last_backend() == "triton"
 
 
+@pytest.mark.parametrize("window,long", [((3000, 0), True), ((1000, 0), False), ((-1, 7), True), (None, None)])
+def test_the_backward_chooses_a_windows_tiles_by_its_length(monkeypatch, window, long):
+    """What the backward asks ``_run`` (the tiles' choice) for: a long window the causal mask's
+    tiles, a short one the window's own (``configs.tiles_for``), no window its own mask's."""
+    from flashbook.kernels import configs
+
+    asked = []
+    run = autograd._run
+
+    def spy(kernel, x, bd, causal, key, launch, config=None, window=False):
+        asked.append((kernel, causal, window))
+        return run(kernel, x, bd, causal, key, launch, config, window)
+
+    monkeypatch.setattr(autograd, "_run", spy)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, do = (torch.randn(1, 1, 40, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(4))
+    o, lse = autograd.flash_forward(q, k, v, causal=window is None or window[1] == 0, window=window)
+    autograd.flash_backward(q, k, v, o, lse, do, causal=window is None or window[1] == 0, window=window)
+    want = (True, False) if long or window is None else (False, True)
+    assert asked[-2:] == [("backward_dkdv", *want), ("backward_dq", *want)], asked
+    assert configs.tiles_for(False, 3001) == (True, False) and configs.tiles_for(False, 1001) == (False, True)
+
+
 def test_last_backend_names_the_kernel_of_a_packed_call():
     """flash_attention_varlen runs the Triton kernels: last_backend says so after it, not what
     the call before it ran (benchmarks record it per row)."""

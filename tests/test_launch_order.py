@@ -1,4 +1,5 @@
-"""The launch order of the programs (``forward.launch_position``'s ``HEAD_GROUP``).
+"""The launch order of the programs (``forward.launch_position``'s ``HEAD_GROUP``, and
+``query_tile_index``'s ``HEAVY_LAST`` for sliding windows).
 
 Dealing the programs out a few heads at a time changes when each program starts, never what
 it computes: every output and gradient must be bitwise the same as with the default order,
@@ -16,7 +17,7 @@ import torch
 import flashbook
 from flashbook import runtime
 from flashbook.kernels import autograd, varlen
-from flashbook.kernels.forward import launch_position
+from flashbook.kernels.forward import launch_position, query_tile_index
 
 import triton  # noqa: E402  (after flashbook: it decides GPU or interpreter first)
 import triton.language as tl  # noqa: E402
@@ -25,17 +26,22 @@ DEVICE = runtime.device()
 
 
 @contextlib.contextmanager
-def head_group(n: int):
-    before = autograd._state["head_group"]
-    autograd._state["head_group"] = n
+def forced(name: str, value):
+    """``autograd._state[name]`` set to ``value`` (the call plans forgotten before and after)."""
+    before = autograd._state[name]
+    autograd._state[name] = value
     for plans in autograd._PLANS.values():
         plans.clear()
     try:
         yield
     finally:
-        autograd._state["head_group"] = before
+        autograd._state[name] = before
         for plans in autograd._PLANS.values():
             plans.clear()
+
+
+def head_group(n: int):
+    return forced("head_group", n)
 
 
 def _grads(fn, *xs):
@@ -116,3 +122,74 @@ def test_the_rule_groups_heads_only_for_small_grids_on_the_chip_it_was_measured_
         assert autograd.head_group(torch.device("cpu"), 512) == 1
     with head_group(3):
         assert autograd.head_group(torch.device(DEVICE), 10 ** 6) == 3
+
+
+def _rule(causal, window, seq_q=70, seq_k=70, diagonal=None):
+    extra = autograd.kernel_mask(causal, window, None, seq_q, seq_k, 1.0, diagonal=diagonal)[2]
+    return autograd.heavy_last(extra, seq_k)
+
+
+def test_heavy_last_rule_reverses_windows_with_a_right_limit():
+    """A window cut on the right (causal or not) takes its query tiles last first; one cut on
+    the left only keeps the plain order (its first tiles are the heavy ones), as does a right
+    limit past every key, and the causal mask says it through CAUSAL itself."""
+    on = {"HEAVY_LAST": True}
+    assert _rule(True, (20, 0)) == on
+    assert _rule(False, (-1, 9)) == on
+    assert _rule(False, (15, 6)) == on
+    assert _rule(True, (20, 0), seq_q=30, seq_k=70) == on        # bottom-right aligned
+    assert _rule(True, (20, 0), diagonal=0) == on                 # packed documents: per document
+    assert _rule(False, (9, -1)) == {}
+    assert _rule(False, (5, 200)) == {}
+    assert _rule(True, None) == {} and _rule(False, None) == {}
+    with forced("heavy_last", False):
+        assert _rule(True, (20, 0)) == {}
+    with forced("heavy_last", True):
+        assert _rule(False, (9, -1)) == on
+        assert _rule(True, None) == {}                            # no window: nothing to force
+
+
+@pytest.mark.parametrize("window,causal,kv_heads", [((20, 0), True, 1), ((-1, 9), False, 3), ((15, 6), False, 3)])
+def test_heavy_last_order_changes_nothing(window, causal, kv_heads):
+    """The window's query tiles taken last first (the rule) against the plain order (forced
+    off): every output and gradient bitwise the same."""
+    gen = torch.Generator().manual_seed(23)
+    q = torch.randn(2, 3, 70, 32, generator=gen).to(DEVICE, torch.float16)
+    k, v = (torch.randn(2, kv_heads, 70, 32, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
+    assert _rule(causal, window) == {"HEAVY_LAST": True}
+    fn = lambda q, k, v: flashbook.flash_attention(q, k, v, backend="triton", causal=causal, window=window)  # noqa: E731
+    with forced("heavy_last", False):
+        plain = _grads(fn, q, k, v)
+    reversed_ = _grads(fn, q, k, v)
+    for what, a, b in zip(("o", "dq", "dk", "dv"), plain, reversed_):
+        assert torch.isfinite(a).all() and a.abs().max() > 0, what
+        assert torch.equal(a, b), f"{what} differs with HEAVY_LAST: {(a - b).abs().max().item()}"
+
+
+def test_heavy_last_order_with_packed_documents():
+    gen = torch.Generator().manual_seed(7)
+    cu = torch.tensor([0, 30, 37, 90], dtype=torch.int32, device=DEVICE)
+    q, k, v = (torch.randn(90, 2, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(3))
+    fn = lambda q, k, v: varlen.flash_attention_varlen(q, k, v, cu, cu, 53, 53, causal=True, window=(9, 0))  # noqa: E731
+    with forced("heavy_last", False):
+        plain = _grads(fn, q, k, v)
+    reversed_ = _grads(fn, q, k, v)
+    for what, a, b in zip(("o", "dq", "dk", "dv"), plain, reversed_):
+        assert torch.isfinite(a).all() and a.abs().max() > 0, what
+        assert torch.equal(a, b), what
+
+
+@triton.jit
+def _tile_of(OUT, CAUSAL: tl.constexpr, HEAVY_LAST: tl.constexpr):
+    tl.store(OUT + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
+             query_tile_index(CAUSAL, 1, HEAVY_LAST))
+
+
+@pytest.mark.parametrize("causal,heavy,reversed_", [(False, False, False), (False, True, True), (True, False, True),
+                                                    (True, True, True)])
+def test_query_tile_index_takes_the_last_tiles_first_when_told(causal, heavy, reversed_):
+    tiles, heads = 5, 2
+    out = torch.full((heads, tiles), -1, dtype=torch.int32, device=DEVICE)
+    _tile_of[(tiles, heads)](out, CAUSAL=causal, HEAVY_LAST=heavy)
+    order = list(range(tiles))[::-1] if reversed_ else list(range(tiles))
+    assert out.cpu().tolist() == [order] * heads

@@ -299,13 +299,14 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
             ALIBI_SLOPES=None, alibi_stride=0,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-            PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1):
+            PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
+            HEAVY_LAST: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
-    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
-    ``forward._attn_fwd``."""
+    ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI``, ``HEAVY_LAST`` and their
+    arguments: as in ``forward._attn_fwd``."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_m = query_tile_index(CAUSAL, HEAD_GROUP) * BLOCK_M  # the heaviest query tiles first, as in the forward
+    start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M  # the heaviest query tiles first, as in the forward
     _, bh = launch_position(HEAD_GROUP)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads

@@ -126,6 +126,13 @@ def smem_limit(cc: int) -> int:
 #   short key loops of many small programs (benchmarks/results/masks_h200-2/profile_2_plans.json:
 #   the backward at N = 16K, W = 1K took 1.136 ms against 1.196 ms with the causal choice;
 #   profile_3_dq_window_ab.json: 3-4% at 4K, no difference at 32K with W = 4K).
+# * a sliding window of at least LONG_WINDOW keys takes the causal mask's dK/dV and dQ tiles,
+#   a shorter one the window's dQ entry and the unmasked dK/dV entry (``tiles_for``):
+#   benchmarks/results/window_order_h200/run2_tiles_sweep.json, medians of three repeats, bf16,
+#   B 1 x H 16: with W = 4K (N = 4K, 8K, 16K) the causal choices took the backward 1.7-2.2%
+#   (dK/dV) and 2.6-3.7% (dQ) below the short window's, with W = 1K (8K, 32K) they were 1.1-1.8%
+#   (dK/dV) and 1.4-4.5% (dQ) slower. Each gap is about the repeats' spread, its sign the same
+#   at every length.
 # sm_80 follows the same shapes with the A100's smaller shared memory; sm_75 (T4)
 # has 64 KiB and no tensor-core path in Triton.
 ANY = BLOCK_DS[-1]
@@ -167,6 +174,23 @@ INTERPRETER: dict[str, Config] = {
     "backward_dkdv": Config(16, 32, 4, 1),
     "backward_dq": Config(32, 16, 4, 1),
 }
+
+
+#: A window whose rows each see this many keys or more is tiled as the causal mask (``tiles_for``);
+#: measured at 1K (short) and 4K (causal-like) keys, not between.
+LONG_WINDOW = 2048
+
+
+def tiles_for(causal: bool, window_keys: int | None) -> tuple[bool, bool]:
+    """``(causal, window)`` to choose a kernel's tiles with (``preferred``), for a kernel launched
+    with ``CAUSAL = causal`` and, when ``window_keys`` is not None, a sliding window whose rows each
+    see up to that many keys (``WINDOW``). A long window's loops are the causal mask's, and so are
+    its tiles; a short one's loops are short, and its dQ has tiles of its own."""
+    if window_keys is None:
+        return causal, False
+    if window_keys >= LONG_WINDOW:
+        return True, False
+    return False, True
 
 
 def _family(cc: int) -> str:

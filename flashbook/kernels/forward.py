@@ -116,14 +116,16 @@ def launch_position(HEAD_GROUP: tl.constexpr = 1):
 
 
 @triton.jit
-def query_tile_index(CAUSAL: tl.constexpr, HEAD_GROUP: tl.constexpr = 1):
+def query_tile_index(CAUSAL: tl.constexpr, HEAD_GROUP: tl.constexpr = 1, HEAVY_LAST: tl.constexpr = False):
     """Which query tile this program owns (program axis 0; ``launch_position``).
 
     Under a causal mask the last query tiles see the most keys: they get the first
-    programs, so that no long program is left running alone at the end.
+    programs, so that no long program is left running alone at the end. ``HEAVY_LAST``
+    says the same of a sliding window whose right side is limited (``autograd.heavy_last``):
+    its first tiles see fewer keys than the rest.
     """
     pid_m, _ = launch_position(HEAD_GROUP)
-    if CAUSAL:
+    if CAUSAL or HEAVY_LAST:
         pid_m = tl.num_programs(0) - 1 - pid_m
     return pid_m
 
@@ -456,7 +458,8 @@ def _attn_fwd(Q, K, V, O, LSE,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
               ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1):
+              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
+              HEAVY_LAST: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
@@ -476,9 +479,12 @@ def _attn_fwd(Q, K, V, O, LSE,
     head, ``alibi_stride`` apart per batch entry (document, under ``VARLEN``; 0: one row for the
     whole batch); the scores get -slope * |i + seq_k - seq_q - j| (``_fwd_inner``), positions
     counted within each document. Every tile pays for it, masked or not.
+
+    ``HEAVY_LAST``: the query tiles are taken last first, as under ``CAUSAL``
+    (``query_tile_index``; a window with a right limit, ``autograd.heavy_last``).
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_m = query_tile_index(CAUSAL, HEAD_GROUP) * BLOCK_M
+    start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M
     _, bh = launch_position(HEAD_GROUP)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads
