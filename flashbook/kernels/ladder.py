@@ -70,7 +70,7 @@ RUNGS = (
 # the plain version below (same arguments, same results, slower).
 
 @triton.jit
-def in_launch_order(CAUSAL: tl.constexpr, HEAD_GROUP: tl.constexpr = 1):
+def in_launch_order(CAUSAL: tl.constexpr, HEAD_GROUP: tl.constexpr = 1, HEAVY_LAST: tl.constexpr = False):
     """Instead of ``query_tile_index``: program i takes query tile i, heavy or not."""
     pid_m, _ = launch_position(HEAD_GROUP)
     return pid_m
