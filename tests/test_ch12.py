@@ -85,3 +85,47 @@ def test_the_repeats_and_the_profile_the_chapter_reads():
         return np.log(t[32768] / t[4096]) / np.log(8)
 
     assert 0.8 < power("window", 1024) < 1.2 and 1.6 < power("causal", -1) < 2.1
+
+
+def test_the_window_order_and_tiles_the_chapter_quotes():
+    """``bench.chapter12.window_order`` against the recorded files read directly: the forward of a
+    window as long as the sequence in the plain order, last first and as the causal mask; the tile
+    gains, each a median of three repeats; and the signs the chapter's rule rests on."""
+    from flashbook.bench import chapter12
+    from flashbook.kernels import configs
+
+    got = chapter12.window_order()
+    assert got is not None, "runs window_order and window_tiles are not recorded"
+    order = json.load(open(bench.run_path("window_order")))
+    rows = {r["shape"]: r for r in order["rows"]}
+    assert order["provenance"]["gpu"]["name"] == "NVIDIA H200" and order["provenance"]["command"]
+    t = rows["window 4K at 4K"]["times"]
+    assert got["plain_fwd"] == float(np.median(t["heavy-off"]["fwd"]))
+    assert got["last_fwd"] == float(np.median(t["rule"]["fwd"]))
+    assert got["causal_fwd"] == float(np.median(rows["causal 4K B1"]["times"]["rule"]["fwd"]))
+    assert got["plain_fwd"] > 1.2 * got["last_fwd"] and abs(got["last_fwd"] / got["causal_fwd"] - 1) < 0.1
+    assert got["exact"] and got["rows"] == len(order["rows"]) == 10
+    sweeps = json.load(open(bench.run_path("window_tiles")))["sweeps"]
+    assert (got["long"], got["short"]) == (3, 2) and all(len(s["rows"]) == 15 for s in sweeps)
+    for kernel, short in (("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
+        ratios = []
+        for s in sweeps:
+            def med(cfg):
+                return float(np.median([r["bwd_ms"] for r in s["rows"] if r["kernel"] == kernel
+                                        and tuple(r["config"]) == cfg]))
+            ratios.append((s["window"], med(chapter12.SHORT_TILES[kernel]) / med(chapter12.CAUSAL_TILES[kernel])))
+        long = [100 * (r - 1) for w, r in ratios if w >= configs.LONG_WINDOW]
+        brief = [100 * (1 / r - 1) for w, r in ratios if w < configs.LONG_WINDOW]
+        assert min(long) > 0 and min(brief) > 0, (kernel, ratios)   # the rule's signs
+        assert (got[f"gain_{short}_lo"], got[f"gain_{short}_hi"]) == pytest.approx((min(long), max(long)))
+        assert (got[f"loss_{short}_lo"], got[f"loss_{short}_hi"]) == pytest.approx((min(brief), max(brief)))
+    # the library's choice follows: 4K keys take the causal tiles, 1K the short window's
+    assert configs.tiles_for(False, 4097) == (True, False) and configs.tiles_for(False, 1025) == (False, True)
+    assert configs.default("backward_dq", cc=90, block_d=128, elem_bytes=2, causal=True) == \
+        configs.Config(*chapter12.CAUSAL_TILES["backward_dq"])
+    assert configs.default("backward_dkdv", cc=90, block_d=128, elem_bytes=2, causal=True) == \
+        configs.Config(*chapter12.CAUSAL_TILES["backward_dkdv"])
+    assert configs.default("backward_dq", cc=90, block_d=128, elem_bytes=2, window=True) == \
+        configs.Config(*chapter12.SHORT_TILES["backward_dq"])
+    assert configs.default("backward_dkdv", cc=90, block_d=128, elem_bytes=2, window=True) == \
+        configs.Config(*chapter12.SHORT_TILES["backward_dkdv"])

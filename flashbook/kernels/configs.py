@@ -129,10 +129,10 @@ def smem_limit(cc: int) -> int:
 # * a sliding window of at least LONG_WINDOW keys takes the causal mask's dK/dV and dQ tiles,
 #   a shorter one the window's dQ entry and the unmasked dK/dV entry (``tiles_for``):
 #   benchmarks/results/window_order_h200/run2_tiles_sweep.json, medians of three repeats, bf16,
-#   B 1 x H 16: with W = 4K (N = 4K, 8K, 16K) the causal choices took the backward 1.7-2.2%
-#   (dK/dV) and 2.6-3.7% (dQ) below the short window's, with W = 1K (8K, 32K) they were 1.1-1.8%
-#   (dK/dV) and 1.4-4.5% (dQ) slower. Each gap is about the repeats' spread, its sign the same
-#   at every length.
+#   B 1 x H 16: with W = 4K (N = 4K, 8K, 16K) the short window's tiles took the backward
+#   1.8-2.3% (dK/dV) and 2.6-4.0% (dQ) longer than the causal choices, with W = 1K (8K, 32K) the
+#   causal choices took 1.1-1.9% (dK/dV) and 1.4-4.5% (dQ) longer (``bench.chapter12``). Each gap
+#   is about the repeats' spread, its sign the same at every length.
 # sm_80 follows the same shapes with the A100's smaller shared memory; sm_75 (T4)
 # has 64 KiB and no tensor-core path in Triton.
 ANY = BLOCK_DS[-1]

@@ -1,0 +1,61 @@
+"""The numbers chapter 12 (one kernel, many masks) reads from the recorded window runs.
+
+``window_order`` returns what the chapter says about a sliding window's launch order and tiles
+(runs ``window_order`` and ``window_tiles`` of ``benchmarks/results/index.json``), each value
+computed from the files, or None when a run is not recorded there.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+from .runs import load_recorded_json, run_paths
+
+
+def _tile_medians(sweep: dict) -> dict:
+    """{(kernel, (block_m, block_n, warps, stages)): median backward ms} of one swept shape."""
+    times = {}
+    for row in sweep["rows"]:
+        if "bwd_ms" in row:
+            times.setdefault((row["kernel"], tuple(row["config"])), []).append(row["bwd_ms"])
+    return {key: statistics.median(ms) for key, ms in times.items()}
+
+
+#: the two tile choices of each kernel the sweep compares: the causal mask's, the short window's
+CAUSAL_TILES = {"backward_dkdv": (64, 128, 8, 3), "backward_dq": (128, 64, 8, 4)}
+SHORT_TILES = {"backward_dkdv": (64, 64, 4, 2), "backward_dq": (64, 64, 4, 2)}
+
+
+def window_order(root=None) -> dict | None:
+    """The window's order and tiles, as the chapter quotes them:
+
+    - ``plain_fwd``, ``last_fwd``, ``causal_fwd``: forward ms at batch 1 x 16 heads, N = 4K, of a
+      window as long as the sequence in the plain order and last first, and of the causal kernel;
+    - ``exact``: every output and gradient bitwise equal between the orders, in every row;
+    - ``gain_{kernel}_lo/hi``: per cent less backward time with the causal mask's tiles than with
+      the short window's, over the W = 4K shapes (``long``), and ``loss_{kernel}_lo/hi`` the per
+      cent more with W = 1K (``short``); kernel is ``dkdv`` or ``dq``.
+    """
+    order = load_recorded_json("window_order", root)
+    paths = run_paths("window_tiles", root)
+    if order is None or not paths or not paths[-1].is_file():
+        return None
+    rows = {r["shape"]: r for r in order["rows"]}
+    same, causal = rows["window 4K at 4K"]["times"], rows["causal 4K B1"]["times"]
+    out = {"plain_fwd": same["heavy-off"]["fwd_ms"], "last_fwd": same["rule"]["fwd_ms"],
+           "causal_fwd": causal["rule"]["fwd_ms"],
+           "exact": all(all(r["exact"].values()) for r in order["rows"]), "rows": len(order["rows"])}
+    with open(paths[-1]) as f:
+        sweeps = json.load(f)["sweeps"]
+    for kernel, short in (("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
+        gains, losses = [], []
+        for sweep in sweeps:
+            med = _tile_medians(sweep)
+            ratio = med[kernel, SHORT_TILES[kernel]] / med[kernel, CAUSAL_TILES[kernel]]
+            (gains if sweep["window"] >= 4096 else losses).append(100 * (ratio - 1) if sweep["window"] >= 4096
+                                                                  else 100 * (1 / ratio - 1))
+        out[f"gain_{short}_lo"], out[f"gain_{short}_hi"] = min(gains), max(gains)
+        out[f"loss_{short}_lo"], out[f"loss_{short}_hi"] = min(losses), max(losses)
+    out["long"] = sum(s["window"] >= 4096 for s in sweeps)
+    out["short"] = sum(s["window"] < 4096 for s in sweeps)
+    return out
