@@ -52,6 +52,13 @@ def _grads(fn, *xs):
     return [out.detach()] + [x.grad for x in xs]
 
 
+def _assert_same(base, other, label: str) -> None:
+    """Every output and gradient nonzero, finite and bitwise equal between two launch orders."""
+    for what, a, b in zip(("o", "dq", "dk", "dv"), base, other):
+        assert torch.isfinite(a).all() and a.abs().max() > 0, what
+        assert torch.equal(a, b), f"{what} differs with {label}: {(a - b).abs().max().item()}"
+
+
 CASES = {   # name: (batch, heads, kv_heads, seq, kwargs)
     "causal": (2, 3, 3, 70, dict(causal=True)),
     "full-gqa": (1, 4, 2, 45, dict(causal=False)),
@@ -70,9 +77,7 @@ def test_grouped_launch_order_changes_nothing(name, group):
     base = _grads(fn, q, k, v)
     with head_group(group):
         grouped = _grads(fn, q, k, v)
-    for what, a, b in zip(("o", "dq", "dk", "dv"), base, grouped):
-        assert torch.isfinite(a).all() and a.abs().max() > 0, what
-        assert torch.equal(a, b), f"{what} differs with HEAD_GROUP={group}: {(a - b).abs().max().item()}"
+    _assert_same(base, grouped, f"HEAD_GROUP={group}")
 
 
 def test_grouped_launch_order_with_packed_documents():
@@ -83,9 +88,7 @@ def test_grouped_launch_order_with_packed_documents():
     base = _grads(fn, q, k, v)
     with head_group(4):
         grouped = _grads(fn, q, k, v)
-    for what, a, b in zip(("o", "dq", "dk", "dv"), base, grouped):
-        assert torch.isfinite(a).all() and a.abs().max() > 0, what
-        assert torch.equal(a, b), what
+    _assert_same(base, grouped, "HEAD_GROUP=4")
 
 
 @triton.jit
@@ -161,9 +164,7 @@ def test_heavy_last_order_changes_nothing(window, causal, kv_heads):
     with forced("heavy_last", False):
         plain = _grads(fn, q, k, v)
     reversed_ = _grads(fn, q, k, v)
-    for what, a, b in zip(("o", "dq", "dk", "dv"), plain, reversed_):
-        assert torch.isfinite(a).all() and a.abs().max() > 0, what
-        assert torch.equal(a, b), f"{what} differs with HEAVY_LAST: {(a - b).abs().max().item()}"
+    _assert_same(plain, reversed_, "HEAVY_LAST")
 
 
 def test_heavy_last_order_with_packed_documents():
@@ -174,9 +175,7 @@ def test_heavy_last_order_with_packed_documents():
     with forced("heavy_last", False):
         plain = _grads(fn, q, k, v)
     reversed_ = _grads(fn, q, k, v)
-    for what, a, b in zip(("o", "dq", "dk", "dv"), plain, reversed_):
-        assert torch.isfinite(a).all() and a.abs().max() > 0, what
-        assert torch.equal(a, b), what
+    _assert_same(plain, reversed_, "HEAVY_LAST")
 
 
 @triton.jit
