@@ -87,10 +87,6 @@ def set_state(state: dict) -> None:
         plans.clear()
 
 
-def set_group(g: int) -> None:
-    set_state({"head_group": g, "heavy_last": None})
-
-
 def calls(mask, batch, heads, n, d, window, seed):
     """(inputs, flashbook call, flex call or None)."""
     import masks_bench
@@ -124,7 +120,7 @@ def main(argv=None) -> int:
     names = args.variants.split(",") if args.variants else [f"G={g}" for g in args.groups.split(",")]
     states = {name: variant(name) for name in names if name != "flex"}
     record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/launch_order_experiment.py"),
-              "variants": {name: states[name] for name in states}, "rows": []}
+              "variants": dict(states), "rows": []}
     if not args.variants:
         record["groups"] = [int(g) for g in args.groups.split(",")]
     path = os.path.join(args.out, "launch_order.json")

@@ -36,6 +36,8 @@ def window_order(root=None) -> dict | None:
       the short window's, over the W = 4K shapes (``long``), and ``loss_{kernel}_lo/hi`` the per
       cent more with W = 1K (``short``); kernel is ``dkdv`` or ``dq``.
     """
+    from ..kernels import configs
+
     order = load_recorded_json("window_order", root)
     paths = run_paths("window_tiles", root)
     if order is None or not paths or not paths[-1].is_file():
@@ -47,15 +49,17 @@ def window_order(root=None) -> dict | None:
            "exact": all(all(r["exact"].values()) for r in order["rows"]), "rows": len(order["rows"])}
     with open(paths[-1]) as f:
         sweeps = json.load(f)["sweeps"]
+    medians = [(sweep["window"] + 1 >= configs.LONG_WINDOW, _tile_medians(sweep)) for sweep in sweeps]
     for kernel, short in (("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
         gains, losses = [], []
-        for sweep in sweeps:
-            med = _tile_medians(sweep)
+        for long, med in medians:
             ratio = med[kernel, SHORT_TILES[kernel]] / med[kernel, CAUSAL_TILES[kernel]]
-            (gains if sweep["window"] >= 4096 else losses).append(100 * (ratio - 1) if sweep["window"] >= 4096
-                                                                  else 100 * (1 / ratio - 1))
+            if long:     # the short window's tiles are the slower: per cent more than the causal ones
+                gains.append(100 * (ratio - 1))
+            else:        # the causal tiles are the slower
+                losses.append(100 * (1 / ratio - 1))
         out[f"gain_{short}_lo"], out[f"gain_{short}_hi"] = min(gains), max(gains)
         out[f"loss_{short}_lo"], out[f"loss_{short}_hi"] = min(losses), max(losses)
-    out["long"] = sum(s["window"] >= 4096 for s in sweeps)
-    out["short"] = sum(s["window"] < 4096 for s in sweeps)
+    out["long"] = sum(long for long, _ in medians)
+    out["short"] = len(medians) - out["long"]
     return out

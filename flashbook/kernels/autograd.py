@@ -43,14 +43,12 @@ from .. import runtime
 from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq
 from .configs import Config
-from . import forward as forward_kernel
 from .forward import _attn_fwd, for_lengths
 from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous,  # noqa: F401 (re-exported)
                      _interpreter_problem)
 from .launch import AttentionPlan, Launch, Plans, call_key
-from .mask_args import alibi_args, kernel_mask, window_keys  # noqa: F401 (re-exported)
+from .mask_args import LOG2E, alibi_args, kernel_mask, window_keys  # noqa: F401 (re-exported)
 
-LOG2E = forward_kernel.LOG2E.value  # log2(e), defined once beside the kernels that use it
 
 _state = {
     "fp32_precision": None,  # None: follow torch.get_float32_matmul_precision()

@@ -11,7 +11,7 @@ import torch
 from .. import masks
 from . import forward as forward_kernel
 
-LOG2E = forward_kernel.LOG2E.value
+LOG2E = forward_kernel.LOG2E.value  # log2(e), defined once beside the kernels that use it
 
 
 def window_keys(window, causal: bool) -> float:
