@@ -25,7 +25,6 @@ yardstick). DIR/masks.json: every row and the provenance.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -190,23 +189,7 @@ def spread(times) -> float:
     return float((max(times) - min(times)) / np.median(times)) if times else float("nan")
 
 
-@contextlib.contextmanager
-def grid_of(impl: str):
-    """``flashbook_rows``: packed documents on the older grid, one program row per document
-    at its longest length (``autograd.launch_shape``); every other impl as it is."""
-    from flashbook.kernels import autograd
-
-    before = autograd._state["packed_grid_docs"]
-    autograd._state["packed_grid_docs"] = 0 if impl == "flashbook_rows" else before
-    try:
-        yield
-    finally:
-        autograd._state["packed_grid_docs"] = before
-
-
-def time_one(name, n, d, window, seed, repeat: int = 1, compare_rows: bool = False) -> dict:
-    """One shape timed, flashbook and FlexAttention taking turns ``repeat`` times; with
-    ``compare_rows`` (packed documents only) flashbook on the older grid as well."""
+def time_one(name, n, d, window, seed, repeat: int = 1) -> dict:
     from flashbook import bench
     from flashbook.kernels import configs
 
@@ -227,24 +210,20 @@ def time_one(name, n, d, window, seed, repeat: int = 1, compare_rows: bool = Fal
            "forward_tile": [fwd_cfg.block_m, fwd_cfg.block_n]}
     useful = 4 * heads * pairs * d                       # 2 matrix products of 2*d FLOPs per allowed pair
     visited = 4 * heads * tiles["visited"] * fwd_cfg.block_m * fwd_cfg.block_n * d
-    impls = [("flashbook", ours), ("flex", flex)] + (
-        [("flashbook_rows", ours)] if compare_rows and name == "documents" else [])
-    times = {impl: {"fwd": [], "fwd_bwd": []} for impl, _ in impls}
-    for _ in range(repeat):   # they take turns, so that a slow spell of the GPU hits each
-        for impl, fn in impls:
+    times = {"flashbook": {"fwd": [], "fwd_bwd": []}, "flex": {"fwd": [], "fwd_bwd": []}}
+    for _ in range(repeat):   # the two take turns, so that a slow spell of the GPU hits both
+        for impl, fn in (("flashbook", ours), ("flex", flex)):
             if impl in row:
                 continue
             try:
-                with grid_of(impl):
-                    fn(q, k, v)
-                    times[impl]["fwd"].append(bench.time_ms(lambda: fn(q, k, v)))
-                    times[impl]["fwd_bwd"].append(
-                        bench.time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do)))
+                fn(q, k, v)
+                times[impl]["fwd"].append(bench.time_ms(lambda: fn(q, k, v)))
+                times[impl]["fwd_bwd"].append(bench.time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do)))
                 if impl == "flashbook":
                     row["backend"] = flashbook.last_backend()
             except Exception as exc:  # noqa: BLE001 - recorded, the others still run
                 row[impl] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
-    for impl, _ in impls:
+    for impl in ("flashbook", "flex"):
         if impl in row:
             continue
         fwd, both = (float(np.median(times[impl][k])) for k in ("fwd", "fwd_bwd"))
@@ -256,9 +235,6 @@ def time_one(name, n, d, window, seed, repeat: int = 1, compare_rows: bool = Fal
     if "error" not in row["flashbook"] and "error" not in row["flex"]:
         row["flex_over_flashbook_fwd"] = row["flex"]["fwd_ms"] / row["flashbook"]["fwd_ms"]
         row["flex_over_flashbook_fwd_bwd"] = row["flex"]["fwd_bwd_ms"] / row["flashbook"]["fwd_bwd_ms"]
-    if "error" not in row.get("flashbook_rows", {"error": None}) and "error" not in row["flashbook"]:
-        row["rows_over_packed_fwd"] = row["flashbook_rows"]["fwd_ms"] / row["flashbook"]["fwd_ms"]
-        row["rows_over_packed_fwd_bwd"] = row["flashbook_rows"]["fwd_bwd_ms"] / row["flashbook"]["fwd_bwd_ms"]
     return row
 
 
@@ -277,8 +253,6 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="time each shape this many times (medians and spread)")
     p.add_argument("--skip-checks", action="store_true", help="time only (the checks ran in an earlier call)")
     p.add_argument("--budget-s", type=float, default=500.0, help="stop starting new shapes after this")
-    p.add_argument("--compare-rows", action="store_true",
-                   help="packed documents also on the older grid, one program row per document (flashbook_rows)")
     args = p.parse_args(argv)
     from flashbook.bench.records import collect_provenance
 
@@ -312,12 +286,11 @@ def main(argv=None) -> int:
                         record["stopped"] = f"budget of {args.budget_s} s reached"
                         save()
                         return 0
-                    row = time_one(name, n, d, (window, 0) if window else (-1, -1), seed=n + d, repeat=args.repeat,
-                                   compare_rows=args.compare_rows)
+                    row = time_one(name, n, d, (window, 0) if window else (-1, -1), seed=n + d, repeat=args.repeat)
                     record["rows"].append(row)
                     print(f"{name} N={n} d={d} W={window}: " + ", ".join(
                         f"{impl} {row[impl].get('fwd_ms', float('nan')):.3f}/{row[impl].get('fwd_bwd_ms', float('nan')):.3f} ms"
-                        for impl in ("flashbook", "flex", "flashbook_rows") if impl in row)
+                        for impl in ("flashbook", "flex"))
                         + f"; flex/flashbook {row.get('flex_over_flashbook_fwd', float('nan')):.2f} fwd, "
                           f"{row.get('flex_over_flashbook_fwd_bwd', float('nan')):.2f} fwd+bwd", flush=True)
                     save()

@@ -56,7 +56,6 @@ _state = {
     "poison": False,  # fill every buffer a kernel writes with NaN first (tests: a missed write shows)
     "head_group": None,  # forward.launch_position's HEAD_GROUP: None follows configs.head_group (an int: forced)
     "heavy_last": None,  # forward.query_tile_index's HEAVY_LAST: None follows heavy_last's rule (a bool: forced)
-    "packed_grid_docs": None,  # launch_shape's PACKED_GRID_DOCS: None follows it (an int: forced; 0 turns it off)
 }
 
 
@@ -205,38 +204,20 @@ def head_group(device: torch.device, programs: int) -> int:
     return configs.head_group(programs, sms=_sms(device), cc=_cc(device))
 
 
-#: Packed documents: up to this many, a kernel's grid holds just the documents' tiles, heaviest
-#: first (``packed.document_tile``; each program reads every document's length); more
-#: take a row of cdiv(max_seqlen, tile) programs per document.
-PACKED_GRID_DOCS = 1024
-
-
 def launch_shape(packed, side: str, heads: int, batch: int, length: int, block: int, extra: dict,
                  device: torch.device | None = None) -> tuple[tuple, dict]:
     """A kernel's grid and its keyword arguments beyond chapter 7's (``extra``: a window's and
     a soft cap's, ``kernel_mask``; empty without them). Usually (cdiv(length, block), batch *
-    heads). For documents packed along one sequence (``varlen.Packed``; ``length`` is the packed
-    total): the documents' tiles one after the other, (length // block + documents, heads), with
-    all heads dealt out at once (``packed.document_tile``), or beyond ``PACKED_GRID_DOCS``
-    one program row per document at its longest length, (cdiv(max_seqlen, block), documents *
-    heads); and the ``cu_seqlens``. ``side``: "q" or "k", whose length the grid walks. On
-    ``device``, a small grid deals its programs out a few heads at a time (``head_group``:
-    ``HEAD_GROUP``)."""
+    heads). For documents packed along one sequence (``varlen.Packed``): one program row per
+    document at its longest length, (cdiv(max_seqlen, block), documents * heads), and the
+    ``cu_seqlens``. ``side``: "q" or "k", whose length the grid walks. On ``device``, a small
+    grid deals its programs out a few heads at a time (``head_group``: ``HEAD_GROUP``)."""
     if packed is None:
         grid = (triton.cdiv(length, block), batch * heads)
     else:
-        extra = dict(extra, CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True)
-        docs = packed.documents
-        limit = PACKED_GRID_DOCS if _state["packed_grid_docs"] is None else _state["packed_grid_docs"]
-        if docs <= limit:
-            # every document's tiles one after the other (at most length // block + docs of them),
-            # all heads dealt out together: the heaviest tiles of every head start first
-            grid = (length // block + docs, heads)
-            extra.update(n_docs=docs, DOCS=triton.next_power_of_2(docs))
-            group = heads if _state["head_group"] is None else _state["head_group"]
-            return grid, extra if group == 1 else dict(extra, HEAD_GROUP=group)
         longest = packed.max_seqlen_q if side == "q" else packed.max_seqlen_k
-        grid = (triton.cdiv(longest, block), docs * heads)
+        grid = (triton.cdiv(longest, block), packed.documents * heads)
+        extra = dict(extra, CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True)
     group = 1 if device is None else head_group(device, grid[0] * grid[1])
     if group != 1:
         extra = dict(extra, HEAD_GROUP=group)
@@ -277,7 +258,7 @@ def _plan_key(side: str, kernel, tensors, packed, configs_given, *flags):
     more = () if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k)
     q = tensors[0]
     precision = dot_precision(q.dtype) if isinstance(q, torch.Tensor) else None
-    sizes = (None,) if packed is None else (packed.max_seqlen_q, packed.max_seqlen_k, _state["packed_grid_docs"])
+    sizes = (None,) if packed is None else (packed.max_seqlen_q, packed.max_seqlen_k)
     key = call_key(tuple(tensors) + more, flags + sizes + (precision,))
     return None if key is None else (side, kernel, configs_given) + key
 

@@ -37,10 +37,9 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, launch_position, load_lse, load_tile,
-                      prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap, visible_keys,
-                      window_bounds, window_query_bounds)
-from .packed import document_tile, documents
+from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, documents, launch_position, load_lse,
+                      load_tile, prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap,
+                      visible_keys, window_bounds, window_query_bounds)
 
 
 @triton.jit
@@ -155,27 +154,19 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
-              ALIBI_SLOPES=None, alibi_stride=0, n_docs=0,
+              ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
-              DOCS: tl.constexpr = 0):
+              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1):
     """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
-    ``forward._attn_fwd`` (varlen: grid (every document's key tiles and a few more, kv_heads);
+    ``forward._attn_fwd`` (varlen: grid (cdiv(max_seqlen_k, BLOCK_N), documents * kv_heads);
     ALiBi: each query head of the group its own slope)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    if VARLEN and DOCS > 0:   # as in the forward; under a causal mask the first key tiles are the heavy ones
-        position, h_kv = launch_position(HEAD_GROUP)
-        b, tile = document_tile(CU_SEQLENS_K, position, n_docs, BLOCK_N, DOCS, CAUSAL, True)
-        start_n = tile * BLOCK_N
-        b = b.to(tl.int64)
-    else:
-        tile, bh_kv = launch_position(HEAD_GROUP)
-        start_n = tile * BLOCK_N
-        b = (bh_kv // n_kv_heads).to(tl.int64)
-        h_kv = bh_kv % n_kv_heads
-    h_kv = h_kv.to(tl.int64)
+    tile, bh_kv = launch_position(HEAD_GROUP)
+    start_n = tile * BLOCK_N
+    b = (bh_kv // n_kv_heads).to(tl.int64)
+    h_kv = (bh_kv % n_kv_heads).to(tl.int64)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -306,25 +297,19 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
             first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
-            ALIBI_SLOPES=None, alibi_stride=0, n_docs=0,
+            ALIBI_SLOPES=None, alibi_stride=0,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
             PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
-            HEAVY_LAST: tl.constexpr = False, DOCS: tl.constexpr = 0):
+            HEAVY_LAST: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI``, ``HEAVY_LAST`` and their
     arguments: as in ``forward._attn_fwd``."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    if VARLEN and DOCS > 0:   # as in the forward (packed.document_tile)
-        position, h = launch_position(HEAD_GROUP)
-        b, tile = document_tile(CU_SEQLENS_Q, position, n_docs, BLOCK_M, DOCS, CAUSAL, False, HEAVY_LAST)
-        start_m = tile * BLOCK_M
-        b = b.to(tl.int64)
-    else:
-        start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M  # the heaviest query tiles first
-        _, bh = launch_position(HEAD_GROUP)
-        b = (bh // n_heads).to(tl.int64)
-        h = bh % n_heads
+    start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M  # the heaviest query tiles first, as in the forward
+    _, bh = launch_position(HEAD_GROUP)
+    b = (bh // n_heads).to(tl.int64)
+    h = bh % n_heads
     h_kv = (h // group).to(tl.int64)
     h = h.to(tl.int64)
 

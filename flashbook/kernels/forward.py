@@ -31,8 +31,6 @@ makes sure of that).
 import triton
 import triton.language as tl
 
-from .packed import document_tile, documents
-
 MAIN: tl.constexpr = tl.constexpr(1)     # tiles wholly visible to every row: no mask
 MASKED: tl.constexpr = tl.constexpr(2)   # the causal diagonal and the ragged end
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * log2(e)); LOG2E.value on the host
@@ -43,8 +41,7 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 ba
 #: each one uses. Off (their defaults) they compile away, to the same instructions as before
 #: they existed (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
 #: (``display.source(..., without=LATER)``).
-LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",),
-         "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K", "n_docs", "DOCS"),
+LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K"),
          "PREFIX": ("prefix",), "ALIBI": ("ALIBI_SLOPES", "alibi_stride", "alibi_head", "alibi_diagonal")}
 
 #: The length arguments of the kernels. Triton compiles a separate kernel when an integer
@@ -219,6 +216,24 @@ def prefix_query_bounds(lo, band_end, full_end, start_n, prefix, BLOCK_N: tl.con
     lo = tl.where(start_n < prefix, 0, lo)
     band_end = tl.where(start_n + BLOCK_N <= prefix, 0, band_end)
     return lo, band_end, tl.maximum(band_end, full_end)
+
+
+@triton.jit
+def document(CU_SEQLENS, b):
+    """Where document ``b`` of a packed batch starts and how long it is: ``cu_seqlens[b]``
+    and ``cu_seqlens[b + 1] - cu_seqlens[b]`` (flash-attn's varlen layout)."""
+    start = tl.load(CU_SEQLENS + b)
+    return start.to(tl.int64), tl.load(CU_SEQLENS + b + 1) - start
+
+
+@triton.jit
+def documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last):
+    """Document ``b``'s queries and keys, ``(q_start, seq_q, k_start, seq_k, first, last)``:
+    where each starts, how many there are, and the window's offsets moved onto this
+    document's own diagonal (the host passes them relative to a diagonal of 0)."""
+    q_start, seq_q = document(CU_SEQLENS_Q, b)
+    k_start, seq_k = document(CU_SEQLENS_K, b)
+    return q_start, seq_q, k_start, seq_k, first + seq_k - seq_q, last + seq_k - seq_q
 
 
 @triton.jit
@@ -441,10 +456,10 @@ def _attn_fwd(Q, K, V, O, LSE,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
-              ALIBI_SLOPES=None, alibi_stride=0, n_docs=0,
+              ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
               PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
-              HEAVY_LAST: tl.constexpr = False, DOCS: tl.constexpr = 0):
+              HEAVY_LAST: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``qk_scale`` is the softmax scale times log2(e), so the scores come out in log2 units.
@@ -452,13 +467,10 @@ def _attn_fwd(Q, K, V, O, LSE,
     ``WINDOW``: row i sees keys [i + first, i + last] (``autograd.kernel_mask``), visited in
     three stages (``window_bounds``). ``SOFTCAP``: scores c * tanh(s / c) (``_fwd_inner``).
 
-    ``VARLEN``: documents packed along one sequence (flash-attn's varlen), each with its own
-    lengths from ``CU_SEQLENS_Q/K``; ``seq_q``
+    ``VARLEN``: documents packed along one sequence (flash-attn's varlen): the batch axis of
+    the grid counts documents, each with its own lengths from ``CU_SEQLENS_Q/K``; ``seq_q``
     is the packed total, lse is (heads, total), and ``first``/``last`` are relative to each
-    document's own diagonal. Grid (every document's query tiles and a few more, heads), the
-    ``n_docs`` documents read into a vector of ``DOCS`` (``packed.document_tile``); with ``DOCS`` = 0
-    (more documents than ``autograd.PACKED_GRID_DOCS``) the grid is (cdiv(max_seqlen_q,
-    BLOCK_M), documents * heads), and tiles past a short document's end idle.
+    document's own diagonal. Grid (cdiv(max_seqlen_q, BLOCK_M), documents * heads).
 
     ``PREFIX`` (with ``CAUSAL``, prefix-LM): the first ``prefix`` keys (of each document) are
     seen by every row as well (``prefix_bounds``).
@@ -472,16 +484,10 @@ def _attn_fwd(Q, K, V, O, LSE,
     (``query_tile_index``; a window with a right limit, ``autograd.heavy_last``).
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    if VARLEN and DOCS > 0:   # (every document's tiles, heads), all heads dealt out at once
-        position, h = launch_position(HEAD_GROUP)
-        b, tile = document_tile(CU_SEQLENS_Q, position, n_docs, BLOCK_M, DOCS, CAUSAL, False, HEAVY_LAST)
-        start_m = tile * BLOCK_M
-        b = b.to(tl.int64)
-    else:
-        start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M
-        _, bh = launch_position(HEAD_GROUP)
-        b = (bh // n_heads).to(tl.int64)
-        h = bh % n_heads
+    start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M
+    _, bh = launch_position(HEAD_GROUP)
+    b = (bh // n_heads).to(tl.int64)
+    h = bh % n_heads
     h_kv = (h // group).to(tl.int64)  # GQA: `group` query heads share one K/V head
     h = h.to(tl.int64)
 
