@@ -20,7 +20,8 @@ each of flashbook and FlexAttention (compiled, with its ``BlockMask``):
 
 ``--sweep``: at those shapes, the backward timed with each dK/dV and each dQ configuration
 of 64 rows or columns and more (``configs.kept_candidates``), the other kernel at its
-default. DIR/masks_profile.json: every number and the provenance.
+default (packed documents: the kernels ``flash_attention_varlen`` launches, on the documents
+of ``masks_bench.documents``). DIR/masks_profile.json: every number and the provenance.
 """
 from __future__ import annotations
 
@@ -159,13 +160,21 @@ def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 
     """The backward at one shape with each dK/dV and dQ configuration of 64 and more; ``only``:
     a list of (kernel, [block_m, block_n, warps, stages]) to time instead, ``repeat`` times each,
     taking turns."""
+    import numpy as np
+
     from flashbook import timing
-    from flashbook.kernels import autograd, configs
+    from flashbook.kernels import autograd, configs, varlen
 
     (q, k, v, do), _, _, mask = _inputs(shape)
-    if shape["name"] == "documents":
-        raise ValueError("the sweep runs the dense kernels; documents go through varlen")
-    kw = dict(causal=True, window=mask["window"], softcap=mask["softcap"])
+    if shape["name"] == "documents":   # the varlen call's own kernels: (1, H, total, d) views and the documents
+        if shape["batch"] != 1:
+            raise ValueError("packed documents are one sequence: batch 1")
+        cu = masks_bench.documents(shape["n"], 0)   # _inputs' documents
+        longest = int(np.diff(cu).max())
+        cu = torch.as_tensor(cu, dtype=torch.int32, device="cuda")
+        kw = dict(causal=True, packed=varlen.Packed(cu, cu, longest, longest))
+    else:
+        kw = dict(causal=True, window=mask["window"], softcap=mask["softcap"])
     q, k, v = (x.detach() for x in (q, k, v))
     o, lse = autograd.flash_forward(q, k, v, **kw)
     bd = configs.block_d(shape["d"])
