@@ -152,6 +152,26 @@ def profile_shape(shape, iters: int) -> dict:
     return row
 
 
+def backward_inputs(shape):
+    """(q, k, v, dO, the mask's keywords for ``autograd.flash_forward`` and ``flash_backward``) at
+    one shape; packed documents as the varlen call launches them: (1, H, total, d) tensors and
+    ``packed`` (``varlen.Packed``) with ``_inputs``' documents."""
+    import numpy as np
+
+    from flashbook.kernels import varlen
+
+    (q, k, v, do), _, _, mask = _inputs(shape)
+    q, k, v = (x.detach() for x in (q, k, v))
+    if shape["name"] != "documents":
+        return q, k, v, do, dict(causal=True, window=mask["window"], softcap=mask["softcap"])
+    if shape["batch"] != 1:
+        raise ValueError("packed documents are one sequence: batch 1")
+    cu = masks_bench.documents(shape["n"], 0)   # _inputs' documents
+    longest = int(np.diff(cu).max())
+    cu = torch.as_tensor(cu, dtype=torch.int32, device="cuda")
+    return q, k, v, do, dict(causal=True, packed=varlen.Packed(cu, cu, longest, longest))
+
+
 def _fields(cfg) -> list:
     return [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages]
 
@@ -160,22 +180,10 @@ def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 
     """The backward at one shape with each dK/dV and dQ configuration of 64 and more; ``only``:
     a list of (kernel, [block_m, block_n, warps, stages]) to time instead, ``repeat`` times each,
     taking turns."""
-    import numpy as np
-
     from flashbook import timing
-    from flashbook.kernels import autograd, configs, varlen
+    from flashbook.kernels import autograd, configs
 
-    (q, k, v, do), _, _, mask = _inputs(shape)
-    if shape["name"] == "documents":   # the varlen call's own kernels: (1, H, total, d) views and the documents
-        if shape["batch"] != 1:
-            raise ValueError("packed documents are one sequence: batch 1")
-        cu = masks_bench.documents(shape["n"], 0)   # _inputs' documents
-        longest = int(np.diff(cu).max())
-        cu = torch.as_tensor(cu, dtype=torch.int32, device="cuda")
-        kw = dict(causal=True, packed=varlen.Packed(cu, cu, longest, longest))
-    else:
-        kw = dict(causal=True, window=mask["window"], softcap=mask["softcap"])
-    q, k, v = (x.detach() for x in (q, k, v))
+    q, k, v, do, kw = backward_inputs(shape)
     o, lse = autograd.flash_forward(q, k, v, **kw)
     bd = configs.block_d(shape["d"])
     out = dict(shape, default={}, rows=[])

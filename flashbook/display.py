@@ -81,10 +81,19 @@ def _without_paragraphs(lines: list[str], switches) -> list[str]:
 
 def _without_blocks(lines: list[str], names: set) -> list[str]:
     """One pass of ``without_switches``: each ``if``/``elif`` block that is false with the
-    switches off goes, an ``else`` after it stays one level less indented."""
+    switches off goes, an ``else`` after it stays one level less indented; the body of an
+    ``if not SWITCH:`` stays, one level less indented (and its ``else`` goes)."""
     out, i = [], 0
     while i < len(lines):
         line = lines[i]
+        negated = re.fullmatch(r"if not (\w+):(\s*#.*)?", line.strip())
+        if negated and negated.group(1) in names:
+            depth, j = _indent(line), _block_end(lines, i)
+            out += [body[4:] if body.strip() else body for body in lines[i + 1:j]]
+            if j < len(lines) and _indent(lines[j]) == depth and lines[j].strip().startswith("else:"):
+                j = _block_end(lines, j)
+            i = j
+            continue
         if _switched_off_if(line, names):
             depth, j = _indent(line), _block_end(lines, i)
             if j < len(lines) and _indent(lines[j]) == depth and lines[j].strip().startswith("else:"):
@@ -106,7 +115,8 @@ def without_switches(text: str, switches) -> str:
 
     ``switches`` maps a switch (a ``tl.constexpr`` name) to the run-time arguments only it
     uses. Dropped: each ``if``/``elif`` block whose condition is false with the switches
-    off (an ``else`` after it is kept, one level less indented), and the switches and
+    off (an ``else`` after it is kept, one level less indented; the body of ``if not
+    SWITCH:`` likewise), and the switches and
     their arguments from every parameter and argument list (``NAME``, ``NAME=default``,
     ``NAME: tl.constexpr = default``)."""
     names = set(switches) | {a for args in switches.values() for a in args}

@@ -129,3 +129,28 @@ def test_the_window_order_and_tiles_the_chapter_quotes():
         configs.Config(*chapter12.SHORT_TILES["backward_dq"])
     assert configs.default("backward_dkdv", cc=90, block_d=128, elem_bytes=2, window=True) == \
         configs.Config(*chapter12.SHORT_TILES["backward_dkdv"])
+
+
+def test_the_short_windows_one_loop_the_chapter_quotes(tmp_path):
+    """``bench.chapter12.one_loop`` against the recorded file read directly: the times each row
+    took with three loops and with one, the rows the rule gives one loop (1K windows), the signs
+    the rule rests on, and no run recorded under a root without it."""
+    from flashbook.bench import chapter12
+    from flashbook.kernels import autograd, configs
+
+    got = chapter12.one_loop()
+    assert got is not None, "run one_loop is not recorded"
+    run = json.load(open(bench.run_path("one_loop") / "one_loop.json"))
+    assert run["provenance"]["gpu"]["name"] == "NVIDIA H200" and run["provenance"]["command"]
+    saved = {r["shape"]: 100 * (1 - r["median_ms"]["one"] / r["median_ms"]["three"]) for r in run["rows"]}
+    short = [saved[s] for s in saved if s.startswith("window:") and s.endswith(":1K")]
+    kept = [-saved[s] for s in ("window:8K:128:4K", "causal:8K:128", "documents:8K:128")]
+    assert len(short) == 5 and min(short) > 0 and min(kept) > 0     # the rule's signs
+    assert (got["gain_lo"], got["gain_hi"]) == pytest.approx((min(short), max(short)))
+    assert (got["loss_lo"], got["loss_hi"]) == pytest.approx((min(kept), max(kept)))
+    assert got["lengths"] == ["4K", "8K", "16K", "32K"] and got["exact"]
+    # what the rule runs: "rule" took the one-loop kernels for 1K windows, three loops elsewhere
+    assert autograd.one_loop(configs.tiles_for(False, 1025)[1]) == {"ONE_LOOP": True}
+    assert autograd.one_loop(configs.tiles_for(False, 4097)[1]) == {} == autograd.one_loop(False)
+    (tmp_path / "index.json").write_text(json.dumps({"runs": {"one_loop": {"path": "nowhere"}}}))
+    assert chapter12.one_loop(tmp_path) is None

@@ -63,3 +63,25 @@ def test_a_kernel_is_shown_without_the_switches_a_later_chapter_adds():
     c = g(a, 0, 0)
     return h(a, b)
 '''
+    # "if not FLAG:" is true with the switch off: its body stays, its else goes
+    negated = '''def f(a, FLAG: tl.constexpr = False):
+    if FLAG:
+        a = 0
+    if not FLAG:   # the usual path
+        a = a + 1
+        if a:
+            a = 2
+    else:
+        a = 3
+    if not FLAGS:
+        a = 4
+    return a
+'''
+    assert without_switches(negated, {"FLAG": ()}) == '''def f(a):
+    a = a + 1
+    if a:
+        a = 2
+    if not FLAGS:
+        a = 4
+    return a
+'''

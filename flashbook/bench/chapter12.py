@@ -1,7 +1,8 @@
 """The numbers chapter 12 (one kernel, many masks) reads from the recorded window runs.
 
 ``window_order`` returns what the chapter says about a sliding window's launch order and tiles
-(runs ``window_order`` and ``window_tiles`` of ``benchmarks/results/index.json``), each value
+(runs ``window_order`` and ``window_tiles`` of ``benchmarks/results/index.json``), ``one_loop``
+what it says about the short window's backward in one loop (run ``one_loop``): each value
 computed from the files, or None when a run is not recorded there.
 """
 from __future__ import annotations
@@ -63,3 +64,36 @@ def window_order(root=None) -> dict | None:
     out["long"] = sum(long for long, _ in medians)
     out["short"] = len(medians) - out["long"]
     return out
+
+
+def one_loop(root=None) -> dict | None:
+    """The short window's backward in one loop (run ``one_loop``), as the chapter quotes it:
+
+    - ``gain_lo``, ``gain_hi``: per cent of the three loops' backward time that one loop saved
+      over the rows the library gives one loop (windows shorter than ``configs.LONG_WINDOW``,
+      no soft cap), and ``lengths`` their N;
+    - ``loss_lo``, ``loss_hi``: per cent more time one loop took over the rows that keep three
+      (a long window, the causal mask, packed documents);
+    - ``exact``: every gradient bitwise the three loops', in every row and variant.
+    """
+    from ..kernels import configs
+
+    paths = run_paths("one_loop", root)
+    if not paths or not (paths[-1] / "one_loop.json").is_file():
+        return None
+    with open(paths[-1] / "one_loop.json") as f:
+        run = json.load(f)
+    gains, losses, lengths = [], [], []
+    for row in run["rows"]:
+        name, n, _, *window = row["shape"].split(":")
+        ms = row["median_ms"]
+        change = 100 * (ms["three"] - ms["one"]) / ms["three"]
+        short = name == "window" and window and int(window[0].rstrip("K")) * 1024 < configs.LONG_WINDOW
+        if short:
+            gains.append(change)
+            lengths.append(n)
+        elif name != "window-softcap":
+            losses.append(-change)
+    return {"gain_lo": min(gains), "gain_hi": max(gains), "loss_lo": min(losses), "loss_hi": max(losses),
+            "lengths": sorted(set(lengths), key=lambda n: int(n.rstrip("K"))),
+            "exact": all(all(row["bitwise_equal"].values()) for row in run["rows"])}

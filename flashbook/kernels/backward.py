@@ -156,12 +156,16 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
               ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
-              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1):
+              PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
+              ONE_LOOP: tl.constexpr = False):
     """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
     ``forward._attn_fwd`` (varlen: grid (cdiv(max_seqlen_k, BLOCK_N), documents * kv_heads);
-    ALiBi: each query head of the group its own slope)."""
+    ALiBi: each query head of the group its own slope).
+
+    ``ONE_LOOP``: every query tile in one masked loop instead of three (``autograd.one_loop``:
+    a short sliding window's programs, whose few tiles paid for three pipelined loops)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     tile, bh_kv = launch_position(HEAD_GROUP)
     start_n = tile * BLOCK_N
@@ -197,6 +201,8 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
         lo, band_end, full_end, main_end, hi = query_bounds(start_n, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
         if PREFIX:
             lo, band_end, main_end = prefix_query_bounds(lo, band_end, full_end, start_n, prefix, BLOCK_N)
+    if ONE_LOOP:   # the masked band runs to the last tile, and the other two loops are not compiled
+        band_end = hi
 
     for g in range(0, group):  # the query heads that share this K/V head (GQA)
         h = h_kv * group + g
@@ -221,20 +227,21 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                                  WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
                                  ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
                                  alibi_diagonal=seq_k - seq_q)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
-                                 stride_qm, stride_dom, stride_dqm,
-                                 offs_m, offs_d, seq_q, seq_k, diagonal, band_end, full_end, qk_scale,
-                                 HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
-                                 ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
-                                 alibi_diagonal=seq_k - seq_q)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
-                                 stride_qm, stride_dom, stride_dqm,
-                                 offs_m, offs_d, seq_q, seq_k, diagonal, main_end, hi, qk_scale,
-                                 HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
-                                 WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
-                                 ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
-                                 alibi_diagonal=seq_k - seq_q)
+        if not ONE_LOOP:
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
+                                     stride_qm, stride_dom, stride_dqm,
+                                     offs_m, offs_d, seq_q, seq_k, diagonal, band_end, full_end, qk_scale,
+                                     HEAD_DIM, BLOCK_M, MAIN, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
+                                     WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
+                                     ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                                     alibi_diagonal=seq_k - seq_q)
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, dq_base,
+                                     stride_qm, stride_dom, stride_dqm,
+                                     offs_m, offs_d, seq_q, seq_k, diagonal, main_end, hi, qk_scale,
+                                     HEAD_DIM, BLOCK_M, MASKED, CAUSAL, EVEN_D, ATOMIC_DQ, DOT_PRECISION,
+                                     WINDOW, first, SOFTCAP, cap_scale, PREFIX, prefix, ALIBI=ALIBI,
+                                     ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                                     alibi_diagonal=seq_k - seq_q)
 
     dk = dk * scale  # dK = scale * dS^T Q: the scale is applied once, at the end
     keep = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
@@ -300,11 +307,11 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             ALIBI_SLOPES=None, alibi_stride=0,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
             PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
-            HEAVY_LAST: tl.constexpr = False):
+            HEAVY_LAST: tl.constexpr = False, ONE_LOOP: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI``, ``HEAVY_LAST`` and their
-    arguments: as in ``forward._attn_fwd``."""
+    arguments: as in ``forward._attn_fwd``; ``ONE_LOOP``: as in ``_bwd_dkdv``."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M  # the heaviest query tiles first, as in the forward
     _, bh = launch_position(HEAD_GROUP)
@@ -351,22 +358,27 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         k_base = K + b * stride_kb + h_kv * stride_kh
         v_base = V + b * stride_vb + h_kv * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if WINDOW:
+    if ONE_LOOP:   # as in _bwd_dkdv: the first masked loop takes every key tile
+        if not WINDOW:
+            lo = 0
+        full_lo = hi
+    if WINDOW or ONE_LOOP:
         dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
                            rows, offs_n, offs_d, seq_k, diagonal, lo, full_lo, qk_scale,
                            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
                            PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
                            alibi_diagonal=seq_k - seq_q)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                       rows, offs_n, offs_d, seq_k, diagonal, full_lo, full_end, qk_scale,
-                       HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
-                       PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
-                       alibi_diagonal=seq_k - seq_q)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                       rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
-                       HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
-                       PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
-                       alibi_diagonal=seq_k - seq_q)
+    if not ONE_LOOP:
+        dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                           rows, offs_n, offs_d, seq_k, diagonal, full_lo, full_end, qk_scale,
+                           HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
+                           PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                           alibi_diagonal=seq_k - seq_q)
+        dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                           rows, offs_n, offs_d, seq_k, diagonal, full_end, hi, qk_scale,
+                           HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale,
+                           PREFIX, prefix, ALIBI=ALIBI, ALIBI_SLOPES=ALIBI_SLOPES, alibi_head=b * alibi_stride + h,
+                           alibi_diagonal=seq_k - seq_q)
     dq = dq * scale  # dQ = scale * dS K
     if VARLEN:
         tl.store(DQ + q_start * stride_dqm + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],

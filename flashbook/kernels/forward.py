@@ -37,12 +37,14 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 back into a natural log
 
 #: The compile-time switches that sliding windows, soft caps, packed documents, prefixes and
-#: ALiBi biases add to the kernels ("One kernel, many masks"), and the run-time arguments only
+#: ALiBi biases add to the kernels ("One kernel, many masks"; ``ONE_LOOP``, the backward's for a
+#: short window, ``autograd.one_loop``), and the run-time arguments only
 #: each one uses. Off (their defaults) they compile away, to the same instructions as before
 #: they existed (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
 #: (``display.source(..., without=LATER)``).
 LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K"),
-         "PREFIX": ("prefix",), "ALIBI": ("ALIBI_SLOPES", "alibi_stride", "alibi_head", "alibi_diagonal")}
+         "PREFIX": ("prefix",), "ALIBI": ("ALIBI_SLOPES", "alibi_stride", "alibi_head", "alibi_diagonal"),
+         "ONE_LOOP": ()}
 
 #: The length arguments of the kernels. Triton compiles a separate kernel when an integer
 #: argument is 1 (folding it in as a constant) or a multiple of 16. With seq_q = seq_k = 1

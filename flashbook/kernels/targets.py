@@ -69,6 +69,8 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
                           HEAD_GROUP=1)   # the launch order (forward.launch_position): the plain one
         if window and kernel != "backward_dkdv":   # a causal window's query tiles, last first (autograd.heavy_last)
             constexprs["HEAVY_LAST"] = True
+        if window and kernel != "forward":   # a short window's backward: one loop a program (autograd.one_loop)
+            constexprs["ONE_LOOP"] = True
         if not varlen:   # the cu_seqlens pointers: None, as a launch without documents leaves them
             constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
         if not alibi:    # the slopes' pointer likewise
