@@ -67,10 +67,10 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     if kernel in ("forward", "backward_dkdv", "backward_dq"):
         constexprs.update(WINDOW=window, SOFTCAP=softcap, VARLEN=varlen, PREFIX=prefix, ALIBI=alibi,
                           HEAD_GROUP=1)   # the launch order (forward.launch_position): the plain one
-        if window and kernel != "backward_dkdv":   # a causal window's query tiles, last first (autograd.heavy_last)
-            constexprs["HEAVY_LAST"] = True
-        if window and kernel != "forward":   # a short window's backward: one loop a program (autograd.one_loop)
-            constexprs["ONE_LOOP"] = True
+        if kernel != "backward_dkdv":   # a causal window's query tiles, last first (autograd.heavy_last)
+            constexprs["HEAVY_LAST"] = window
+        if kernel != "forward":   # a short window's backward: one loop a program (autograd.one_loop)
+            constexprs["ONE_LOOP"] = window
         if not varlen:   # the cu_seqlens pointers: None, as a launch without documents leaves them
             constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
         if not alibi:    # the slopes' pointer likewise
