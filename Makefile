@@ -56,13 +56,9 @@ $(COLAB_VENV)/.installed: tests/colab_like.py
 # at install: where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it) nothing compiled
 # later is kept, and every process would compile what it imports again (torch's import:
 # 1.6 s with its bytecode, 2.6 s without, measured here).
-# --maxschedchunk 1: xdist hands out the tests one at a time (two pending a worker). Without it
-# the first worker got the first quarter of its share at once (167 tests), which held every slow
-# test (conftest sorts them first): it ran them one after another while the other worker ran out
-# of tests and idled (the last 130 s of pytest were 30-50% idle, measured with vmstat here).
 test:
 	$(MAKE) -j3 editions browser colab-venv
-	$(PY) -m pytest -m "not gpu" -n 2 --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -n 2 --durations=25 $(PYTEST_ARGS)
 
 # The book, then the Colab edition from it (one after the other: colab reads the built book).
 editions: venv

@@ -46,8 +46,7 @@ def rng():
 
 def pytest_collection_modifyitems(config, items):
     """The tests marked ``slow`` first (the Colab-like run, the PDF, the compilations for
-    three chips, the grader), each file's in its own order: under ``pytest -n`` with
-    ``--maxschedchunk 1`` (``make test``) they are dealt out to the workers one at a time as
-    each frees up, and the many short tests fill in beside them, instead of one long test
-    starting last and running alone."""
+    three chips, the grader), each file's in its own order: under ``pytest -n`` they start
+    at once on the workers, and the many short tests fill in beside them, instead of one
+    long test starting last and running alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
