@@ -71,7 +71,7 @@ def one_loop(root=None) -> dict | None:
 
     - ``gain_lo``, ``gain_hi``: per cent of the three loops' backward time that one loop saved
       over the rows the library gives one loop (windows shorter than ``configs.LONG_WINDOW``,
-      no soft cap), and ``lengths`` their N;
+      with a soft cap or not), and ``lengths`` their N;
     - ``loss_lo``, ``loss_hi``: per cent more time one loop took over the rows that keep three
       (a long window, the causal mask, packed documents);
     - ``exact``: every gradient bitwise the three loops', in every row and variant.
@@ -83,17 +83,19 @@ def one_loop(root=None) -> dict | None:
         return None
     with open(paths[-1] / "one_loop.json") as f:
         run = json.load(f)
+    def size(text):   # masks_profile's shapes: "4K" or "4096"
+        return int(float(text[:-1]) * 1024) if text.endswith("K") else int(text)
+
     gains, losses, lengths = [], [], []
     for row in run["rows"]:
         name, n, _, *window = row["shape"].split(":")
         ms = row["median_ms"]
         change = 100 * (ms["three"] - ms["one"]) / ms["three"]
-        short = name == "window" and window and int(window[0].rstrip("K")) * 1024 < configs.LONG_WINDOW
-        if short:
+        if name.startswith("window") and size(window[0]) < configs.LONG_WINDOW:   # one loop by the rule
             gains.append(change)
             lengths.append(n)
-        elif name != "window-softcap":
+        else:
             losses.append(-change)
     return {"gain_lo": min(gains), "gain_hi": max(gains), "loss_lo": min(losses), "loss_hi": max(losses),
-            "lengths": sorted(set(lengths), key=lambda n: int(n.rstrip("K"))),
+            "lengths": sorted(set(lengths), key=size),
             "exact": all(all(row["bitwise_equal"].values()) for row in run["rows"])}
