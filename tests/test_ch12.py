@@ -152,5 +152,13 @@ def test_the_short_windows_one_loop_the_chapter_quotes(tmp_path):
     # what the rule runs: "rule" took the one-loop kernels for 1K windows, three loops elsewhere
     assert autograd.one_loop(configs.tiles_for(False, 1025)[1]) == {"ONE_LOOP": True}
     assert autograd.one_loop(configs.tiles_for(False, 4097)[1]) == {} == autograd.one_loop(False)
+    # FlexAttention's time over flashbook's for the 1K window, before (run masks_window_order) and after
+    def ratios(folder):
+        rows = json.load(open(folder / "masks.json"))["rows"]
+        return {r["seq"]: r["flex_over_flashbook_fwd_bwd"] for r in rows if r["mask"] == "window"
+                and r["window"] == [1024, 0]}
+    before, after = ratios(bench.run_path("masks_window_order")), ratios(bench.run_path("one_loop"))
+    assert got["flex"] == [(n, before.get(n), after[n]) for n in (4096, 8192, 16384, 32768)]
+    assert all(b is not None for _, b, _ in got["flex"])
     (tmp_path / "index.json").write_text(json.dumps({"runs": {"one_loop": {"path": "nowhere"}}}))
     assert chapter12.one_loop(tmp_path) is None

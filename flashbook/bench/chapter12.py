@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from .runs import load_recorded_json, run_paths
+from .runs import load_recorded_json, run_path, run_paths
 
 
 def _tile_medians(sweep: dict) -> dict:
@@ -74,7 +74,10 @@ def one_loop(root=None) -> dict | None:
       with a soft cap or not), and ``lengths`` their N;
     - ``loss_lo``, ``loss_hi``: per cent more time one loop took over the rows that keep three
       (a long window, the causal mask, packed documents);
-    - ``exact``: every gradient bitwise the three loops', in every row and variant.
+    - ``exact``: every gradient bitwise the three loops', in every row and variant;
+    - ``flex``: [(N, before, after)], FlexAttention's forward + backward time over flashbook's
+      for the plain 1K window, from run ``masks_window_order`` (three loops; None where it has
+      no such row) and from the comparison recorded with this run (one loop), or None.
     """
     from ..kernels import configs
 
@@ -96,6 +99,24 @@ def one_loop(root=None) -> dict | None:
             lengths.append(n)
         else:
             losses.append(-change)
-    return {"gain_lo": min(gains), "gain_hi": max(gains), "loss_lo": min(losses), "loss_hi": max(losses),
-            "lengths": sorted(set(lengths), key=size),
-            "exact": all(all(row["bitwise_equal"].values()) for row in run["rows"])}
+    out = {"gain_lo": min(gains), "gain_hi": max(gains), "loss_lo": min(losses), "loss_hi": max(losses),
+           "lengths": sorted(set(lengths), key=size),
+           "exact": all(all(row["bitwise_equal"].values()) for row in run["rows"]), "flex": None}
+    # FlexAttention's forward + backward time over flashbook's for the plain 1K window, N by N:
+    # the run's own comparison (masks.json beside it) after run masks_window_order's, before it
+    before, after = (_flex_ratios(path) for path in (run_path("masks_window_order", root),
+                                                     paths[-1]))
+    if before and after:
+        out["flex"] = [(n, before.get(n), after[n]) for n in sorted(after)]
+    return out
+
+
+def _flex_ratios(folder) -> dict | None:
+    """{N: Flex / flashbook forward + backward} of the plain 1,024-key window in a recorded
+    ``masks_bench.py`` folder, or None."""
+    if folder is None or not (folder / "masks.json").is_file():
+        return None
+    with open(folder / "masks.json") as f:
+        rows = json.load(f)["rows"]
+    return {r["seq"]: r["flex_over_flashbook_fwd_bwd"] for r in rows
+            if r["mask"] == "window" and r["window"][0] == 1024 and "flex_over_flashbook_fwd_bwd" in r}
