@@ -152,21 +152,22 @@ def profile_shape(shape, iters: int) -> dict:
     return row
 
 
-def backward_inputs(shape):
+def backward_inputs(shape, seed=0):
     """(q, k, v, dO, the mask's keywords for ``autograd.flash_forward`` and ``flash_backward``) at
-    one shape; packed documents as the varlen call launches them: (1, H, total, d) tensors and
-    ``packed`` (``varlen.Packed``) with ``_inputs``' documents."""
+    one shape, drawn as ``_inputs`` draws them with ``seed``; packed documents as the varlen call
+    launches them: (1, H, total, d) tensors and ``packed`` (``varlen.Packed``) with the same
+    documents as ``_inputs``'."""
     import numpy as np
 
     from flashbook.kernels import varlen
 
-    (q, k, v, do), _, _, mask = _inputs(shape)
+    (q, k, v, do), _, _, mask = _inputs(shape, seed)
     q, k, v = (x.detach() for x in (q, k, v))
     if shape["name"] != "documents":
         return q, k, v, do, dict(causal=True, window=mask["window"], softcap=mask["softcap"])
     if shape["batch"] != 1:
         raise ValueError("packed documents are one sequence: batch 1")
-    cu = masks_bench.documents(shape["n"], 0)   # _inputs' documents
+    cu = masks_bench.documents(shape["n"], seed)
     longest = int(np.diff(cu).max())
     cu = torch.as_tensor(cu, dtype=torch.int32, device="cuda")
     return q, k, v, do, dict(causal=True, packed=varlen.Packed(cu, cu, longest, longest))

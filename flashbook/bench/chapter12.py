@@ -80,15 +80,16 @@ def one_loop(root=None) -> dict | None:
       no such row) and from the comparison recorded with this run (one loop), or None.
     """
     from ..kernels import configs
+    from .cli import parse_seq_list
 
-    paths = run_paths("one_loop", root)
-    if not paths or not (paths[-1] / "one_loop.json").is_file():
+    def size(text):   # masks_profile's shapes write lengths as the bench CLI reads them: "4K" or "4096"
+        return parse_seq_list(text)[0]
+
+    folder = run_path("one_loop", root)
+    if folder is None or not (folder / "one_loop.json").is_file():
         return None
-    with open(paths[-1] / "one_loop.json") as f:
+    with open(folder / "one_loop.json") as f:
         run = json.load(f)
-    def size(text):   # masks_profile's shapes: "4K" or "4096"
-        return int(float(text[:-1]) * 1024) if text.endswith("K") else int(text)
-
     gains, losses, lengths = [], [], []
     for row in run["rows"]:
         name, n, _, *window = row["shape"].split(":")
@@ -104,8 +105,7 @@ def one_loop(root=None) -> dict | None:
            "exact": all(all(row["bitwise_equal"].values()) for row in run["rows"]), "flex": None}
     # FlexAttention's forward + backward time over flashbook's for the plain 1K window, N by N:
     # the run's own comparison (masks.json beside it) after run masks_window_order's, before it
-    before, after = (_flex_ratios(path) for path in (run_path("masks_window_order", root),
-                                                     paths[-1]))
+    before, after = (_flex_ratios(path) for path in (run_path("masks_window_order", root), folder))
     if before and after:
         out["flex"] = [(n, before.get(n), after[n]) for n in sorted(after)]
     return out

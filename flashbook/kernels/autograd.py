@@ -254,9 +254,9 @@ def one_loop(short_window: bool) -> dict:
     ``configs.LONG_WINDOW`` keys) leaves each program a few tiles, and one masked loop over all
     of them was faster, with the same sums in the same order (recorded run ``one_loop``: at
     W = 1K the backward took 2.6-6.1% less time at d = 128 from N = 4K to 32K, 12.4% less at
-    d = 64, 0.5% with a soft cap; with a 4K window, the causal mask or packed documents, whose programs keep more
-    whole tiles, 6.5-12.6% more). ``_state["one_loop"]`` forces True or False (experiments;
-    forget the plans after)."""
+    d = 64, 0.5% with a soft cap; with a 4K window, the causal mask or packed documents, whose
+    programs keep more whole tiles, 6.5-12.6% more). ``_state["one_loop"]`` forces True or
+    False (experiments; forget the plans after)."""
     forced = _state["one_loop"]
     return {"ONE_LOOP": True} if (short_window if forced is None else forced) else {}
 
