@@ -203,3 +203,26 @@ def test_the_cache_prefill_runs_every_notebook_of_the_book():
     assert prefill_cache.timeout_s() >= 600
     with pytest.raises(SystemExit):
         prefill_cache.main(["--jobs", "0"])
+
+
+def test_the_cache_prefill_never_stops_the_build(tmp_path):
+    """prefill_cache.execute runs a notebook in a kernel over IPC sockets (kernels started side
+    by side over TCP can pick the same port); a kernel that cannot start is a failed notebook
+    the build runs again, never an exception that stops `make book`."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import nbformat
+    import prefill_cache
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os\nprint(6 * 7, os.getcwd())")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    good = tmp_path / "good.ipynb"
+    nbformat.write(nb, good)
+    path, executed, seconds, error = prefill_cache.execute(str(good), 60)
+    assert error is None and seconds > 0
+    assert executed.cells[0].outputs[0]["text"] == f"42 {tmp_path}\n"   # in the notebook's folder
+
+    nb.metadata["kernelspec"]["name"] = "no-such-kernel"
+    bad = tmp_path / "bad.ipynb"
+    nbformat.write(nb, bad)
+    path, executed, seconds, error = prefill_cache.execute(str(bad), 60)
+    assert path == str(bad) and executed is None and "no-such-kernel" in error

@@ -44,12 +44,28 @@ def timeout_s() -> int:
 
 
 def execute(path: str, timeout: int):
-    """Run one notebook as myst-nb does; (path, executed notebook or None, seconds, error text)."""
+    """Run one notebook as myst-nb does; (path, executed notebook or None, seconds, error text).
+
+    The kernel talks over IPC sockets in a folder of its own: kernels started side by side
+    over TCP each pick a free port and bind it later, and two can pick the same one (the
+    loser dies before it answers). Any failure, a kernel that never starts included, leaves
+    the notebook to the build, which runs it again and reports its error."""
+    import tempfile
+    import traceback
+
     from jupyter_cache.executors.utils import single_nb_execution
+    from jupyter_client.manager import KernelManager
 
     nb = nbformat.read(path, as_version=4)
-    result = single_nb_execution(nb, cwd=os.path.dirname(path), allow_errors=False, timeout=timeout,
-                                 meta_override=True)
+    name = nb.metadata.get("kernelspec", {}).get("name") or "python3"
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="flashbook-kernel-") as sockets:
+            km = KernelManager(kernel_name=name, transport="ipc", ip=os.path.join(sockets, "k"))
+            result = single_nb_execution(nb, cwd=os.path.dirname(path), allow_errors=False,
+                                         timeout=timeout, meta_override=True, km=km)
+    except Exception:
+        return path, None, time.perf_counter() - start, traceback.format_exc()
     return path, (None if result.err else nb), result.time, result.exc_string
 
 
