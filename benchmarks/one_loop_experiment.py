@@ -55,7 +55,10 @@ def loops(name: str):
         autograd.forget_plans()
 
 
-def run_shape(text: str, names: list[str], rounds: int) -> dict:
+def run_shape(text: str, names: list[str], rounds: int, variant=loops, base: str = "three") -> dict:
+    """The backward at one shape (``masks_profile.parse_shape``) under each variant of ``names``
+    (``variant(name)``: a context manager), each compared bitwise with ``base`` and timed
+    ``rounds`` times, the variants taking turns."""
     from flashbook import timing
     from flashbook.kernels import autograd
 
@@ -63,15 +66,15 @@ def run_shape(text: str, names: list[str], rounds: int) -> dict:
     q, k, v, do, kw = masks_profile.backward_inputs(shape)
     o, lse = autograd.flash_forward(q, k, v, **kw)
     row = {"shape": text, "times_ms": {n: [] for n in names}, "bitwise_equal": {}}
-    with loops("three"):
-        base = autograd.flash_backward(q, k, v, o, lse, do, **kw)
+    with variant(base):
+        expected = autograd.flash_backward(q, k, v, o, lse, do, **kw)
     for name in names:
-        with loops(name):
+        with variant(name):
             got = autograd.flash_backward(q, k, v, o, lse, do, **kw)
-        row["bitwise_equal"][name] = all(torch.equal(a, b) for a, b in zip(base, got))
+        row["bitwise_equal"][name] = all(torch.equal(a, b) for a, b in zip(expected, got))
     for _ in range(rounds):
         for name in names:
-            with loops(name):
+            with variant(name):
                 autograd.flash_backward(q, k, v, o, lse, do, **kw)   # compiled and planned before timing
                 row["times_ms"][name].append(
                     timing.time_ms(lambda: autograd.flash_backward(q, k, v, o, lse, do, **kw)))
