@@ -1,76 +1,143 @@
-"""The lab's fused backward (benchmarks/fused_bwd_experiment.py): the library's dK/dV and dQ
-programs in one launch, in FlexAttention's order ("halves") or alternating ("interleaved"),
-compute bitwise the library's gradients, launch once where the library launches twice, refuse
-what they cannot fuse, and leave the library as it was."""
+"""The backward's dK/dV and dQ programs in one launch (``backward._bwd_fused``,
+``autograd.fuse_backward``): bitwise the two launches' gradients for every mask it can take, in
+FlexAttention's order and in the lab's alternating one (benchmarks/fused_bwd_experiment.py); one
+launch where the two grids match, two where they do not (GQA, grouped heads); the rule takes it
+for packed documents on sm_90 only; a plan replays it."""
 from __future__ import annotations
+
+import types
 
 import numpy as np
 import pytest
 import torch
 
 from flashbook import runtime
-from flashbook.kernels import autograd, varlen
+from flashbook.kernels import autograd, backward, launch, varlen
 
 from conftest import benchmark_script
+from test_launch_order import forced
 
 DEVICE = runtime.device()
 MASKS = {
     "documents": dict(causal=True),
+    "documents-alibi-softcap": dict(causal=True, softcap=4.0),
     "causal": dict(causal=True),
     "full": dict(causal=False),
     "window-softcap": dict(causal=True, window=(20, 0), softcap=4.0),
+    "prefix": dict(causal=True, prefix=23),
 }
 
 
-def _inputs(name, seed):
+def _inputs(name, seed, kv_heads=2):
     gen = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(1, 2, 90, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(4))
+    q, do = (torch.randn(1, 2, 90, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
+    k, v = (torch.randn(1, kv_heads, 90, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
     kw = dict(MASKS[name])
-    if name == "documents":
+    if name.startswith("documents"):
         cu = torch.tensor(np.cumsum([0, 33, 1, 40, 16]), dtype=torch.int32, device=DEVICE)
         kw["packed"] = varlen.Packed(cu, cu, 40, 40)
+    if "alibi" in name:
+        kw["alibi_slopes"] = torch.tensor([0.25, 0.0625], device=DEVICE)
     return q, k, v, do, kw
 
 
+def _launched(run):
+    """(what run() returned, the kernels it launched after the delta kernel)."""
+    kernels, original = [], autograd._launch
+
+    def counting(kernel, grid, args, kwargs, names):
+        kernels.append(kernel)
+        return original(kernel, grid, args, kwargs, names)
+
+    autograd._launch = counting
+    try:
+        return run(), kernels[1:]
+    finally:
+        autograd._launch = original
+
+
 @pytest.mark.parametrize("name", sorted(MASKS))
-def test_the_fused_launch_computes_the_librarys_gradients_bitwise(name):
+def test_one_launch_computes_the_two_launches_gradients_bitwise(name):
     exp = benchmark_script("fused_bwd_experiment")
     q, k, v, do, kw = _inputs(name, len(name))
     o, lse = autograd.flash_forward(q, k, v, **kw)
-    with exp.backward("library"):
-        expected = autograd.flash_backward(q, k, v, o, lse, do, **kw)
+
+    def grads():
+        return autograd.flash_backward(q, k, v, o, lse, do, **kw)
+
+    with exp.backward("separate"):
+        expected, kernels = _launched(grads)
+    assert [k.fn.__name__ for k in kernels] == ["_bwd_dkdv", "_bwd_dq"]
     assert all(torch.isfinite(g).all() and g.abs().max() > 0 for g in expected)
-    for order in ("halves", "interleaved"):
-        launched = []
-        original = autograd._launch
-
-        def counting(kernel, grid, args, kwargs, names):   # what reaches the GPU
-            launched.append((kernel, grid))
-            return original(kernel, grid, args, kwargs, names)
-
-        autograd._launch = counting   # the fused launcher launches through it
-        try:
-            with exp.backward(order):
-                got = autograd.flash_backward(q, k, v, o, lse, do, **kw)
-            assert autograd._launch is counting
-        finally:
-            autograd._launch = original
-        # delta, then the one fused grid: the dK/dV programs' tiles twice over
-        assert [kernel for kernel, _ in launched][1:] == [exp.FUSED[order]]
-        assert launched[1][1][0] % 2 == 0
+    for variant, kernel in (("halves", backward._bwd_fused), ("interleaved", exp.INTERLEAVED)):
+        with exp.backward(variant):
+            got, kernels = _launched(grads)
+        assert kernels == [kernel], variant
         for what, a, b in zip(("dq", "dk", "dv"), expected, got):
-            assert torch.equal(a, b), f"{order}: {what} differs by {(a - b).abs().max().item()}"
+            assert torch.equal(a, b), f"{variant}: {what} differs by {(a - b).abs().max().item()}"
+    assert autograd._bwd_fused is backward._bwd_fused and autograd._state["fused_backward"] is None
 
 
-def test_the_fused_launch_refuses_what_it_cannot_fuse():
+def test_grids_that_differ_take_two_launches():
+    """GQA (2 query heads a key head) gives the dQ kernel twice the dK/dV kernel's programs, and a
+    small grid on sm_90 deals heads out in groups: either way the library launches twice."""
+    q, k, v, do, kw = _inputs("causal", 5, kv_heads=1)
+    o, lse = autograd.flash_forward(q, k, v, **kw)
+    with forced("fused_backward", True):
+        fused, kernels = _launched(lambda: autograd.flash_backward(q, k, v, o, lse, do, **kw))
+    assert [k.fn.__name__ for k in kernels] == ["_bwd_dkdv", "_bwd_dq"]
+    with forced("fused_backward", False):
+        separate = autograd.flash_backward(q, k, v, o, lse, do, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(fused, separate))
+    q, k, v, do, kw = _inputs("causal", 6)
+    o, lse = autograd.flash_forward(q, k, v, **kw)
+    with forced("fused_backward", True), forced("head_group", 2):
+        _, kernels = _launched(lambda: autograd.flash_backward(q, k, v, o, lse, do, **kw))
+    assert [k.fn.__name__ for k in kernels] == ["_bwd_dkdv", "_bwd_dq"]
+
+
+def test_the_rule_fuses_packed_documents_on_sm90_only(monkeypatch):
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert not autograd.fuse_backward(True, cpu) and not autograd.fuse_backward(False, cpu)
+    monkeypatch.setattr(autograd, "_cc", lambda device: 90)
+    assert autograd.fuse_backward(True, gpu) and not autograd.fuse_backward(False, gpu)
+    monkeypatch.setattr(autograd, "_cc", lambda device: 80)
+    assert not autograd.fuse_backward(True, gpu)
+    with forced("fused_backward", True):
+        assert autograd.fuse_backward(False, cpu)
+    with forced("fused_backward", False):
+        monkeypatch.setattr(autograd, "_cc", lambda device: 90)
+        assert not autograd.fuse_backward(True, gpu)
+
+
+def test_a_plan_replays_the_one_launch(monkeypatch):
+    """The second call of a signature replays the launches the first made: delta and the fused grid."""
+    if runtime.INTERPRET:   # plans as on a GPU (test_launch's plans_on)
+        monkeypatch.setattr(launch, "runtime", types.SimpleNamespace(INTERPRET=False))
+    q, k, v, do, kw = _inputs("documents", 7)
+    o, lse = autograd.flash_forward(q, k, v, **kw)
+    autograd.forget_plans()
+    try:
+        with forced("fused_backward", True):
+            first, kernels = _launched(lambda: autograd.flash_backward(q, k, v, o, lse, do, **kw))
+            assert kernels == [backward._bwd_fused]
+            do2 = torch.randn_like(do)
+            replayed, kernels = _launched(lambda: autograd.flash_backward(q, k, v, o, lse, do2, **kw))
+            assert kernels == []   # the plan launches without autograd._launch
+        with forced("fused_backward", False):
+            autograd.forget_plans()
+            expected = autograd.flash_backward(q, k, v, o, lse, do2, **kw)
+    finally:
+        autograd.forget_plans()
+    assert all(torch.equal(a, b) for a, b in zip(replayed, expected))
+    assert not torch.equal(first[0], replayed[0])
+
+
+def test_the_experiment_refuses_unknown_variants_and_restores_the_library():
     exp = benchmark_script("fused_bwd_experiment")
-    gen = torch.Generator().manual_seed(1)
-    q, do = (torch.randn(1, 4, 64, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
-    k, v = (torch.randn(1, 2, 64, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
-    o, lse = autograd.flash_forward(q, k, v, causal=True)
-    with exp.backward("halves"), pytest.raises(ValueError, match="one dQ program per dK/dV program"):
-        autograd.flash_backward(q, k, v, o, lse, do, causal=True)   # GQA: 2 key heads, 4 query heads
     with pytest.raises(ValueError, match="a variant is one of"):
         with exp.backward("fused"):
             pass
-    assert autograd._state["head_group"] is None
+    with exp.backward("interleaved"):
+        assert autograd._bwd_fused is exp.INTERLEAVED and autograd._state["head_group"] == 1
+    assert autograd._bwd_fused is backward._bwd_fused and autograd._state["head_group"] is None

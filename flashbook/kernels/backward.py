@@ -307,13 +307,17 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             ALIBI_SLOPES=None, alibi_stride=0,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
             PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
-            HEAVY_LAST: tl.constexpr = False, ONE_LOOP: tl.constexpr = False):
+            HEAVY_LAST: tl.constexpr = False, ONE_LOOP: tl.constexpr = False, FUSED: tl.constexpr = False):
     """One program: one query tile of one (batch, head). Grid (cdiv(seq_q, BLOCK_M), batch * heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI``, ``HEAVY_LAST`` and their
-    arguments: as in ``forward._attn_fwd``; ``ONE_LOOP``: as in ``_bwd_dkdv``."""
+    arguments: as in ``forward._attn_fwd``; ``ONE_LOOP``: as in ``_bwd_dkdv``; ``FUSED``: a
+    program of ``_bwd_fused``'s second half."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M  # the heaviest query tiles first, as in the forward
+    if FUSED:
+        start_m = fused_query_tile(CAUSAL, HEAVY_LAST) * BLOCK_M
+    else:
+        start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M  # the heaviest query tiles first, as in the forward
     _, bh = launch_position(HEAD_GROUP)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads
@@ -386,3 +390,67 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     else:
         tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :],
                  dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def fused_is_dkdv():
+    """Whether this program of ``_bwd_fused`` is a dK/dV program: the first half of axis 0."""
+    return tl.program_id(0) < tl.num_programs(0) // 2
+
+
+@triton.jit
+def fused_query_tile(CAUSAL: tl.constexpr, HEAVY_LAST: tl.constexpr = False):
+    """``forward.query_tile_index`` for a dQ program of ``_bwd_fused``: programs T..2T-1 of
+    axis 0 are the query tiles, the heaviest first."""
+    tiles = tl.num_programs(0) // 2
+    tile = tl.program_id(0) - tiles
+    if CAUSAL or HEAVY_LAST:
+        tile = tiles - 1 - tile
+    return tile
+
+
+@triton.jit
+def _bwd_fused(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+               stride_qb, stride_qh, stride_qm,
+               stride_kb, stride_kh, stride_kn,
+               stride_vb, stride_vh, stride_vn,
+               stride_dob, stride_doh, stride_dom,
+               stride_dkb, stride_dkh, stride_dkn,
+               stride_dvb, stride_dvh, stride_dvn,
+               stride_dqb, stride_dqh, stride_dqm,
+               n_heads, n_kv_heads, group, seq_q, seq_k, qk_scale, scale,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
+               ALIBI_SLOPES=None, alibi_stride=0,
+               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
+               PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
+               BLOCK_M2: tl.constexpr = 128, BLOCK_N2: tl.constexpr = 64, HEAVY_LAST: tl.constexpr = False):
+    """``_bwd_dkdv`` and ``_bwd_dq`` in one launch, as FlexAttention's backward runs them. Grid
+    (2T, batch * heads) where both kernels' grids are (T, batch * heads) (no GQA): programs
+    0..T-1 of a head are its dK/dV programs (``BLOCK_M`` x ``BLOCK_N`` tiles), T..2T-1 its dQ
+    programs (``BLOCK_M2`` x ``BLOCK_N2``), so the dQ programs of a head run beside the dK/dV
+    programs of the next ones and find their tiles in L2. The same programs as the two
+    launches, so the same gradients bit for bit (``autograd.fuse_backward``: when the library
+    launches it, and what it measured)."""
+    if fused_is_dkdv():
+        _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+                  stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                  stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                  stride_dqb, stride_dqh, stride_dqm,
+                  n_heads, n_kv_heads, group, seq_q, seq_k, qk_scale, scale,
+                  HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ, DOT_PRECISION,
+                  first, last, cap_scale, CU_SEQLENS_Q, CU_SEQLENS_K, prefix, ALIBI_SLOPES, alibi_stride,
+                  WINDOW=WINDOW, SOFTCAP=SOFTCAP, VARLEN=VARLEN, PREFIX=PREFIX, ALIBI=ALIBI, ONE_LOOP=ONE_LOOP)
+    else:
+        _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                stride_dqb, stride_dqh, stride_dqm,
+                n_heads, group, seq_q, seq_k, qk_scale, scale,
+                HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, DOT_PRECISION,
+                first, last, cap_scale, CU_SEQLENS_Q, CU_SEQLENS_K, prefix, ALIBI_SLOPES, alibi_stride,
+                WINDOW=WINDOW, SOFTCAP=SOFTCAP, VARLEN=VARLEN, PREFIX=PREFIX, ALIBI=ALIBI, HEAVY_LAST=HEAVY_LAST,
+                ONE_LOOP=ONE_LOOP, FUSED=True)
