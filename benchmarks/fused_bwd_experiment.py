@@ -8,7 +8,8 @@ Chapter 8's backward launches the dK/dV kernel over every key tile of every head
 kernel over every query tile of every head: the dQ programs read Q, K, V and dO again after the
 dK/dV programs have read them for all heads (at 16K tokens x 16 heads x 128, 64 MB a tensor:
 more than the H200's 60 MB of L2). FlexAttention's backward launches one grid whose first
-programs of each head are dK/dV programs and whose last are dQ programs. Recorded run
+programs of each head are dK/dV programs and whose last are dQ programs, so the second reads of
+a head's tiles come soon after the first (whether from L2 is not measured here). Recorded run
 ``packed_grid`` (profile_documents.json) found its one backward kernel 10-20% shorter than our
 two on packed documents; the dQ kernel on a second stream (``masks_profile``'s ``overlap``)
 changed nothing, but a second stream only starts dQ programs once every dK/dV program has started.

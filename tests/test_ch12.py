@@ -162,3 +162,32 @@ def test_the_short_windows_one_loop_the_chapter_quotes(tmp_path):
     assert all(b is not None for _, b, _ in got["flex"])
     (tmp_path / "index.json").write_text(json.dumps({"runs": {"one_loop": {"path": "nowhere"}}}))
     assert chapter12.one_loop(tmp_path) is None
+
+
+def test_the_one_launch_backward_the_chapter_quotes(tmp_path):
+    """``bench.chapter12.fused_bwd`` against the recorded files read directly: what one launch in
+    FlexAttention's order saved at every d = 128 row, the signs the library's rule rests on
+    (packed documents gain at every length, the causal mask loses at 16K), and no run recorded
+    under a root without it."""
+    from flashbook.bench import chapter12
+
+    got = chapter12.fused_bwd()
+    assert got is not None, "run fused_bwd is not recorded"
+    saved = {}
+    for path in sorted(bench.run_path("fused_bwd").glob("*.json")):
+        run = json.load(open(path))
+        assert run["provenance"]["gpu"]["name"] == "NVIDIA H200" and run["provenance"]["command"]
+        for r in run["rows"]:
+            if "median_ms" in r:
+                assert all(r["bitwise_equal"].values())
+                saved[r["shape"]] = 100 * (1 - r["median_ms"]["halves"] / r["median_ms"]["library"])
+    docs = [(n, saved[f"documents:{n // 1024}K:128"]) for n in (4096, 8192, 16384, 32768)]
+    def flat(rows):
+        return [x for row in rows for x in row]
+
+    assert flat(got["gains"]["documents"]) == pytest.approx(flat(docs)) and min(g for _, g in docs) > 0
+    assert flat(got["gains"]["causal"]) == pytest.approx([4096, saved["causal:4K:128"], 16384, saved["causal:16K:128"]])
+    assert saved["causal:16K:128"] < 0 and got["exact"]
+    assert "documents:16K:64" not in saved   # refused: its two kernels' grids differ
+    (tmp_path / "index.json").write_text(json.dumps({"runs": {"fused_bwd": {"path": "nowhere"}}}))
+    assert chapter12.fused_bwd(tmp_path) is None

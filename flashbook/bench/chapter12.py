@@ -2,7 +2,8 @@
 
 ``window_order`` returns what the chapter says about a sliding window's launch order and tiles
 (runs ``window_order`` and ``window_tiles`` of ``benchmarks/results/index.json``), ``one_loop``
-what it says about the short window's backward in one loop (run ``one_loop``): each value
+what it says about the short window's backward in one loop (run ``one_loop``), ``fused_bwd``
+what it says about the backward's two kernels in one launch (run ``fused_bwd``): each value
 computed from the files, or None when a run is not recorded there.
 """
 from __future__ import annotations
@@ -120,3 +121,29 @@ def _flex_ratios(folder) -> dict | None:
         rows = json.load(f)["rows"]
     return {r["seq"]: r["flex_over_flashbook_fwd_bwd"] for r in rows
             if r["mask"] == "window" and r["window"][0] == 1024 and "flex_over_flashbook_fwd_bwd" in r}
+
+
+def fused_bwd(root=None) -> dict | None:
+    """The backward's dK/dV and dQ programs in one launch (run ``fused_bwd``), as the chapter
+    quotes it: {mask name: [(N, per cent of two launches' backward time that one launch in
+    FlexAttention's order saved)]} over every recorded row at d = 128 (negative: it took longer),
+    and ``exact``: every variant's gradients bitwise the two launches', in every row."""
+    from .cli import parse_seq_list
+
+    folder = run_path("fused_bwd", root)
+    if folder is None or not folder.is_dir():
+        return None
+    gains, exact = {}, True
+    for path in sorted(folder.glob("*.json")):
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        for row in rows:
+            if "median_ms" not in row:   # a shape the run refused (its error is recorded)
+                continue
+            name, n, d, *_ = row["shape"].split(":")
+            ms = row["median_ms"]
+            two = ms["separate"] if "separate" in ms else ms["library"]   # the first runs' name for it
+            if d == "128":
+                gains.setdefault(name, []).append((parse_seq_list(n)[0], 100 * (two - ms["halves"]) / two))
+            exact = exact and all(row["bitwise_equal"].values())
+    return {"gains": {name: sorted(rows) for name, rows in gains.items()}, "exact": exact} if gains else None

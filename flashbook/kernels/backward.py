@@ -431,9 +431,9 @@ def _bwd_fused(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     (2T, batch * heads) where both kernels' grids are (T, batch * heads) (no GQA): programs
     0..T-1 of a head are its dK/dV programs (``BLOCK_M`` x ``BLOCK_N`` tiles), T..2T-1 its dQ
     programs (``BLOCK_M2`` x ``BLOCK_N2``), so the dQ programs of a head run beside the dK/dV
-    programs of the next ones and find their tiles in L2. The same programs as the two
-    launches, so the same gradients bit for bit (``autograd.fuse_backward``: when the library
-    launches it, and what it measured)."""
+    programs of the next ones, not after every head's (why that is faster was not profiled).
+    The same programs as the two launches, so the same gradients bit for bit
+    (``autograd.fuse_backward``: when the library launches it, and what it measured)."""
     if fused_is_dkdv():
         _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
