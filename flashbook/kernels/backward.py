@@ -17,6 +17,9 @@ with ``delta = rowsum(dO * O)``. Three kernels:
 3. ``_bwd_dq``: one program owns a query tile and loops over the K/V tiles,
    accumulating dQ on chip.
 
+``_bwd_fused`` runs kernels 2 and 3 as one grid, each head's dK/dV programs and then its
+dQ programs (FlexAttention's order; ``autograd.fuse_backward`` says when: packed documents).
+
 Kernels 2 and 3 each recompute P: that is the price of writing every gradient
 exactly once, with no atomics, so the result is deterministic. The alternative,
 ``ATOMIC_DQ``, lets kernel 2 also add its share ``dS K`` of dQ straight into an
