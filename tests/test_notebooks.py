@@ -205,6 +205,22 @@ def test_the_cache_prefill_runs_every_notebook_of_the_book():
         prefill_cache.main(["--jobs", "0"])
 
 
+def _kernels_of_this_process() -> list[int]:
+    """The pids of the Jupyter kernels this process started that still run (Linux's /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"ipykernel" in command:
+            found.append(int(pid))
+    return found
+
+
 def test_the_cache_prefill_never_stops_the_build(tmp_path):
     """prefill_cache.execute runs a notebook in a kernel over IPC sockets (kernels started side
     by side over TCP can pick the same port); a kernel that cannot start is a failed notebook
@@ -220,6 +236,7 @@ def test_the_cache_prefill_never_stops_the_build(tmp_path):
     path, executed, seconds, error = prefill_cache.execute(str(good), 60)
     assert error is None and seconds > 0
     assert executed.cells[0].outputs[0]["text"] == f"42 {tmp_path}\n"   # in the notebook's folder
+    assert _kernels_of_this_process() == []   # shut down, not left to die with its parent
 
     nb.metadata["kernelspec"]["name"] = "no-such-kernel"
     bad = tmp_path / "bad.ipynb"

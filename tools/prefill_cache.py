@@ -62,8 +62,12 @@ def execute(path: str, timeout: int):
     try:
         with tempfile.TemporaryDirectory(prefix="flashbook-kernel-") as sockets:
             km = KernelManager(kernel_name=name, transport="ipc", ip=os.path.join(sockets, "k"))
-            result = single_nb_execution(nb, cwd=os.path.dirname(path), allow_errors=False,
-                                         timeout=timeout, meta_override=True, km=km)
+            try:
+                result = single_nb_execution(nb, cwd=os.path.dirname(path), allow_errors=False,
+                                             timeout=timeout, meta_override=True, km=km)
+            finally:   # nbclient leaves a kernel it was handed running
+                if km.has_kernel:
+                    km.shutdown_kernel(now=True)
     except Exception:
         return path, None, time.perf_counter() - start, traceback.format_exc()
     return path, (None if result.err else nb), result.time, result.exc_string
