@@ -243,3 +243,13 @@ def test_the_cache_prefill_never_stops_the_build(tmp_path):
     nbformat.write(nb, bad)
     path, executed, seconds, error = prefill_cache.execute(str(bad), 60)
     assert path == str(bad) and executed is None and "no-such-kernel" in error
+
+
+def test_no_page_links_to_a_branch_of_the_repository():
+    """Repository paths are written as code (`benchmarks/...`) and linked at the release tag by
+    the book's extension (``flashbook_sphinx.repository_links``); a hand-written link to a branch
+    would drift from the release the page describes."""
+    pattern = re.compile(r"github\.com/flashbook-dev/flashbook/(?:blob|tree)/(?!v\d)")
+    pages = NOTEBOOKS + sorted(glob.glob(os.path.join(ROOT, "book", "*.md")))
+    bad = [os.path.basename(p) for p in pages if pattern.search(open(p, encoding="utf-8").read())]
+    assert not bad, bad

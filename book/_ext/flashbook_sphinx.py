@@ -271,7 +271,12 @@ def _add_static(app, config):
 
 
 def setup(app):
+    import flashbook
+
     os.environ[SOLUTIONS_ENV] = "1"
+    # the release the pages link to (repository_links): a new one rebuilds every page, so that no
+    # page kept from an incremental build links to the release before
+    app.add_config_value("flashbook_version", flashbook.__version__, "env")
     app.setup_extension("gpu_outputs")
     app.connect("config-inited", _add_static)
     app.add_css_file("flashbook.css")
