@@ -96,18 +96,66 @@ def test_grids_that_differ_take_two_launches():
     assert [k.fn.__name__ for k in kernels] == ["_bwd_dkdv", "_bwd_dq"]
 
 
-def test_the_rule_fuses_packed_documents_on_sm90_only(monkeypatch):
+def test_the_rule_fuses_packed_documents_on_sm90_at_the_measured_head_dim_only(monkeypatch):
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    assert not autograd.fuse_backward(True, cpu) and not autograd.fuse_backward(False, cpu)
+    assert not autograd.fuse_backward(True, cpu, 128) and not autograd.fuse_backward(False, cpu, 128)
     monkeypatch.setattr(autograd, "_cc", lambda device: 90)
-    assert autograd.fuse_backward(True, gpu) and not autograd.fuse_backward(False, gpu)
+    assert autograd.fuse_backward(True, gpu, 128) and not autograd.fuse_backward(False, gpu, 128)
+    assert not autograd.fuse_backward(True, gpu, 64) and not autograd.fuse_backward(True, gpu, 256)
     monkeypatch.setattr(autograd, "_cc", lambda device: 80)
-    assert not autograd.fuse_backward(True, gpu)
+    assert not autograd.fuse_backward(True, gpu, 128)
     with forced("fused_backward", True):
-        assert autograd.fuse_backward(False, cpu)
+        assert autograd.fuse_backward(False, cpu, 16)
     with forced("fused_backward", False):
         monkeypatch.setattr(autograd, "_cc", lambda device: 90)
-        assert not autograd.fuse_backward(True, gpu)
+        assert not autograd.fuse_backward(True, gpu, 128)
+
+
+def test_a_launch_that_does_not_fit_never_leaves_dk_dv_unwritten(monkeypatch):
+    """If the one grid (or the dK/dV kernel kept for it) does not fit, the dQ kernel's next
+    tiles are tried with the dK/dV launch still pending: every gradient is written or the call
+    fails, never a dK or dV left as torch.empty made it."""
+    q, k, v, do, kw = _inputs("documents", 8)
+    o, lse = autograd.flash_forward(q, k, v, **kw)
+    with forced("fused_backward", False):
+        expected = autograd.flash_backward(q, k, v, o, lse, do, **kw)
+    original, refused = autograd._launch, []
+
+    def refuse_once(kernel, grid, args, kwargs, names):
+        if kernel is backward._bwd_fused and not refused:
+            refused.append(grid)
+            raise autograd.OutOfResources(1, 0, "shared memory")
+        return original(kernel, grid, args, kwargs, names)
+
+    monkeypatch.setattr(autograd, "_launch", refuse_once)
+    configs_tried = []
+    monkeypatch.setattr(autograd, "_run", _run_with_two_dq_configs(autograd._run, configs_tried))
+    with forced("fused_backward", True), autograd.poisoned_outputs():
+        got = autograd.flash_backward(q, k, v, o, lse, do, **kw)
+    assert refused and len(configs_tried) == 2
+    for what, a, b in zip(("dq", "dk", "dv"), expected, got):
+        assert torch.equal(a, b), what
+
+
+def _run_with_two_dq_configs(run, tried):
+    """autograd._run where the dQ kernel has two candidate tiles, the interpreter's and a second
+    of the same height (so the retry can fuse again), and a refusal moves on to the next."""
+    from flashbook.kernels import configs
+
+    def patched(kernel, x, bd, causal, key, launch, config=None, window=False):
+        if kernel != "backward_dq":
+            return run(kernel, x, bd, causal, key, launch, config, window)
+        first = configs.INTERPRETER[kernel]
+        for cfg in (first, configs.Config(first.block_m, first.block_n // 2, first.num_warps, 1)):
+            tried.append(cfg)
+            try:
+                launch(cfg)
+                return cfg
+            except autograd.OutOfResources:
+                continue
+        raise autograd.OutOfResources(1, 0, "shared memory")
+
+    return patched
 
 
 def test_a_plan_replays_the_one_launch(monkeypatch):

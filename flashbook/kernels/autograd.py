@@ -262,17 +262,18 @@ def one_loop(short_window: bool) -> dict:
     return {"ONE_LOOP": True} if (short_window if forced is None else forced) else {}
 
 
-def fuse_backward(packed: bool, device: torch.device) -> bool:
+def fuse_backward(packed: bool, device: torch.device, block_d: int) -> bool:
     """Whether the backward launches its dK/dV and dQ programs as one grid (``backward._bwd_fused``)
     where the two kernels' grids match and neither deals heads out in groups (``HEAD_GROUP``).
     On an H200 that took 1.8-9.2% off the backward of packed documents (``packed``) at d = 128
     from 8K to 32K tokens, bitwise the same gradients; under the causal mask at 16K it added 4.4%
-    (recorded run ``fused_bwd``). So: packed documents on sm_90. ``_state["fused_backward"]``
-    forces True or False (experiments; forget the plans after)."""
+    (recorded run ``fused_bwd``). So: packed documents on sm_90 with the head_dim tile measured,
+    ``block_d`` 128. ``_state["fused_backward"]`` forces True or False (experiments; forget the
+    plans after)."""
     forced = _state["fused_backward"]
     if forced is not None:
         return forced
-    return packed and device.type == "cuda" and _cc(device) == 90
+    return packed and block_d == 128 and device.type == "cuda" and _cc(device) == 90
 
 
 # ------------------------------------------------------------------ forward / backward
@@ -458,7 +459,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     key = (group, _seq_bucket(seq_q), _seq_bucket(seq_k))
 
     # autotuning times each kernel's launches on their own, so it keeps two launches
-    fuse, pending = fuse_backward(packed is not None, q.device) and not (atomic or _state["autotune"]), {}
+    fuse, pending = fuse_backward(packed is not None, q.device, bd) and not (atomic or _state["autotune"]), {}
     dkdv_names = ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq")
 
     def launch_dkdv(cfg: Config):
@@ -485,14 +486,16 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
     def launch_dq(cfg: Config):
         grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra, q.device)
         later = dict(later, **heavy_last(extra, seq_k), **loops)   # not in place: later may be extra itself
-        if "dkdv" in pending:
+        if "dkdv" in pending:   # kept until it launched: a launch that does not fit tries the next dQ tiles
             fused_grid, fused_args, fused_kw = pending["dkdv"]
             if fused_grid == grid and "HEAD_GROUP" not in later:
                 made["dkdv"] = _launch(fused_kernel, (2 * grid[0], grid[1]), fused_args, dict(
                     fused_kw, BLOCK_M2=cfg.block_m, BLOCK_N2=cfg.block_n, **heavy_last(extra, seq_k)), dkdv_names)
+                del pending["dkdv"]
                 made["dq"] = None
                 return
-            made["dkdv"] = _launch(dkdv_kernel, *pending.pop("dkdv"), dkdv_names)
+            made["dkdv"] = _launch(dkdv_kernel, *pending["dkdv"], dkdv_names)
+            del pending["dkdv"]
         made["dq"] = _launch(dq_kernel, grid, [
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2),
