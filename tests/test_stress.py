@@ -200,3 +200,24 @@ def test_the_rule_and_its_bound_agree_and_a_run_replays(capsys):
     for bad in (["no-such-class", "1"], ["attention-fp16-2x2-causal", "20000"]):
         with pytest.raises(SystemExit):
             replay_case.main(bad)
+
+
+def test_packed_documents_stress_the_one_launch_backward(monkeypatch):
+    """The GPU classes ``varlen-...-fused`` force the backward's one launch (small classes would
+    otherwise group heads and launch twice) at head_dims whose tile is the rule's 128, without
+    GQA; here a small such case runs it in the interpreter, within the rule, and restores the
+    library's switches."""
+    from flashbook.kernels import backward
+
+    fused = [(name, cases) for name, cases in stress.all_classes(kernels=("varlen",)) if name.endswith("-fused")]
+    assert len(fused) == 8 and all(len(cases) == 60 for _, cases in fused)
+    for _, cases in fused:
+        assert all(c.fused and c.kv_heads == c.heads and c.kernel == "varlen" for c in cases)
+        assert {c.head_dim for c in cases} == {128, 80} and cases[0].label().endswith("-fused")
+    launched, original = [], autograd._launch
+    monkeypatch.setattr(autograd, "_launch", lambda kernel, *a: launched.append(kernel) or original(kernel, *a))
+    case = stress.Case("varlen", 4, 2, 2, 40, 40, 16, True, "fp16", fused=True)
+    result = stress.run_class("varlen-fused-small", [case] * 2, DEVICE, first_seed=7)
+    assert result.passed, stress.report(result)
+    assert launched.count(backward._bwd_fused) == 2 and backward._bwd_dkdv not in launched
+    assert autograd._state["fused_backward"] is None and autograd._state["head_group"] is None

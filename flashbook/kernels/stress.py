@@ -23,6 +23,7 @@ Used by ``tests/test_stress_gpu.py`` (thousands of runs on a GPU),
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field, replace
 
@@ -68,6 +69,7 @@ class Case:
     softcap: float = 0.0     # attention: the soft cap c (0: off)
     prefix: int = 0          # attention (causal): a prefix-LM's prefix, keys every row sees
     alibi: bool = False      # attention, varlen: ALiBi biases with ``alibi_slopes(heads)``
+    fused: bool = False      # varlen: the backward in one launch (``autograd.fuse_backward``) forced, heads ungrouped
 
     def label(self) -> str:
         return (f"{self.kernel}-{self.dtype}-b{self.batch}h{self.heads}/{self.kv_heads}-"
@@ -77,7 +79,7 @@ class Case:
                 + (f"-window{self.window[0]},{self.window[1]}" if self.window != (-1, -1) else "")
                 + (f"-softcap{self.softcap:g}" if self.softcap else "")
                 + (f"-prefix{self.prefix}" if self.prefix else "")
-                + ("-alibi" if self.alibi else ""))
+                + ("-alibi" if self.alibi else "") + ("-fused" if self.fused else ""))
 
 
 @dataclass
@@ -157,7 +159,7 @@ def _launch(case: Case, seed: int, device):
         q, k, v, do = _draw(((int(cu_q[-1]), h, d), (int(cu_k[-1]), hk, d), (int(cu_k[-1]), hk, d),
                              (int(cu_q[-1]), h, d)), dtype, seed, device)
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        with poisoned_outputs():
+        with poisoned_outputs(), one_launch(case.fused):
             o = flash_attention_varlen(*leaves, cu_q.to(device, torch.int32), cu_k.to(device, torch.int32), nq, nk,
                                        causal=case.causal, window=case.window, softcap=case.softcap,
                                        prefix=case.prefix, alibi_slopes=_slopes(case, device))
@@ -176,6 +178,24 @@ def _launch(case: Case, seed: int, device):
                                          alibi_slopes=_slopes(case, device))
         o.backward(do)
     return (q, k, v, do), None, (o.detach(), *(x.grad for x in leaves))
+
+
+@contextlib.contextmanager
+def one_launch(enabled: bool):
+    """Inside: the backward's dK/dV and dQ programs in one launch wherever their grids match
+    (``autograd.fuse_backward`` forced, heads never grouped), so that small classes run the path
+    the library takes for long packed documents; call plans forgotten before and after."""
+    if not enabled:
+        yield
+        return
+    saved = autograd._state["fused_backward"], autograd._state["head_group"]
+    autograd._state.update(fused_backward=True, head_group=1)
+    autograd.forget_plans()
+    try:
+        yield
+    finally:
+        autograd._state["fused_backward"], autograd._state["head_group"] = saved
+        autograd.forget_plans()
 
 
 def run_attention(case: Case, seed: int, device) -> list:
@@ -374,6 +394,13 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
                 found.append((f"varlen-{dtype}-max{longest}-{mask_name((-1, -1), True, 0.0, alibi=True)}",
                               attention_class(longest, longest, dtype, True, runs, batch=4, kernel="varlen",
                                               alibi=True)))
+            # the one-launch backward, forced: head_dims whose tile is 128 (the rule's), no GQA
+            for longest in (65, 129):
+                for window, causal, cap in (((-1, -1), True, 0.0), MASKS[-1]):
+                    found.append((f"varlen-{dtype}-max{longest}-{mask_name(window, causal, cap)}-fused",
+                                  [replace(c, fused=True) for c in attention_class(
+                                      longest, longest, dtype, causal, runs, batch=4, kernel="varlen", groups=(1,),
+                                      head_dims=(128, 80), window=window, softcap=cap)]))
     if "gluon" in kernels:
         for dtype in ("fp16", "bf16"):
             for n_q, n_k in GLUON_LENGTH_PAIRS:
