@@ -54,10 +54,11 @@ def _family(cases) -> str:
     compile-time constant); float32 attention also by head_dim, as its IEEE dot products
     compile slowest (100 to 220 s for the first class of a head_dim on the H200's host)."""
     case = cases[0]
+    fused = "-fused" if case.fused else ""   # the one-launch backward: a kernel of its own
     if case.window != (-1, -1) or case.softcap or case.prefix or case.alibi:   # masked: kernels of their own
         return (f"{case.kernel}-{case.dtype}-"
-                f"{stress.mask_name(case.window, case.causal, case.softcap, case.prefix, case.alibi)}")
-    family = f"{case.kernel}-{case.dtype}-{'causal' if case.causal else 'full'}"
+                f"{stress.mask_name(case.window, case.causal, case.softcap, case.prefix, case.alibi)}{fused}")
+    family = f"{case.kernel}-{case.dtype}-{'causal' if case.causal else 'full'}{fused}"
     return family + (f"-d{case.head_dim}" if case.dtype == "fp32" and case.kernel == "attention" else "")
 
 
