@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -120,22 +118,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/fused_bwd_experiment.py"),
               "rows": []}
-    for text in filter(None, args.shapes.split(",")):
-        start = time.perf_counter()
-        try:
-            row = one_loop_experiment.run_shape(text, names, args.rounds,
-                                                variant=backward, base="separate")
-        except Exception as exc:  # noqa: BLE001 - recorded, the other shapes still run
-            row = {"shape": text, "error": f"{type(exc).__name__}: {exc}"[:600]}
-        record["rows"].append(row)
-        with open(os.path.join(args.out, "fused_bwd.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        if "error" in row:
-            print(f"{text}: {row['error']}", flush=True)
-            continue
-        print(f"{text}: " + ", ".join(f"{n}: {m:.3f} ms (spread {row['spread'][n]:.1%}, "
-                                      f"bitwise {row['bitwise_equal'][n]})" for n, m in row["median_ms"].items())
-              + f"  [{time.perf_counter() - start:.0f} s]", flush=True)
+    one_loop_experiment.run_shapes(args.shapes, names, args.rounds, os.path.join(args.out, "fused_bwd.json"),
+                                   record, variant=backward, base="separate", keep_going=True)
     return 0
 
 

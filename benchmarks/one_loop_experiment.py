@@ -99,16 +99,32 @@ def main(argv=None) -> int:
     names = args.variants.split(",")
     if set(names) - set(VARIANTS):
         p.error(f"--variants takes names from {sorted(VARIANTS)}, got {args.variants}")
-    for text in filter(None, args.shapes.split(",")):
+    run_shapes(args.shapes, names, args.rounds, os.path.join(args.out, "one_loop.json"), record)
+    return 0
+
+
+def run_shapes(shapes: str, names: list[str], rounds: int, path: str, record: dict, *, variant=loops,
+               base: str = "three", keep_going: bool = False) -> None:
+    """Each shape of the comma-separated ``shapes`` through ``run_shape``: its row appended to
+    ``record["rows"]``, ``record`` written to ``path`` after each, one line printed. With
+    ``keep_going`` a shape that raises is recorded as {"shape", "error"} and the others still run."""
+    for text in filter(None, shapes.split(",")):
         start = time.perf_counter()
-        row = run_shape(text, names, args.rounds)
+        try:
+            row = run_shape(text, names, rounds, variant, base)
+        except Exception as exc:  # noqa: BLE001 - recorded when keep_going, the other shapes still run
+            if not keep_going:
+                raise
+            row = {"shape": text, "error": f"{type(exc).__name__}: {exc}"[:600]}
         record["rows"].append(row)
-        with open(os.path.join(args.out, "one_loop.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(record, f, indent=1)
+        if "error" in row:
+            print(f"{text}: {row['error']}", flush=True)
+            continue
         print(f"{text}: " + ", ".join(f"{n}: {m:.3f} ms (spread {row['spread'][n]:.1%}, "
                                       f"bitwise {row['bitwise_equal'][n]})" for n, m in row["median_ms"].items())
               + f"  [{time.perf_counter() - start:.0f} s]", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

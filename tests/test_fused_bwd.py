@@ -189,3 +189,29 @@ def test_the_experiment_refuses_unknown_variants_and_restores_the_library():
     with exp.backward("interleaved"):
         assert autograd._bwd_fused is exp.INTERLEAVED and autograd._state["head_group"] == 1
     assert autograd._bwd_fused is backward._bwd_fused and autograd._state["head_group"] is None
+
+
+def test_both_experiments_record_each_shape_as_it_finishes(monkeypatch, tmp_path):
+    """``one_loop_experiment.run_shapes`` (the loop both experiments run): a row per shape, the
+    file rewritten after each; a shape that raises is recorded and the rest run with
+    ``keep_going`` (the fused experiment), and stops the run without it (the one-loop one)."""
+    import json
+
+    exp = benchmark_script("one_loop_experiment")
+
+    def fake(text, names, rounds, variant, base):
+        if text.startswith("causal"):
+            raise ValueError("grids differ")
+        return {"shape": text, "median_ms": {n: 1.0 for n in names}, "spread": {n: 0.0 for n in names},
+                "bitwise_equal": {n: True for n in names}}
+
+    monkeypatch.setattr(exp, "run_shape", fake)
+    path, record = tmp_path / "run.json", {"rows": []}
+    exp.run_shapes("documents:8K:128,causal:8K:128,window:8K:128:1K", ["a", "b"], 1, str(path), record,
+                   keep_going=True)
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["shape"] for r in rows] == ["documents:8K:128", "causal:8K:128", "window:8K:128:1K"]
+    assert rows[1] == {"shape": "causal:8K:128", "error": "ValueError: grids differ"} and rows == record["rows"]
+    with pytest.raises(ValueError, match="grids differ"):
+        exp.run_shapes("documents:8K:128,causal:8K:128", ["a"], 1, str(path), {"rows": []})
+    assert [r["shape"] for r in json.loads(path.read_text())["rows"]] == ["documents:8K:128"]

@@ -485,12 +485,13 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
 
     def launch_dq(cfg: Config):
         grid, later = launch_shape(packed, "q", heads, batch, seq_q, cfg.block_m, extra, q.device)
-        later = dict(later, **heavy_last(extra, seq_k), **loops)   # not in place: later may be extra itself
+        order = heavy_last(extra, seq_k)
+        later = dict(later, **order, **loops)   # not in place: later may be extra itself
         if "dkdv" in pending:   # kept until it launched: a launch that does not fit tries the next dQ tiles
             fused_grid, fused_args, fused_kw = pending["dkdv"]
             if fused_grid == grid and "HEAD_GROUP" not in later:
                 made["dkdv"] = _launch(fused_kernel, (2 * grid[0], grid[1]), fused_args, dict(
-                    fused_kw, BLOCK_M2=cfg.block_m, BLOCK_N2=cfg.block_n, **heavy_last(extra, seq_k)), dkdv_names)
+                    fused_kw, BLOCK_M2=cfg.block_m, BLOCK_N2=cfg.block_n, **order), dkdv_names)
                 del pending["dkdv"]
                 made["dq"] = None
                 return
