@@ -200,7 +200,13 @@ def time_one(name, n, d, window, seed, repeat: int = 1) -> dict:
     cu = documents(n, seed)
     ours, flex, mask = _calls(name, n, window, q, k, v, cu)
     pairs = allowed_pairs(n, True, mask["window"], cu if name == "documents" else None)
-    fwd_cfg = configs.default("forward", cc=90, block_d=configs.block_d(d), elem_bytes=2, causal=True)
+    from flashbook.kernels.mask_args import window_keys
+
+    # the forward's tiles as the library chooses them (a short window has its own: configs.tiles_for)
+    tiles_causal, tiles_window = configs.tiles_for(True, window_keys(mask["window"], True)
+                                                   if tuple(mask["window"]) != (-1, -1) else None)
+    fwd_cfg = configs.default("forward", cc=90, block_d=configs.block_d(d), elem_bytes=2, causal=tiles_causal,
+                              window=tiles_window)
     ids = masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None
     tiles = masks.tile_counts(n, n, fwd_cfg.block_m, fwd_cfg.block_n, causal=True, window=mask["window"],
                               doc_ids_q=ids, doc_ids_k=ids)

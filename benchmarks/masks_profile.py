@@ -19,8 +19,8 @@ each of flashbook and FlexAttention (compiled, with its ``BlockMask``):
   take the checked path, ``dq_beside_dkdv``).
 
 ``--sweep``: at those shapes, the backward timed with each dK/dV and each dQ configuration
-of 64 rows or columns and more (``configs.kept_candidates``), the other kernel at its
-default (packed documents: the kernels ``flash_attention_varlen`` launches, on the documents
+of 64 rows or columns and more (``configs.kept_candidates``; ``--kernels fwd`` the forward with
+each of its own), the other kernel at its default (packed documents: the kernels ``flash_attention_varlen`` launches, on the documents
 of ``masks_bench.documents``). DIR/masks_profile.json: every number and the provenance.
 """
 from __future__ import annotations
@@ -173,14 +173,19 @@ def backward_inputs(shape, seed=0):
     return q, k, v, do, dict(causal=True, packed=varlen.Packed(cu, cu, longest, longest))
 
 
+#: --only's and --kernels' short names
+KERNEL_NAMES = {"fwd": "forward", "dkdv": "backward_dkdv", "dq": "backward_dq"}
+
+
 def _fields(cfg) -> list:
     return [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages]
 
 
-def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 1) -> dict:
-    """The backward at one shape with each dK/dV and dQ configuration of 64 and more; ``only``:
-    a list of (kernel, [block_m, block_n, warps, stages]) to time instead, ``repeat`` times each,
-    taking turns."""
+def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 1,
+                kernels=("backward_dkdv", "backward_dq")) -> dict:
+    """The backward at one shape with each dK/dV and dQ configuration of 64 and more (and the
+    forward with each of its own, where ``kernels`` names "forward"); ``only``: a list of
+    (kernel, [block_m, block_n, warps, stages]) to time instead, ``repeat`` times each, taking turns."""
     from flashbook import timing
     from flashbook.kernels import autograd, configs
 
@@ -192,7 +197,7 @@ def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 
     # the tiles the library chooses for this mask (configs.tiles_for: a long window the causal mask's)
     causal, windowed = configs.tiles_for("window" not in shape["name"],
                                          shape["window"] + 1 if "window" in shape["name"] else None)
-    for kernel in ("backward_dkdv", "backward_dq"):
+    for kernel in kernels:
         out["default"][kernel] = _fields(configs.default(kernel, cc=90, block_d=bd, elem_bytes=2, causal=causal,
                                                          window=windowed))
         todo += [(kernel, cfg) for cfg in configs.kept_candidates(kernel, cc=90, block_d=bd, elem_bytes=2)
@@ -203,14 +208,18 @@ def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 
         if time.perf_counter() > deadline:
             out["stopped"] = "budget"
             return out
-        arg = {"config_dkdv" if kernel == "backward_dkdv" else "config_dq": cfg}
         start = time.perf_counter()
         try:
-            ms = timing.time_ms(lambda: autograd.flash_backward(q, k, v, o, lse, do, **kw, **arg))
-            out["rows"].append({"kernel": kernel, "config": _fields(cfg), "bwd_ms": ms})
+            if kernel == "forward":
+                ms = timing.time_ms(lambda: autograd.flash_forward(q, k, v, **kw, config=cfg))
+                out["rows"].append({"kernel": kernel, "config": _fields(cfg), "fwd_ms": ms})
+            else:
+                arg = {"config_dkdv" if kernel == "backward_dkdv" else "config_dq": cfg}
+                ms = timing.time_ms(lambda: autograd.flash_backward(q, k, v, o, lse, do, **kw, **arg))
+                out["rows"].append({"kernel": kernel, "config": _fields(cfg), "bwd_ms": ms})
         except Exception as exc:  # noqa: BLE001
             out["rows"].append({"kernel": kernel, "config": _fields(cfg), "error": f"{type(exc).__name__}"[:200]})
-        print(f"  {kernel} {_fields(cfg)}: {out['rows'][-1].get('bwd_ms', 'error')} "
+        print(f"  {kernel} {_fields(cfg)}: {out['rows'][-1].get('fwd_ms', out['rows'][-1].get('bwd_ms', 'error'))} "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
     return out
 
@@ -221,7 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default=DEFAULT_SHAPES)
     p.add_argument("--sweep", default="")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--only", default="", help="configurations to sweep, e.g. dq:64,64,4,2;dkdv:64,64,4,2")
+    p.add_argument("--only", default="", help="configurations to sweep, e.g. dq:64,64,4,2;dkdv:64,64,4,2;fwd:128,64,4,3")
+    p.add_argument("--kernels", default="dkdv,dq", help="the kernels --sweep sweeps: fwd, dkdv, dq")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--budget-s", type=float, default=450.0)
     args = p.parse_args(argv)
@@ -252,10 +262,11 @@ def main(argv=None) -> int:
             save()
             return 0
     for text in filter(None, args.sweep.split(",")):
-        only = [("backward_" + item.split(":")[0], [int(x) for x in item.split(":")[1].split(",")])
+        only = [(KERNEL_NAMES[item.split(":")[0]], [int(x) for x in item.split(":")[1].split(",")])
                 for item in filter(None, args.only.split(";"))]
         record["sweeps"].append(sweep_shape(parse_shape(text), deadline=start + args.budget_s, only=only,
-                                            repeat=args.repeat))
+                                            repeat=args.repeat,
+                                            kernels=[KERNEL_NAMES[x] for x in args.kernels.split(",")]))
         save()
         if time.perf_counter() - start > args.budget_s:
             record["stopped"] = "budget"

@@ -205,10 +205,14 @@ def test_mask_specific_defaults():
             for bd in configs.BLOCK_DS:
                 if (kernel, cc, bd) != ("backward_dkdv", 90, 128):
                     assert pick(kernel, False, cc, bd) == pick(kernel, True, cc, bd), (kernel, cc, bd)
-    # a sliding window's dQ on sm_90 at head_dim 128 (masks_h200/masks_profile.json); the rest as without it
+    # a sliding window's dQ on sm_90 at head_dim 128 (masks_h200/masks_profile.json) and its forward
+    # at head_dim <= 128 (masks_h200-5: the forward tile sweeps); the rest as without it
     window = {(kernel, cc, bd): configs.default(kernel, cc=cc, block_d=bd, elem_bytes=2, window=True)
               for kernel in configs.KERNELS for cc in CHIP_OF for bd in configs.BLOCK_DS}
     assert window.pop(("backward_dq", 90, 128)) == configs.Config(64, 64, 4, 2)
+    for bd in configs.BLOCK_DS:
+        if bd <= 128:
+            assert window.pop(("forward", 90, bd)) == configs.Config(64, 64, 4, 3), bd
     assert all(cfg == pick(kernel, False, cc, bd) for (kernel, cc, bd), cfg in window.items())
     # a long sliding window is tiled as the causal mask, a short one as above (configs.tiles_for)
     assert configs.tiles_for(False, configs.LONG_WINDOW) == (True, False)

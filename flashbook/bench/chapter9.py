@@ -260,6 +260,7 @@ def build(root=None) -> Chapter9:
     _provenance(ch)
     ceilings = measured.ceilings(ch)
     measured.speed(ch, ceilings)
+    measured.causal_cost(ch)
     measured.ncu(ch)
     measured.memory(ch)
     points = measured.roofline(ch, ceilings)

@@ -157,6 +157,43 @@ def speed(ch, ceil) -> None:
 
 
 
+#: The names of the causal forward's measured costs (``causal_cost``).
+CAUSAL_COST_KEYS = ("cc_excess", "cc_tiles", "cc_fixed", "cc_masked", "cc_mask_ratio", "cc_fixed_tiles",
+                    "cc_idle_full", "cc_idle_causal", "cc_b8", "cc_b32")
+#: What ``causal_cost`` splits, by the names of the recorded analysis
+CAUSAL_COST_MEASURES = ("inst", "cycles", "ncu_us", "ms")
+
+
+def causal_cost(ch) -> None:
+    """Where the causal forward's time beyond half the unmasked one's goes, at d = 128 (the
+    recorded run ``causal_cost``: benchmarks/causal_cost.py's analysis.json). Each part is
+    given as a range over its four measures (instructions, SM cycles, ncu's and the CUDA
+    events' GPU time), in points of half the unmasked pass."""
+    import json
+
+    from .runs import run_path
+
+    run = run_path("causal_cost", ch.root) if ch.root is not None else None
+    if run is None or not (run / "analysis.json").exists():
+        ch.nothing(*CAUSAL_COST_KEYS)
+        return
+    at = json.loads((run / "analysis.json").read_text())["128"]
+    by = [at[m] for m in CAUSAL_COST_MEASURES]
+
+    def span(values, fmt=".1f"):
+        lo, hi = min(values), max(values)
+        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}} to {hi:{fmt}}"
+
+    ch.put("cc_excess", span([100 * (m["ratio_to_half"] - 1) for m in by]))
+    for name, part in (("cc_tiles", "more_tiles"), ("cc_fixed", "program_costs"), ("cc_masked", "masked_extra")):
+        ch.put(name, span([100 * m["shares"][part] for m in by]))
+    ch.put("cc_mask_ratio", span([m["fit"]["b_over_a"] for m in by], ".2f"))
+    ch.put("cc_fixed_tiles", span([m["fit"]["f"] / m["fit"]["a"] for m in by]))
+    idle = {p["causal"]: 100 * p["idle"] for p in at["passes"] if p["seq_k"] == p["seq_q"]}
+    ch.put("cc_idle_full", idle[False], ".1f"); ch.put("cc_idle_causal", idle[True], ".1f")
+    ch.put("cc_b8", at["ms"]["ratio_to_half"], ".2f"); ch.put("cc_b32", at["batch32_ratio_to_half"], ".2f")
+
+
 def ncu(ch) -> None:
     """Nsight Compute's count of what the tensor cores did, one pass per kernel on the H200
     (benchmarks/kernel_ncu.py; ``profiles`` reads ncu's CSV with the passes)."""

@@ -47,7 +47,7 @@ from .forward import _attn_fwd, for_lengths
 from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous,  # noqa: F401 (re-exported)
                      _interpreter_problem)
 from .launch import AttentionPlan, Launch, Plans, call_key
-from .mask_args import LOG2E, alibi_args, kernel_mask, window_keys  # noqa: F401 (re-exported)
+from .mask_args import LOG2E, alibi_args, kernel_mask, tiles_of, window_keys  # noqa: F401 (re-exported)
 
 
 _state = {
@@ -354,8 +354,8 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
     q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
-    causal, qk_scale, extra = kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
-                                          diagonal=0 if packed is not None else None, prefix=prefix)
+    causal_given, (causal, qk_scale, extra) = causal, kernel_mask(causal, window, softcap, seq_q, seq_k, scale,
+                                                                  diagonal=0 if packed is not None else None, prefix=prefix)
     extra.update(alibi_args(alibi_slopes, q, None if packed is None else packed.documents))
     if (extra or packed is not None) and kernel is not _attn_fwd:
         raise ValueError("window, softcap, prefix, alibi_slopes and packed documents need the library's forward "
@@ -384,7 +384,8 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
             CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later),
             ("q", "k", "v", "o", "lse"))]
 
-    _run("forward", q, bd, causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config)
+    tiles_causal, tiles_window = tiles_of(causal, causal_given, window, extra)   # a short window's own tiles
+    _run("forward", q, bd, tiles_causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config, window=tiles_window)
     if key is not None and _as_given(zip(given, (q, k, v)), alibi_slopes):
         _PLANS["forward"].remember(key, AttentionPlan([("o", "q"), ("lse", (batch, heads, seq_q))], made, ("o", "lse")))
     return o, lse
@@ -509,9 +510,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             CAUSAL=causal, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later), ("q", "k", "v", "do", "lse", "delta", "dq"))
 
-    # the tiles: a long window takes the causal mask's, a short one its own (configs.tiles_for)
-    tiles_causal, tiles_window = configs.tiles_for(causal, window_keys(window, causal_given) if "WINDOW" in extra
-                                                   else None)
+    tiles_causal, tiles_window = tiles_of(causal, causal_given, window, extra)   # a long window: causal's
     loops = one_loop(tiles_window)   # a short window: one loop a program (read by the launches above)
     _run("backward_dkdv", q, bd, tiles_causal, key + (atomic,), launch_dkdv, config_dkdv, window=tiles_window)
     if atomic:

@@ -133,13 +133,21 @@ def smem_limit(cc: int) -> int:
 #   1.8-2.3% (dK/dV) and 2.6-4.0% (dQ) longer than the causal choices, with W = 1K (8K, 32K) the
 #   causal choices took 1.1-1.9% (dK/dV) and 1.4-4.5% (dQ) longer (``bench.chapter12``). Each gap
 #   is about the repeats' spread, its sign the same at every length.
+# * the forward under a short sliding window (``tiles_for``) at head_dim up to 128: 64 x 64 with
+#   4 warps and 3 stages, the rows' short key loops in programs half as tall
+#   (benchmarks/results/masks_h200-5: with W = 1K the forward took 0.419 against 0.585 ms at
+#   d = 64, N = 16K and 0.360 against 0.414 ms at d = 128, N = 16K, best of 24 configurations each;
+#   against FlexAttention the d = 64 forward went from 0.81-0.88x (4K, 16K, 32K; 1.36x at 8K) to
+#   1.07-1.15x at 4K-32K, and at
+#   d = 128 from 1.05-1.09x to 1.12-1.21x at 8K-32K).
 # sm_80 follows the same shapes with the A100's smaller shared memory; sm_75 (T4)
 # has 64 KiB and no tensor-core path in Triton.
 ANY = BLOCK_DS[-1]
 MASKS = ("full", "causal", "window")
 _PREFERRED: dict[str, dict[str, list[tuple]]] = {
     "sm_90": {
-        "forward": [(ANY, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
+        "forward": [(128, Config(64, 64, 4, 3), "window"),
+                    (ANY, Config(128, 64, 8, 3)), (ANY, Config(128, 64, 8, 2)), (ANY, Config(64, 64, 4, 3)),
                     (ANY, Config(64, 32, 4, 2)), (ANY, Config(32, 32, 4, 1))],
         "backward_dkdv": [(64, Config(64, 64, 4, 3)), (ANY, Config(64, 64, 4, 2), "full"),
                           (ANY, Config(64, 128, 8, 3)), (ANY, Config(64, 128, 8, 2)),

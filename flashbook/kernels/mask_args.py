@@ -22,6 +22,14 @@ def window_keys(window, causal: bool) -> float:
     return math.inf if left < 0 or right < 0 else left + right + 1
 
 
+def tiles_of(causal: bool, causal_given: bool, window, extra: dict) -> tuple[bool, bool]:
+    """``configs.tiles_for`` of one call: the ``(causal, window)`` its tiles are chosen with, from
+    the kernel's ``causal`` and ``extra`` (``kernel_mask``'s) and the caller's ``causal`` and ``window``."""
+    from . import configs
+
+    return configs.tiles_for(causal, window_keys(window, causal_given) if "WINDOW" in extra else None)
+
+
 def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: float,
                 diagonal: int | None = None, prefix=0) -> tuple[bool, float, dict]:
     """What the kernels are told about a mask and a soft cap: ``(causal, qk_scale, extra)``.
