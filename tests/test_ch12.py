@@ -2,10 +2,12 @@
 and the tile arithmetic its prose states."""
 import functools
 import json
+import os
 
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from flashbook import bench, masks
 
 
@@ -191,3 +193,23 @@ def test_the_one_launch_backward_the_chapter_quotes(tmp_path):
     assert "documents:16K:64" not in saved   # refused: its two kernels' grids differ
     (tmp_path / "index.json").write_text(json.dumps({"runs": {"fused_bwd": {"path": "nowhere"}}}))
     assert chapter12.fused_bwd(tmp_path) is None
+
+
+def test_a_short_windows_forward_tiles_are_the_recorded_fastest_and_the_chapter_says_so():
+    from flashbook.bench import chapter12
+    from flashbook.kernels import configs
+
+    got = chapter12.forward_tiles()
+    assert got is not None and got["sweep"] is not None, "runs masks_d64 and window_fwd_tiles are missing"
+    best = configs.Config(*got["sweep"]["best"])
+    for d in (64, 128):   # the library's choice is the sweep's fastest
+        assert configs.default("forward", cc=90, block_d=d, elem_bytes=2, window=True) == best
+        assert configs.default("forward", cc=90, block_d=d, elem_bytes=2, causal=True) != best
+    assert got["sweep"]["best_ms"] < 0.9 * got["sweep"]["default_ms"]
+    for d in (64, 128):
+        before, after, lengths = got["flex"][d]
+        assert after[0] > before[0] and after[0] >= 1.0 and len(lengths) >= 3   # no slower than Flex's now
+    nb = json.load(open(os.path.join(ROOT, "notebooks", "12_masks.ipynb")))
+    prose = next("".join(c["source"]) for c in nb["cells"] if "The forward's tiles" in "".join(c["source"]))
+    for name in ("wf_best", "wf_default", "wf_timed", "wf_64_before", "wf_64_after", "wf_128_before", "wf_128_after"):
+        assert f"{{glue:text}}`{name}`" in prose, name

@@ -147,3 +147,35 @@ def fused_bwd(root=None) -> dict | None:
                 gains.setdefault(name, []).append((parse_seq_list(n)[0], 100 * (two - ms["halves"]) / two))
             exact = exact and all(row["bitwise_equal"].values())
     return {"gains": {name: sorted(rows) for name, rows in gains.items()}, "exact": exact} if gains else None
+
+
+def forward_tiles(root=None) -> dict | None:
+    """A short window's forward on its own tiles (runs ``masks_d64``: before, then after at
+    d = 64, then after at d = 128; ``window_fwd_tiles``: the tile sweep), as the chapter quotes
+    it: ``flex`` {d: (Flex / flashbook forward before, after) as (low, high) over the lengths both
+    ran, 1K window}, and ``sweep``: the d = 128, 16K forward's default and best time (ms), the
+    best tiles and how many were timed."""
+    paths = run_paths("masks_d64", root)
+    if len(paths) != 3 or not all(p.is_file() for p in paths):
+        return None
+    ratios = []
+    for path in paths:
+        with open(path) as f:
+            ratios.append({(r["head_dim"], r["seq"]): r["flex_over_flashbook_fwd"] for r in json.load(f)["rows"]
+                           if r["mask"] == "window" and r["window"][0] == 1024})
+    before, after64, after128 = ratios
+    out = {"flex": {}}
+    for d, after in ((64, after64), (128, after128)):
+        both = [key for key in after if key[0] == d and key in before and key[1] >= (4096 if d == 64 else 8192)]
+        pick = (lambda table: (min(table[k] for k in both), max(table[k] for k in both)))
+        out["flex"][d] = (pick(before), pick(after), sorted(k[1] for k in both))
+    sweep = run_path("window_fwd_tiles", root)
+    out["sweep"] = None
+    if sweep is not None and sweep.is_file():
+        with open(sweep) as f:
+            shape = next(s for s in json.load(f)["sweeps"] if s["name"] == "window" and s["d"] == 128)
+        timed = {tuple(r["config"]): r["fwd_ms"] for r in shape["rows"] if "fwd_ms" in r}
+        best = min(timed, key=timed.get)
+        out["sweep"] = {"n": shape["n"], "default_ms": timed[tuple(shape["default"]["forward"])],
+                        "best_ms": timed[best], "best": best, "timed": len(timed)}
+    return out

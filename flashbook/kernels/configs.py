@@ -136,7 +136,7 @@ def smem_limit(cc: int) -> int:
 # * the forward under a short sliding window (``tiles_for``) at head_dim up to 128: 64 x 64 with
 #   4 warps and 3 stages, the rows' short key loops in programs half as tall
 #   (benchmarks/results/masks_h200-5: with W = 1K the forward took 0.419 against 0.585 ms at
-#   d = 64, N = 16K and 0.360 against 0.414 ms at d = 128, N = 16K, best of 24 configurations each;
+#   d = 64, N = 16K and 0.360 against 0.414 ms at d = 128, N = 16K, best of 24 and 20 tile choices;
 #   against FlexAttention the d = 64 forward went from 0.81-0.88x (4K, 16K, 32K; 1.36x at 8K) to
 #   1.07-1.15x at 4K-32K, and at
 #   d = 128 from 1.05-1.09x to 1.12-1.21x at 8K-32K).
