@@ -127,6 +127,18 @@ def test_visible_code_is_teaching_code(built, visible_code, nb):
     assert lines <= MAX_CODE_LINES.get(slug, lines), f"{slug}: {lines} visible lines of code"
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=os.path.basename)
+def test_every_chapter_is_a_lesson_not_a_lab_log(built, nb):
+    """At most ``page_words.LIMIT`` words of page text per chapter (prose, code, outputs)."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import page_words
+
+    slug = os.path.basename(nb)[: -len(".ipynb")]
+    words = page_words.html_words(os.path.join(built, "notebooks", f"{slug}.html"))
+    assert 1_000 < words <= page_words.LIMIT, f"{slug}: {words} words of page text"
+
+
 # ----------------------------------------------------------------- the explorers from disk
 
 def _html_pages(built):

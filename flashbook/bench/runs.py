@@ -98,3 +98,15 @@ def load_recorded_json(name: str, root=None):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def recorded_output(notebook: str, cell_id: str, root=None) -> str | None:
+    """What the ``gpu`` cell ``cell_id`` of ``notebook`` (its stem, e.g. "07_triton_forward")
+    printed in its recorded GPU run (``<notebook>.json`` in the recorded run ``gpu_cells``), or
+    None. A page built without a GPU shows that output, so its prose reads numbers from here."""
+    folder = run_path("gpu_cells", root)
+    path = None if folder is None else folder / f"{notebook}.json"
+    if path is None or not path.is_file():
+        return None
+    cell = next((c for c in json.loads(path.read_text())["cells"] if c["id"] == cell_id), None)
+    return None if cell is None else "".join(o.get("text", "") for o in cell["outputs"])
