@@ -305,3 +305,18 @@ def test_without_the_second_run_the_lab_notes_say_so(tmp_path):
     assert changed and all(k.startswith("gbr_") for k in changed)
     assert all(partial.values[k] == "n/a" for k in full.values if k.startswith("gbr_"))
     assert "gluon_bwd_rows" not in partial.tables and "gluon_bwd_rows_ncu" not in partial.tables
+
+
+def test_the_prose_under_the_timing_cell_describes_the_recorded_table():
+    """Built without a GPU, the page shows the timing cell's recorded H200 table: the prose names
+    that run and explains its NaN, instead of saying the cell "only said so"."""
+    cells = {c.get("id"): "".join(c["source"]) for c in _cells()}
+    assert "{glue:text}`live_note`" in cells["26110378"] and "live_phrase" not in cells["26110378"]
+    glued = {}
+    exec(cells["c10-live-note"], {"g": lambda name, value, fmt="": glued.update({name: format(value, fmt)}),
+                                  "CPU": True})
+    recorded = json.load(open(RECORDING))
+    table = "".join(o.get("text", "") for c in recorded["cells"] if c["id"] == "6041c7eb" for o in c["outputs"])
+    header = table.strip().splitlines()[0]
+    assert header.startswith("NVIDIA H200") and f"recorded run ({header})" in glued["live_note"]
+    assert "only said so" not in glued["live_note"] and '"x previous"' in glued["live_note"]
