@@ -132,16 +132,10 @@ def _call(step):
 
 def profile(steps) -> None:
     """Each pass twice (compile, warm), then once between cudaProfilerStart and Stop."""
-    import torch
+    from flashbook.timing import profile_once
 
     for step in steps:
-        fn = _call(step)
-        fn(), fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+        profile_once(_call(step))
 
 
 def times(dims, repeat: int) -> list[dict]:

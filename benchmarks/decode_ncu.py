@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import flashbook  # noqa: E402,F401
 from flashbook import bench  # noqa: E402
 from flashbook.kernels import decode, flash_decode  # noqa: E402
+from flashbook.timing import profile_once  # noqa: E402
 
 from decode_bench import PAGE_SIZE, decode_inputs, parse_shapes  # noqa: E402
 
@@ -61,10 +62,7 @@ def main(argv=None) -> int:
             call(), call()
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push(f"{name} B{batch} N{seq}")
-            torch.cuda.profiler.start()
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+            profile_once(call, warmups=0)
             torch.cuda.nvtx.range_pop()
             print(f"profiled {name} batch {batch} seq {seq}", flush=True)
             steps.append({"impl": name, "batch": batch, "seq": seq})

@@ -21,6 +21,7 @@ import torch  # noqa: E402
 
 import flashbook  # noqa: E402,F401
 from flashbook.kernels import autograd  # noqa: E402
+from flashbook.timing import profile_once  # noqa: E402
 
 import gluon_bwd_lab as lab  # noqa: E402  (beside this file)
 from hopper_bwd_experiment import VARIANTS  # noqa: E402
@@ -38,12 +39,7 @@ def main(argv=None) -> int:
              for name in args.variants.split(",")]
     calls.append(("triton", lambda: autograd.flash_backward(q, k, v, o, lse, do)))
     for name, fn in calls:
-        fn(), fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+        profile_once(fn)
         print(f"# profiled {name}", file=sys.stderr, flush=True)
     return 0
 

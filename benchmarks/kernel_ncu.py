@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 import flashbook  # noqa: E402
 from flashbook import bench  # noqa: E402
+from flashbook.timing import profile_once  # noqa: E402
 
 METRICS = (
     "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
@@ -160,10 +161,7 @@ def main(argv=None) -> int:
             steps.append(dict(label, kernels=len(names), names=names))
             print(f"{label}: {len(names)} kernels", file=sys.stderr, flush=True)
         else:
-            torch.cuda.profiler.start()
-            run()
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+            profile_once(run, warmups=0)   # prepare() above compiled and warmed it
             print(f"profiled {label}", file=sys.stderr, flush=True)
     if args.count:
         with open(args.count, "w") as f:

@@ -122,3 +122,18 @@ def host_us(fn, calls: int = 500, rounds: int = 5) -> dict:
         per.append((time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
     return {"median_us": statistics.median(per), "min_us": min(per), "max_us": max(per)}
+
+
+def profile_once(fn, warmups: int = 2) -> None:
+    """``fn`` called ``warmups`` times (compiling, planning), then once between
+    ``cudaProfilerStart`` and ``cudaProfilerStop``: what Nsight Compute run with
+    ``--profile-from-start off`` profiles (benchmarks/*_ncu.py, causal_cost.py)."""
+    import torch
+
+    for _ in range(warmups):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
