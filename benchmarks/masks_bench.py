@@ -200,11 +200,11 @@ def time_one(name, n, d, window, seed, repeat: int = 1) -> dict:
     cu = documents(n, seed)
     ours, flex, mask = _calls(name, n, window, q, k, v, cu)
     pairs = allowed_pairs(n, True, mask["window"], cu if name == "documents" else None)
-    from flashbook.kernels.mask_args import window_keys
+    from flashbook.kernels.mask_args import kernel_mask, tiles_of
 
     # the forward's tiles as the library chooses them (a short window has its own: configs.tiles_for)
-    tiles_causal, tiles_window = configs.tiles_for(True, window_keys(mask["window"], True)
-                                                   if tuple(mask["window"]) != (-1, -1) else None)
+    causal_k, _, extra = kernel_mask(True, mask["window"], mask["softcap"], n, n, d ** -0.5)
+    tiles_causal, tiles_window = tiles_of(causal_k, True, mask["window"], extra)
     fwd_cfg = configs.default("forward", cc=90, block_d=configs.block_d(d), elem_bytes=2, causal=tiles_causal,
                               window=tiles_window)
     ids = masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None

@@ -180,15 +180,11 @@ def causal_cost(ch) -> None:
     at = json.loads((run / "analysis.json").read_text())["128"]
     by = [at[m] for m in CAUSAL_COST_MEASURES]
 
-    def span(values, fmt=".1f"):
-        lo, hi = min(values), max(values)
-        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}} to {hi:{fmt}}"
-
-    ch.put("cc_excess", span([100 * (m["ratio_to_half"] - 1) for m in by]))
+    ch.put("cc_excess", _span([100 * (m["ratio_to_half"] - 1) for m in by], ".1f"))
     for name, part in (("cc_tiles", "more_tiles"), ("cc_fixed", "program_costs"), ("cc_masked", "masked_extra")):
-        ch.put(name, span([100 * m["shares"][part] for m in by]))
-    ch.put("cc_mask_ratio", span([m["fit"]["b_over_a"] for m in by], ".2f"))
-    ch.put("cc_fixed_tiles", span([m["fit"]["f"] / m["fit"]["a"] for m in by]))
+        ch.put(name, _span([100 * m["shares"][part] for m in by], ".1f"))
+    ch.put("cc_mask_ratio", _span([m["fit"]["b_over_a"] for m in by], ".2f"))
+    ch.put("cc_fixed_tiles", _span([m["fit"]["f"] / m["fit"]["a"] for m in by], ".1f"))
     idle = {p["causal"]: 100 * p["idle"] for p in at["passes"] if p["seq_k"] == p["seq_q"]}
     ch.put("cc_idle_full", idle[False], ".1f"); ch.put("cc_idle_causal", idle[True], ".1f")
     ch.put("cc_b8", at["ms"]["ratio_to_half"], ".2f"); ch.put("cc_b32", at["batch32_ratio_to_half"], ".2f")
@@ -293,8 +289,9 @@ def roofline(ch, ceil):
     return points
 
 
-def _span(frame, column, fmt=".0f"):
-    return f"{frame[column].min():{fmt}} to {frame[column].max():{fmt}}" if len(frame) else "n/a"
+def _span(values, fmt=".0f"):
+    """``values``' range as the prose quotes it, "low to high" ("n/a" when there are none)."""
+    return f"{min(values):{fmt}} to {max(values):{fmt}}" if len(values) else "n/a"
 
 
 def roofline_numbers(ch, points, ceil) -> None:
@@ -308,11 +305,11 @@ def roofline_numbers(ch, points, ceil) -> None:
     ours_pts = points[points["impl"] == "flashbook"]
     ch.put("ridge", ceil["ridge"], ".0f"); ch.put("roof_source", ceil["peak_source"])
     ch.put("bw_source", ceil["hbm_source"]); ch.put("roof_chip", ceil["chip"])
-    ch.put("naive_ai", _span(naive_pts, "intensity")); ch.put("fb_ai", _span(ours_pts, "intensity"))
+    ch.put("naive_ai", _span(naive_pts["intensity"])); ch.put("fb_ai", _span(ours_pts["intensity"]))
     per_pass = ours_pts.groupby("pass")["intensity"].median()
     ch.put("fb_ai_fwd", per_pass.get("fwd"), ".0f"); ch.put("fb_ai_bwd", per_pass.get("bwd"), ".0f")
-    ch.put("naive_roof_pct", _span(naive_pts.assign(p=100 * naive_pts["of roof"]), "p"))
-    ch.put("fb_roof_pct", _span(ours_pts.assign(p=100 * ours_pts["of roof"]), "p"))
+    ch.put("naive_roof_pct", _span(100 * naive_pts["of roof"]))
+    ch.put("fb_roof_pct", _span(100 * ours_pts["of roof"]))
     below = bool((points["of roof"] <= 1 + 1e-9).all())
     ch.put("roof_why", "the provenance records no measured ceilings, so the datasheet's are used "
            "and labelled as such" if {ceil["peak_source"], ceil["hbm_source"]} == {"datasheet"}
