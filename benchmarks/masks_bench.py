@@ -9,7 +9,10 @@ mixed lengths (varlen: ``flash_attention_varlen`` here, a document ``mask_mod`` 
 soft cap c = 50 (Gemma 2), the window with the cap, and plain causal attention (the
 reference: how fast the kernels are with no mask beyond causal). FlexAttention runs compiled
 (``torch.compile(flex_attention)``) with the ``BlockMask`` of the same mask, so it skips the
-same empty tiles.
+same empty tiles. Each is called on leaf tensors in its own API's layout (``native``): Flex on
+(1, H, N, d), packed documents as (N, H, d) for ``flash_attention_varlen``, as flash-attn's varlen
+functions take them (until masks_h200-5 flashbook's packed call got views of Flex's tensors, and
+its timings carried autograd's work on those views).
 
 For each shape: forward and forward+backward times (``flashbook.bench.time_ms``: CUDA
 events, median), each measured ``--repeat`` times with the two implementations taking turns
@@ -102,8 +105,22 @@ def allowed_pairs(n: int, causal: bool, window, cu) -> int:
     return int(np.maximum(hi - lo + 1, 0).sum())
 
 
+def native(name: str, x: torch.Tensor) -> torch.Tensor:
+    """A (1, H, n, d) tensor in the layout flashbook's call for mask ``name`` takes: packed
+    documents (n, H, d), as ``flash_attention_varlen`` (flash-attn's varlen functions) takes
+    them, a copy; the others as they are. Each side is timed on tensors in its own API's layout,
+    so that neither pays for views the other's caller would not make."""
+    return x.squeeze(0).transpose(0, 1).contiguous() if name == "documents" else x
+
+
+def from_native(name: str, x: torch.Tensor) -> torch.Tensor:
+    """``native``'s inverse (a view): flashbook's output as (1, H, n, d)."""
+    return x.transpose(0, 1).unsqueeze(0) if name == "documents" else x
+
+
 def _calls(name, n, window, q, k, v, cu):
-    """(flashbook call, flex call) computing the same masked attention of (1, H, n, d) inputs."""
+    """(flashbook call, flex call) computing the same masked attention: Flex of (1, H, n, d)
+    inputs, flashbook of the same in its layout (``native``)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     cap = SOFTCAP if "softcap" in name else None
@@ -114,11 +131,9 @@ def _calls(name, n, window, q, k, v, cu):
         cu_t = torch.as_tensor(cu, device=q.device)
         longest = int(np.diff(cu).max())
 
-        def ours(q, k, v):
-            packed = (x.squeeze(0).transpose(0, 1) for x in (q, k, v))
-            o = flashbook.flash_attention_varlen(*packed, cu_t, cu_t, longest, longest, causal=True,
-                                                 check_values=False)
-            return o.transpose(0, 1).unsqueeze(0)
+        def ours(q, k, v):   # (total, heads, head_dim): the layout flash_attn_varlen_func takes (native)
+            return flashbook.flash_attention_varlen(q, k, v, cu_t, cu_t, longest, longest, causal=True,
+                                                    check_values=False)
     elif name == "causal":   # the reference: the same Triton kernels with no mask beyond causal
         def ours(q, k, v):
             return flashbook.flash_attention(q, k, v, causal=True, backend="triton")
@@ -162,11 +177,11 @@ def check(name, n, d, window, seed) -> dict:
                                             doc_ids_q=masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None,
                                             doc_ids_k=masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None))
 
-    def grads(fn, dtype):
-        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    def grads(fn, dtype, layout=lambda x: x, back=lambda x: x):
+        leaves = [layout(x.detach().to(dtype)).requires_grad_() for x in (q, k, v)]
         o = fn(*leaves)
-        o.backward(do.to(dtype))
-        return (o.detach(), *(x.grad for x in leaves))
+        o.backward(layout(do.to(dtype)))
+        return tuple(back(x) for x in (o.detach(), *(x.grad for x in leaves)))
 
     def torch_fn(q_, k_, v_):
         return reference.torch_attention(q_, k_, v_, allowed=allowed, softcap=mask["softcap"])
@@ -175,7 +190,8 @@ def check(name, n, d, window, seed) -> dict:
     yardstick = grads(torch_fn, torch.bfloat16)
     out = {}
     for impl, fn in (("flashbook", ours), ("flex", flex)):
-        got = grads(fn, torch.bfloat16)
+        got = grads(fn, torch.bfloat16, *((lambda x: native(name, x), lambda x: from_native(name, x))
+                                          if impl == "flashbook" else ()))
         problems = [p for p in (checks.within_twice_yardstick(g, x, t, y, head_dim=d)
                                 for g, x, t, y in zip(("o", "dq", "dk", "dv"), got, truth, yardstick)) if p]
         out[impl] = {"ok": not problems, "problems": problems,
@@ -204,7 +220,7 @@ def time_one(name, n, d, window, seed, repeat: int = 1) -> dict:
 
     # the forward's tiles as the library chooses them (a short window has its own: configs.tiles_for)
     causal_k, _, extra = kernel_mask(True, mask["window"], mask["softcap"], n, n, d ** -0.5)
-    tiles_causal, tiles_window = tiles_of(causal_k, True, mask["window"], extra)
+    tiles_causal, tiles_window = tiles_of(causal_k, True, mask["window"], extra, configs.block_d(d))
     fwd_cfg = configs.default("forward", cc=90, block_d=configs.block_d(d), elem_bytes=2, causal=tiles_causal,
                               window=tiles_window)
     ids = masks.doc_ids_from_cu_seqlens(cu) if name == "documents" else None
@@ -217,14 +233,18 @@ def time_one(name, n, d, window, seed, repeat: int = 1) -> dict:
     useful = 4 * heads * pairs * d                       # 2 matrix products of 2*d FLOPs per allowed pair
     visited = 4 * heads * tiles["visited"] * fwd_cfg.block_m * fwd_cfg.block_n * d
     times = {"flashbook": {"fwd": [], "fwd_bwd": []}, "flex": {"fwd": [], "fwd_bwd": []}}
+    inputs = {"flashbook": [native(name, x).detach().requires_grad_(x.requires_grad) for x in (q, k, v, do)],
+              "flex": (q, k, v, do)}
     for _ in range(repeat):   # the two take turns, so that a slow spell of the GPU hits both
         for impl, fn in (("flashbook", ours), ("flex", flex)):
             if impl in row:
                 continue
             try:
-                fn(q, k, v)
-                times[impl]["fwd"].append(bench.time_ms(lambda: fn(q, k, v)))
-                times[impl]["fwd_bwd"].append(bench.time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do)))
+                q_, k_, v_, do_ = inputs[impl]
+                fn(q_, k_, v_)
+                times[impl]["fwd"].append(bench.time_ms(lambda: fn(q_, k_, v_)))
+                times[impl]["fwd_bwd"].append(bench.time_ms(lambda: torch.autograd.grad(fn(q_, k_, v_), (q_, k_, v_),
+                                                                                         do_)))
                 if impl == "flashbook":
                     row["backend"] = flashbook.last_backend()
             except Exception as exc:  # noqa: BLE001 - recorded, the others still run
@@ -264,7 +284,9 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/masks_bench.py"),
-              "checks": [], "rows": []}
+              "checks": [], "rows": [],
+              "layouts": "each implementation timed on leaf tensors in its own API's layout: Flex (1, H, N, d), "
+                         "flash_attention_varlen (N, H, d), flash_attention (1, H, N, d)"}
     start = time.perf_counter()
     head_dims = [int(x) for x in args.head_dims.split(",")]
     windows = [_size(x) for x in args.windows.split(",")]

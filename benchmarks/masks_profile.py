@@ -12,6 +12,7 @@ each of flashbook and FlexAttention (compiled, with its ``BlockMask``):
   ``fwd_bwd_ms``: CUDA-event medians (``flashbook.timing.time_ms``, L2 flushed);
 - ``host_us``: CPU microseconds per forward+backward call while the GPU only queues work
   (``timing.host_us``); where it exceeds the GPU's time the GPU waits for Python;
+- ``host_profile``: where that host time goes (``cProfile``, the top functions by own time);
 - ``kernels``: every GPU kernel one forward+backward launches, with its GPU time per call
   (``torch.profiler``, ``iters`` calls), and ``gpu_busy_ms``, their sum;
 - flashbook only, ``overlap``: the same backward with the dQ kernel on a second stream, so
@@ -66,6 +67,28 @@ def _inputs(shape, seed=0):
     cu = masks_bench.documents(shape["n"], seed)
     ours, flex, mask = masks_bench._calls(shape["name"], shape["n"], window, q, k, v, cu)
     return (q, k, v, do), ours, flex, mask
+
+
+def host_profile(step, calls: int = 100, top: int = 25) -> list:
+    """Where the host's time per call of ``step`` goes (``cProfile``, ``calls`` calls after one
+    warm-up, the GPU only queueing work): the ``top`` functions by their own time, each with
+    calls and own and cumulative microseconds per call of ``step``."""
+    import cProfile
+    import pstats
+
+    step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = [{"function": f"{os.path.basename(file)}:{line}:{name}", "calls_per_step": n / calls,
+             "own_us": own / calls * 1e6, "cumulative_us": cum / calls * 1e6}
+            for (file, line, name), (_, n, own, cum, _) in stats.items()]
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
 
 
 def kernel_times(step, iters: int) -> dict:
@@ -125,9 +148,11 @@ def dq_beside_dkdv():
 def profile_shape(shape, iters: int) -> dict:
     from flashbook import timing
 
-    (q, k, v, do), ours, flex, mask = _inputs(shape)
+    tensors, ours, flex, mask = _inputs(shape)
     row = dict(shape, mask=mask["window"], softcap=mask["softcap"])
     for impl, fn in (("flashbook", ours), ("flex", flex)):
+        q, k, v, do = tensors if impl == "flex" else (   # each in its own API's layout (masks_bench.native)
+            masks_bench.native(shape["name"], x).detach().requires_grad_(x.requires_grad) for x in tensors)
         try:
             def both():
                 return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
@@ -139,7 +164,7 @@ def profile_shape(shape, iters: int) -> dict:
 
             res = {"fwd_ms": timing.time_ms(lambda: fn(q, k, v)), "bwd_ms": timing.time_ms(bwd),
                    "fwd_bwd_ms": timing.time_ms(both), "host_us": timing.host_us(both, calls=50, rounds=3),
-                   "kernels": kernel_times(both, iters)}
+                   "kernels": kernel_times(both, iters), "host_profile": host_profile(both)}
             res["gpu_busy_ms"] = sum(x["us_per_step"] for x in res["kernels"].values()) / 1e3
             if impl == "flashbook":
                 res["backend"] = flashbook.last_backend()
@@ -196,7 +221,7 @@ def sweep_shape(shape, deadline: float = float("inf"), only=None, repeat: int = 
     todo = []
     # the tiles the library chooses for this mask (configs.tiles_for: a long window the causal mask's)
     causal, windowed = configs.tiles_for("window" not in shape["name"],
-                                         shape["window"] + 1 if "window" in shape["name"] else None)
+                                         shape["window"] + 1 if "window" in shape["name"] else None, bd)
     for kernel in kernels:
         out["default"][kernel] = _fields(configs.default(kernel, cc=90, block_d=bd, elem_bytes=2, causal=causal,
                                                          window=windowed))
@@ -237,6 +262,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from flashbook.bench.records import collect_provenance
 
+    # FlexAttention's compiled backward donates its buffers unless told not to, and then refuses
+    # the backward timed alone (retain_graph=True)
+    import torch._functorch.config
+
+    torch._functorch.config.donated_buffer = False
+
     os.makedirs(args.out, exist_ok=True)
     record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/masks_profile.py"),
               "profiles": [], "sweeps": []}
@@ -257,6 +288,10 @@ def main(argv=None) -> int:
               flush=True)
         for name, x in list(row["flashbook"].get("kernels", {}).items())[:6]:
             print(f"    {x['us_per_step']:9.1f} us  {name}", flush=True)
+        for impl in ("flashbook", "flex"):
+            for x in row[impl].get("host_profile", [])[:12]:
+                print(f"    {impl} host {x['own_us']:8.1f} us own {x['cumulative_us']:8.1f} cum "
+                      f"{x['calls_per_step']:5.1f}x  {x['function']}", flush=True)
         if time.perf_counter() - start > args.budget_s:
             record["stopped"] = "budget"
             save()

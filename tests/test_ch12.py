@@ -213,3 +213,23 @@ def test_a_short_windows_forward_tiles_are_the_recorded_fastest_and_the_chapter_
     prose = next("".join(c["source"]) for c in nb["cells"] if "The forward's tiles" in "".join(c["source"]))
     for name in ("wf_best", "wf_default", "wf_timed", "wf_64_before", "wf_64_after", "wf_128_before", "wf_128_after"):
         assert f"{{glue:text}}`{name}`" in prose, name
+
+
+def test_a_long_windows_tiles_at_d64_are_the_recorded_faster_ones():
+    """Chapter 12 quotes run ``window_d64_tiles``: at d = 64 a 4K window's forward on the window's
+    own tiles against the causal mask's. The library must choose the faster of the two there, and
+    the quoted tiles must be what ``configs`` gives each choice."""
+    from flashbook.bench import chapter12
+    from flashbook.kernels import configs
+
+    long = chapter12.long_window_tiles()
+    assert long is not None, "run window_d64_tiles is missing"
+    assert long["window"] + 1 >= configs.LONG_WINDOW and long["d"] == 64
+    assert 0 < long["window_ms"] < long["causal_ms"]
+    bd = configs.block_d(long["d"])
+    assert configs.tiles_for(False, long["window"] + 1, bd) == (False, True)
+    assert configs.tiles_for(False, long["window"] + 1, 128) == (True, False)
+    window = configs.default("forward", cc=90, block_d=bd, elem_bytes=2, window=True)
+    causal = configs.default("forward", cc=90, block_d=bd, elem_bytes=2, causal=True)
+    assert [window.block_m, window.block_n, window.num_warps, window.num_stages] == [64, 64, 4, 3]
+    assert [causal.block_m, causal.block_n, causal.num_warps, causal.num_stages] == [128, 64, 8, 3]

@@ -125,13 +125,14 @@ def test_no_window_and_the_causal_window_take_the_kernels_usual_paths():
     assert torch.equal(both[0], both[1]) and flashbook.last_backend() == "triton"
 
 
-@pytest.mark.parametrize("window,long", [((3000, 0), True), ((1000, 0), False), ((-1, 7), True), (None, None),
-                                         ((4, 2), False)])
-def test_the_kernels_choose_a_windows_tiles_by_its_length(monkeypatch, window, long):
+@pytest.mark.parametrize("window,long,head_dim", [((3000, 0), True, 128), ((1000, 0), False, 128),
+                                                  ((-1, 7), True, 128), (None, None, 128), ((4, 2), False, 128),
+                                                  ((3000, 0), False, 64), ((-1, 7), False, 16)])
+def test_the_kernels_choose_a_windows_tiles_by_its_length(monkeypatch, window, long, head_dim):
     """What the forward and the backward ask ``_run`` (the tiles' choice) for: a long window the
-    causal mask's tiles, a short one the window's own (``configs.tiles_for``), no window its own
-    mask's. (The forward once passed the kernel's mask alone, so a short window's own forward
-    tiles, 64 x 64 on sm_90 at d <= 128, were never used.)"""
+    causal mask's tiles above head_dim 64 and its own at 64 and below, a short one the window's own
+    (``configs.tiles_for``), no window its own mask's. (The forward once passed the kernel's mask
+    alone, so a short window's own forward tiles, 64 x 64 on sm_90 at d <= 128, were never used.)"""
     from flashbook.kernels import configs
 
     asked = []
@@ -143,12 +144,15 @@ def test_the_kernels_choose_a_windows_tiles_by_its_length(monkeypatch, window, l
 
     monkeypatch.setattr(autograd, "_run", spy)
     gen = torch.Generator().manual_seed(4)
-    q, k, v, do = (torch.randn(1, 1, 40, 16, generator=gen).to(DEVICE, torch.float16) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 1, 40, head_dim, generator=gen).to(DEVICE, torch.float16) for _ in range(4))
     o, lse = autograd.flash_forward(q, k, v, causal=window is None or window[1] == 0, window=window)
     autograd.flash_backward(q, k, v, o, lse, do, causal=window is None or window[1] == 0, window=window)
     want = (True, False) if long or window is None else (False, True)
     assert asked == [("forward", *want), ("backward_dkdv", *want), ("backward_dq", *want)], asked
     assert configs.tiles_for(False, 3001) == (True, False) and configs.tiles_for(False, 1001) == (False, True)
+    assert configs.tiles_for(False, 3001, 128) == (True, False) and configs.tiles_for(False, 3001, 64) == (False, True)
+    # the backward's loops follow the window's length alone (autograd.one_loop), whatever its tiles
+    assert configs.long_window(3001) and not configs.long_window(1001) and not configs.long_window(None)
 
 
 def test_last_backend_names_the_kernel_of_a_packed_call():
@@ -284,6 +288,20 @@ def test_equal_documents_give_the_batched_call_bit_for_bit():
     assert torch.equal(o, unbatch(ob))
     for packed, dense in zip(leaves, batched):
         assert torch.equal(packed.grad, unbatch(dense.grad))
+
+
+def test_a_packed_call_is_one_autograd_node():
+    """The (1, heads, total, d) views the kernels take are made inside ``varlen.PackedAttention``:
+    autograd records the call and nothing for the views (each view's node cost the H200's host
+    time per call), and the gradients come back in the inputs' (total, heads, d) layout."""
+    q, k, v, cu_q, cu_k = _packed([5, 11], [7, 11], seed=3)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = flashbook.flash_attention_varlen(*leaves, cu_q, cu_k, 11, 11, causal=True)
+    assert type(o.grad_fn).__name__ == "PackedAttentionBackward"
+    assert [type(f).__name__ for f, _ in o.grad_fn.next_functions[:3]] == ["AccumulateGrad"] * 3
+    o.backward(torch.randn(o.shape, generator=torch.Generator().manual_seed(2)))
+    for x in leaves:
+        assert x.grad.shape == x.shape and x.grad.is_contiguous() == x.is_contiguous() and x.grad.abs().sum() > 0
 
 
 def test_no_document_gives_zeros_and_zero_gradients():

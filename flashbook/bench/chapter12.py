@@ -178,4 +178,20 @@ def forward_tiles(root=None) -> dict | None:
         best = min(timed, key=timed.get)
         out["sweep"] = {"n": shape["n"], "default_ms": timed[tuple(shape["default"]["forward"])],
                         "best_ms": timed[best], "best": best, "timed": len(timed)}
+    out["long"] = long_window_tiles(root)
     return out
+
+
+def long_window_tiles(root=None) -> dict | None:
+    """A long window's forward at d = 64 (run ``window_d64_tiles``: a 4K window, N = 16K), as the
+    chapter quotes it: ``window_ms``, the forward on the window's own tiles (64 x 64, 4 warps, 3
+    stages: ``configs``' window entry), ``causal_ms`` on the causal mask's (128 x 64, 8 warps, 3
+    stages), and the window, length and head_dim."""
+    path = run_path("window_d64_tiles", root)
+    if path is None or not path.is_file():
+        return None
+    with open(path) as f:
+        shape = json.load(f)["sweeps"][0]
+    timed = {tuple(r["config"]): r["fwd_ms"] for r in shape["rows"] if r["kernel"] == "forward" and "fwd_ms" in r}
+    return {"window_ms": timed[(64, 64, 4, 3)], "causal_ms": timed[(128, 64, 8, 3)], "window": shape["window"],
+            "n": shape["n"], "d": shape["d"]}

@@ -47,7 +47,7 @@ from .forward import _attn_fwd, for_lengths
 from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous,  # noqa: F401 (re-exported)
                      _interpreter_problem)
 from .launch import AttentionPlan, Launch, Plans, call_key
-from .mask_args import LOG2E, alibi_args, kernel_mask, tiles_of, window_keys  # noqa: F401 (re-exported)
+from .mask_args import LOG2E, alibi_args, keys_of, kernel_mask, tiles_of, window_keys  # noqa: F401 (re-exported)
 
 
 _state = {
@@ -251,7 +251,7 @@ def one_loop(short_window: bool) -> dict:
 
     The dK/dV and dQ kernels walk a program's tiles in three pipelined loops (a masked band, the
     whole tiles, the masked far edge), and each loop starts by waiting for its first loads. A
-    short sliding window (``short_window``: ``configs.tiles_for``'s, rows of fewer than
+    short sliding window (``short_window``: not ``configs.long_window``, rows of fewer than
     ``configs.LONG_WINDOW`` keys) leaves each program a few tiles, and one masked loop over all
     of them was faster, with the same sums in the same order (recorded run ``one_loop``: at
     W = 1K the backward took 2.6-6.1% less time at d = 128 from N = 4K to 32K, 12.4% less at
@@ -384,7 +384,7 @@ def forward_with(kernel, q, k, v, *, causal: bool = False, scale=None, config: C
             CAUSAL=causal, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later),
             ("q", "k", "v", "o", "lse"))]
 
-    tiles_causal, tiles_window = tiles_of(causal, causal_given, window, extra)   # a short window's own tiles
+    tiles_causal, tiles_window = tiles_of(causal, causal_given, window, extra, bd)   # a short window's own tiles
     _run("forward", q, bd, tiles_causal, (_seq_bucket(seq_q), _seq_bucket(seq_k)), launch, config, window=tiles_window)
     if key is not None and _as_given(zip(given, (q, k, v)), alibi_slopes):
         _PLANS["forward"].remember(key, AttentionPlan([("o", "q"), ("lse", (batch, heads, seq_q))], made, ("o", "lse")))
@@ -510,8 +510,9 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             CAUSAL=causal, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later), ("q", "k", "v", "do", "lse", "delta", "dq"))
 
-    tiles_causal, tiles_window = tiles_of(causal, causal_given, window, extra)   # a long window: causal's
-    loops = one_loop(tiles_window)   # a short window: one loop a program (read by the launches above)
+    tiles_causal, tiles_window = tiles_of(causal, causal_given, window, extra, bd)   # a long window: causal's
+    keys = keys_of(causal_given, window, extra)   # a short window: one loop a program (read by the launches above)
+    loops = one_loop(keys is not None and not configs.long_window(keys))
     _run("backward_dkdv", q, bd, tiles_causal, key + (atomic,), launch_dkdv, config_dkdv, window=tiles_window)
     if atomic:
         # the atomics added unscaled dS K: scale once here, then cast to the input dtype

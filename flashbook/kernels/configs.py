@@ -184,19 +184,36 @@ INTERPRETER: dict[str, Config] = {
 }
 
 
-#: A window whose rows each see this many keys or more is tiled as the causal mask (``tiles_for``);
-#: measured at 1K (short) and 4K (causal-like) keys, not between.
+#: A window whose rows each see this many keys or more is long: at head_dim tiles above
+#: ``WINDOW_TILES_HEAD_DIM`` it is tiled as the causal mask (``tiles_for``), and its backward keeps
+#: three loops (``autograd.one_loop``); measured at 1K (short) and 4K (causal-like) keys, not between.
 LONG_WINDOW = 2048
 
+#: Up to this head_dim tile a window of any length takes the window's own tiles (``tiles_for``).
+#: benchmarks/results/masks_h200-6: with W = 4K at d = 64, N = 16K the forward took 1.248 ms with
+#: the window's 64 x 64 x 4 warps x 3 stages against 1.544 ms with the causal mask's 128 x 64 x 8 x 3,
+#: and the backward 3.98 ms with the window's dQ tiles (64 x 64 x 4 x 2) against 4.21 ms (one timing
+#: each); FlexAttention's time over ours went from 0.85-0.87 (forward) and 0.94-0.96 (forward +
+#: backward) to 1.02-1.09 and 1.00-1.01 at N = 8K-32K. The causal mask itself at d = 64, 16K loses
+#: 3% with 64 x 64 (masks_h200-5, run 3).
+WINDOW_TILES_HEAD_DIM = 64
 
-def tiles_for(causal: bool, window_keys: int | None) -> tuple[bool, bool]:
+
+def long_window(window_keys: int | None) -> bool:
+    """Whether a window whose rows each see up to ``window_keys`` keys (None: no window) is long."""
+    return window_keys is not None and window_keys >= LONG_WINDOW
+
+
+def tiles_for(causal: bool, window_keys: int | None, block_d: int | None = None) -> tuple[bool, bool]:
     """``(causal, window)`` to choose a kernel's tiles with (``preferred``), for a kernel launched
     with ``CAUSAL = causal`` and, when ``window_keys`` is not None, a sliding window whose rows each
-    see up to that many keys (``WINDOW``). A long window's loops are the causal mask's, and so are
-    its tiles; a short one's loops are short, and its dQ has tiles of its own."""
+    see up to that many keys (``WINDOW``). A short window's loops are short, and its forward and dQ
+    have tiles of their own. A long one's loops are the causal mask's, and so are its tiles, except
+    at head_dim tiles up to ``WINDOW_TILES_HEAD_DIM`` (``block_d``; None: above it), where the
+    window's own tiles measured faster at every length."""
     if window_keys is None:
         return causal, False
-    if window_keys >= LONG_WINDOW:
+    if long_window(window_keys) and (block_d is None or block_d > WINDOW_TILES_HEAD_DIM):
         return True, False
     return False, True
 

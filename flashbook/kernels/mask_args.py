@@ -22,12 +22,19 @@ def window_keys(window, causal: bool) -> float:
     return math.inf if left < 0 or right < 0 else left + right + 1
 
 
-def tiles_of(causal: bool, causal_given: bool, window, extra: dict) -> tuple[bool, bool]:
+def keys_of(causal_given: bool, window, extra: dict) -> float | None:
+    """How many keys a row of one call's window sees at most (``window_keys``), or None where the
+    kernels get no window (``extra``: ``kernel_mask``'s)."""
+    return window_keys(window, causal_given) if "WINDOW" in extra else None
+
+
+def tiles_of(causal: bool, causal_given: bool, window, extra: dict, block_d: int | None = None) -> tuple[bool, bool]:
     """``configs.tiles_for`` of one call: the ``(causal, window)`` its tiles are chosen with, from
-    the kernel's ``causal`` and ``extra`` (``kernel_mask``'s) and the caller's ``causal`` and ``window``."""
+    the kernel's ``causal`` and ``extra`` (``kernel_mask``'s), the caller's ``causal`` and ``window``
+    and the head_dim tile ``block_d``."""
     from . import configs
 
-    return configs.tiles_for(causal, window_keys(window, causal_given) if "WINDOW" in extra else None)
+    return configs.tiles_for(causal, keys_of(causal_given, window, extra), block_d)
 
 
 def kernel_mask(causal: bool, window, softcap, seq_q: int, seq_k: int, scale: float,

@@ -84,7 +84,22 @@ def check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *
 
 def packed_views(q, k, v):
     """(total, heads, d) tensors as the (1, heads, total, d) views the kernels take (no copy)."""
-    return tuple(x.unsqueeze(0).transpose(1, 2) for x in (q, k, v))
+    return tuple(_batch_of_one(x) for x in (q, k, v))
+
+
+def _batch_of_one(x):
+    """A (total, heads, d) tensor as a (1, heads, total, d) view: one view, not two (each costs the
+    host a few microseconds a call)."""
+    total, heads, d = x.shape
+    s_t, s_h, s_d = x.stride()
+    return x.as_strided((1, heads, total, d), (total * s_t, s_h, s_t, s_d), x.storage_offset())
+
+
+def _packed(x):
+    """``_batch_of_one``'s inverse: a (1, heads, total, d) tensor as a (total, heads, d) view."""
+    _, heads, total, d = x.shape
+    _, s_h, s_t, s_d = x.stride()
+    return x.as_strided((total, heads, d), (s_t, s_h, s_d), x.storage_offset())
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
@@ -115,7 +130,6 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes),
         (max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix, dq_mode))
     if key is not None and key in _CHECKED:
-        q4, k4, v4 = packed_views(q, k, v)
         packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
         for name, x in (("q", q), ("k", k), ("v", v)):
@@ -129,10 +143,28 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         if packed.documents == 0:
             return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
         _CHECKED.remember(key, True)
-    o = autograd.FlashAttention.apply(q4, k4, v4, causal, scale, dq_mode, None, window, softcap, packed, prefix,
-                                      alibi_slopes)
+    o = PackedAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, packed, prefix, alibi_slopes)
     dispatch.record_backend("triton", "packed documents run on the Triton kernels only")
-    return o.transpose(1, 2).squeeze(0)
+    return o
+
+
+class PackedAttention(torch.autograd.Function):
+    """``autograd.FlashAttention`` for (total, heads, head_dim) tensors: the (1, heads, total,
+    head_dim) views the kernels take are made inside, so that autograd records one node for
+    the call and none for the views of q, k, v, o and their gradients. Packed documents of 4K
+    tokens give the GPU 0.34 ms of work a forward + backward, and the host's time decides:
+    autograd's own time in the backward went from 299-322 to 141-156 us a call (cProfile on the
+    H200's host, benchmarks/results/masks_h200-6, runs 1 and 2, which also dropped the
+    benchmark's own views)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *args):
+        return _packed(autograd.FlashAttention.forward(ctx, *packed_views(q, k, v), *args))
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, dv, *rest = autograd.FlashAttention.backward(ctx, _batch_of_one(do))
+        return (*(_packed(g) for g in (dq, dk, dv)), *rest)
 
 
 _CHECKED = Plans()   # the signatures of calls that passed the checks
