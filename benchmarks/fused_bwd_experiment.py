@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/fused_bwd_experiment.py --out DIR
         [--shapes documents:8K:128,documents:16K:128,causal:8K:128]
-        [--variants separate,halves,interleaved] [--rounds 3]
+        [--variants separate,halves,interleaved,tile_major] [--rounds 3]
 
 Chapter 8's backward launches the dK/dV kernel over every key tile of every head, then the dQ
 kernel over every query tile of every head: the dQ programs read Q, K, V and dO again after the
@@ -21,7 +21,11 @@ Variants (``--variants``), each forced with ``autograd._state["fused_backward"]`
   a head are its dK/dV programs, T..2T-1 its dQ programs (FlexAttention's order);
 - ``interleaved``: the same kernel with its helpers swapped (``ladder.kernel_with``): even
   programs dK/dV, odd ones dQ, tile = program // 2, so a key tile and a query tile of the same
-  head start together.
+  head start together;
+- ``tile_major``: the same kernel with its helpers swapped: the same positions started slot by
+  slot across all heads (and documents), the first dK/dV tile of every row, then the heaviest dQ
+  tile of every row, and so on, so that no row's heavy programs start after every other row's
+  (packed documents: a long document that comes last).
 
 T is the tile count of both kernels: one launch needs the dK/dV kernel's key tile as tall as the
 dQ kernel's query tile (128 at d = 128 under the causal mask and for documents) and one head per
@@ -48,37 +52,42 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from flashbook.kernels import autograd  # noqa: E402
-from flashbook.kernels.backward import _bwd_dkdv, _bwd_dq, _bwd_fused  # noqa: E402
+from flashbook.kernels.backward import _bwd_dkdv, _bwd_dq, _bwd_fused, fused_query_tile  # noqa: E402
 from flashbook.kernels.ladder import kernel_with  # noqa: E402
 
 
 @triton.jit
-def interleaved_is_dkdv():
-    return tl.program_id(0) % 2 == 0
+def interleaved_position():
+    """``backward.fused_position`` alternating: even programs of axis 0 dK/dV, odd ones dQ,
+    t = program // 2."""
+    x = tl.program_id(0)
+    return x % 2 == 0, x // 2, tl.program_id(1)
 
 
 @triton.jit
-def interleaved_position(HEAD_GROUP: tl.constexpr = 1):
-    """(key tile, batch x head) of a dK/dV program at an even position of axis 0."""
-    return tl.program_id(0) // 2, tl.program_id(1)
+def tile_major_position():
+    """``backward.fused_position`` slot by slot: launch position p goes to row p % rows and slot
+    p // rows, even slots dK/dV, odd ones dQ, t = slot // 2."""
+    rows = tl.num_programs(1)
+    pid = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+    slot = pid // rows
+    return slot % 2 == 0, slot // 2, pid % rows
 
 
-@triton.jit
-def interleaved_query_tile(CAUSAL: tl.constexpr, HEAVY_LAST: tl.constexpr = False):
-    """The dQ program's query tile at an odd position of axis 0, heaviest first."""
-    tile = tl.program_id(0) // 2
-    if CAUSAL or HEAVY_LAST:
-        tile = tl.num_programs(0) // 2 - 1 - tile
-    return tile
+def with_position(position):
+    """The library's one-launch kernel, line for line, with ``position`` in place of
+    ``fused_position`` wherever it and the kernels it calls use it (``ladder.kernel_with``)."""
+    swap = {"fused_position": position}
+    return kernel_with({**swap, "_bwd_dkdv": kernel_with(swap, base=_bwd_dkdv),
+                        "_bwd_dq": kernel_with({**swap, "fused_query_tile": kernel_with(swap, base=fused_query_tile)},
+                                               base=_bwd_dq)},
+                       base=_bwd_fused)
 
 
-#: the library's one-launch kernel with its programs alternating (its helpers swapped)
-INTERLEAVED = kernel_with({"fused_is_dkdv": interleaved_is_dkdv,
-                           "_bwd_dkdv": kernel_with({"launch_position": interleaved_position}, base=_bwd_dkdv),
-                           "_bwd_dq": kernel_with({"fused_query_tile": interleaved_query_tile}, base=_bwd_dq)},
-                          base=_bwd_fused)
+INTERLEAVED, TILE_MAJOR = with_position(interleaved_position), with_position(tile_major_position)
 #: variant -> (autograd._state["fused_backward"], the one-launch kernel)
-VARIANTS = {"separate": (False, _bwd_fused), "halves": (True, _bwd_fused), "interleaved": (True, INTERLEAVED)}
+VARIANTS = {"separate": (False, _bwd_fused), "halves": (True, _bwd_fused), "interleaved": (True, INTERLEAVED),
+            "tile_major": (True, TILE_MAJOR)}
 
 
 @contextlib.contextmanager

@@ -69,7 +69,8 @@ def test_one_launch_computes_the_two_launches_gradients_bitwise(name):
         expected, kernels = _launched(grads)
     assert [k.fn.__name__ for k in kernels] == ["_bwd_dkdv", "_bwd_dq"]
     assert all(torch.isfinite(g).all() and g.abs().max() > 0 for g in expected)
-    for variant, kernel in (("halves", backward._bwd_fused), ("interleaved", exp.INTERLEAVED)):
+    for variant, kernel in (("halves", backward._bwd_fused), ("interleaved", exp.INTERLEAVED),
+                            ("tile_major", exp.TILE_MAJOR)):
         with exp.backward(variant):
             got, kernels = _launched(grads)
         assert kernels == [kernel], variant

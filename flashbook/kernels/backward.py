@@ -160,7 +160,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               ALIBI_SLOPES=None, alibi_stride=0,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
               PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
-              ONE_LOOP: tl.constexpr = False):
+              ONE_LOOP: tl.constexpr = False, FUSED: tl.constexpr = False):
     """One program: one K/V tile of one (batch, kv head). Grid (cdiv(seq_k, BLOCK_N), batch * kv_heads).
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI`` and their arguments: as in
@@ -168,9 +168,13 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     ALiBi: each query head of the group its own slope).
 
     ``ONE_LOOP``: every query tile in one masked loop instead of three (``autograd.one_loop``:
-    a short sliding window's programs, whose few tiles paid for three pipelined loops)."""
+    a short sliding window's programs, whose few tiles paid for three pipelined loops).
+    ``FUSED``: a dK/dV program of ``_bwd_fused`` (``fused_position``)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    tile, bh_kv = launch_position(HEAD_GROUP)
+    if FUSED:
+        _, tile, bh_kv = fused_position()
+    else:
+        tile, bh_kv = launch_position(HEAD_GROUP)
     start_n = tile * BLOCK_N
     b = (bh_kv // n_kv_heads).to(tl.int64)
     h_kv = (bh_kv % n_kv_heads).to(tl.int64)
@@ -315,13 +319,14 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
 
     ``WINDOW``, ``SOFTCAP``, ``VARLEN``, ``PREFIX``, ``ALIBI``, ``HEAVY_LAST`` and their
     arguments: as in ``forward._attn_fwd``; ``ONE_LOOP``: as in ``_bwd_dkdv``; ``FUSED``: a
-    program of ``_bwd_fused``'s second half."""
+    dQ program of ``_bwd_fused`` (``fused_position``)."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     if FUSED:
         start_m = fused_query_tile(CAUSAL, HEAVY_LAST) * BLOCK_M
+        _, _, bh = fused_position()
     else:
         start_m = query_tile_index(CAUSAL, HEAD_GROUP, HEAVY_LAST) * BLOCK_M  # the heaviest query tiles first, as in the forward
-    _, bh = launch_position(HEAD_GROUP)
+        _, bh = launch_position(HEAD_GROUP)
     b = (bh // n_heads).to(tl.int64)
     h = bh % n_heads
     h_kv = (h // group).to(tl.int64)
@@ -396,19 +401,24 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
 
 
 @triton.jit
-def fused_is_dkdv():
-    """Whether this program of ``_bwd_fused`` is a dK/dV program: the first half of axis 0."""
-    return tl.program_id(0) < tl.num_programs(0) // 2
+def fused_position():
+    """(dK/dV or not, t, batch x head) of a program of ``_bwd_fused``'s grid (2T, rows): programs
+    0..T-1 of axis 0 are the row's dK/dV programs (key tile t), T..2T-1 its dQ programs (the t-th
+    query tile, heaviest first: ``fused_query_tile``). The GPU starts them in order of
+    ``program_id(0) + program_id(1) * 2T``: a row's dK/dV programs, then its dQ programs, row
+    after row. (benchmarks/fused_bwd_experiment.py swaps this helper for other orders.)"""
+    tiles = tl.num_programs(0) // 2
+    x = tl.program_id(0)
+    return x < tiles, tl.where(x < tiles, x, x - tiles), tl.program_id(1)
 
 
 @triton.jit
 def fused_query_tile(CAUSAL: tl.constexpr, HEAVY_LAST: tl.constexpr = False):
-    """``forward.query_tile_index`` for a dQ program of ``_bwd_fused``: programs T..2T-1 of
-    axis 0 are the query tiles, the heaviest first."""
-    tiles = tl.num_programs(0) // 2
-    tile = tl.program_id(0) - tiles
+    """``forward.query_tile_index`` for a dQ program of ``_bwd_fused`` (``fused_position``): its
+    t-th query tile, the heaviest first."""
+    _, tile, _ = fused_position()
     if CAUSAL or HEAVY_LAST:
-        tile = tiles - 1 - tile
+        tile = tl.num_programs(0) // 2 - 1 - tile
     return tile
 
 
@@ -437,7 +447,8 @@ def _bwd_fused(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     programs of the next ones, not after every head's (why that is faster was not profiled).
     The same programs as the two launches, so the same gradients bit for bit
     (``autograd.fuse_backward``: when the library launches it, and what it measured)."""
-    if fused_is_dkdv():
+    is_dkdv, _, _ = fused_position()
+    if is_dkdv:
         _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
@@ -446,7 +457,8 @@ def _bwd_fused(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                   n_heads, n_kv_heads, group, seq_q, seq_k, qk_scale, scale,
                   HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ, DOT_PRECISION,
                   first, last, cap_scale, CU_SEQLENS_Q, CU_SEQLENS_K, prefix, ALIBI_SLOPES, alibi_stride,
-                  WINDOW=WINDOW, SOFTCAP=SOFTCAP, VARLEN=VARLEN, PREFIX=PREFIX, ALIBI=ALIBI, ONE_LOOP=ONE_LOOP)
+                  WINDOW=WINDOW, SOFTCAP=SOFTCAP, VARLEN=VARLEN, PREFIX=PREFIX, ALIBI=ALIBI, ONE_LOOP=ONE_LOOP,
+                  FUSED=True)
     else:
         _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                 stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
