@@ -60,6 +60,7 @@ def variant_of_inner(name: str, edits: dict):
     text edit of ``edits`` applied (each must match once), in the module's globals: the
     library's loop line for line but for the edits. Written to a file, as Triton reads
     the source of what it compiles."""
+    import hashlib
     import inspect
     import tempfile
 
@@ -71,9 +72,16 @@ def variant_of_inner(name: str, edits: dict):
             raise ValueError(f"{name}: the edit's text must stand once in _bwd_dkdv_inner, got {source.count(old)}")
         source = source.replace(old, new)
     source = source.replace("def _bwd_dkdv_inner(", f"def {name}(", 1)
-    path = os.path.join(tempfile.mkdtemp(prefix="atomic_dq_"), f"{name}.py")
-    with open(path, "w") as f:
-        f.write(source)
+    # one file per source text, reused by every process that builds it (a fresh folder per
+    # process left one behind in the temporary directory for every import)
+    folder = os.path.join(tempfile.gettempdir(), "flashbook-atomic-dq",
+                          hashlib.sha256(source.encode()).hexdigest()[:16])
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.py")
+    if not os.path.exists(path):
+        with open(path + f".{os.getpid()}", "w") as f:
+            f.write(source)
+        os.replace(path + f".{os.getpid()}", path)   # whole or absent, for a process beside this one
     scope = dict(vars(backward))
     exec(compile(source, path, "exec"), scope)
     return scope[name]
