@@ -113,6 +113,12 @@ def native(name: str, x: torch.Tensor) -> torch.Tensor:
     return x.squeeze(0).transpose(0, 1).contiguous() if name == "documents" else x
 
 
+def native_leaves(name: str, tensors) -> list:
+    """``tensors`` (q, k, v, dO of shape (1, H, n, d)) as leaves in flashbook's layout for mask
+    ``name`` (``native``), each requiring grad as its original does."""
+    return [native(name, x).detach().requires_grad_(x.requires_grad) for x in tensors]
+
+
 def from_native(name: str, x: torch.Tensor) -> torch.Tensor:
     """``native``'s inverse (a view): flashbook's output as (1, H, n, d)."""
     return x.transpose(0, 1).unsqueeze(0) if name == "documents" else x
@@ -233,8 +239,7 @@ def time_one(name, n, d, window, seed, repeat: int = 1) -> dict:
     useful = 4 * heads * pairs * d                       # 2 matrix products of 2*d FLOPs per allowed pair
     visited = 4 * heads * tiles["visited"] * fwd_cfg.block_m * fwd_cfg.block_n * d
     times = {"flashbook": {"fwd": [], "fwd_bwd": []}, "flex": {"fwd": [], "fwd_bwd": []}}
-    inputs = {"flashbook": [native(name, x).detach().requires_grad_(x.requires_grad) for x in (q, k, v, do)],
-              "flex": (q, k, v, do)}
+    inputs = {"flashbook": native_leaves(name, (q, k, v, do)), "flex": (q, k, v, do)}
     for _ in range(repeat):   # the two take turns, so that a slow spell of the GPU hits both
         for impl, fn in (("flashbook", ours), ("flex", flex)):
             if impl in row:

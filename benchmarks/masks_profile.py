@@ -151,8 +151,8 @@ def profile_shape(shape, iters: int) -> dict:
     tensors, ours, flex, mask = _inputs(shape)
     row = dict(shape, mask=mask["window"], softcap=mask["softcap"])
     for impl, fn in (("flashbook", ours), ("flex", flex)):
-        q, k, v, do = tensors if impl == "flex" else (   # each in its own API's layout (masks_bench.native)
-            masks_bench.native(shape["name"], x).detach().requires_grad_(x.requires_grad) for x in tensors)
+        # each in its own API's layout (masks_bench.native)
+        q, k, v, do = tensors if impl == "flex" else masks_bench.native_leaves(shape["name"], tensors)
         try:
             def both():
                 return torch.autograd.grad(fn(q, k, v), (q, k, v), do)

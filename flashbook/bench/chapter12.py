@@ -178,7 +178,6 @@ def forward_tiles(root=None) -> dict | None:
         best = min(timed, key=timed.get)
         out["sweep"] = {"n": shape["n"], "default_ms": timed[tuple(shape["default"]["forward"])],
                         "best_ms": timed[best], "best": best, "timed": len(timed)}
-    out["long"] = long_window_tiles(root)
     return out
 
 

@@ -510,8 +510,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
             CAUSAL=causal, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **later), ("q", "k", "v", "do", "lse", "delta", "dq"))
 
-    tiles_causal, tiles_window = tiles_of(causal, causal_given, window, extra, bd)   # a long window: causal's
     keys = keys_of(causal_given, window, extra)   # a short window: one loop a program (read by the launches above)
+    tiles_causal, tiles_window = configs.tiles_for(causal, keys, bd)   # a long window: causal's (above d = 64)
     loops = one_loop(keys is not None and not configs.long_window(keys))
     _run("backward_dkdv", q, bd, tiles_causal, key + (atomic,), launch_dkdv, config_dkdv, window=tiles_window)
     if atomic:
