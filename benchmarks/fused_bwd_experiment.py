@@ -25,7 +25,9 @@ Variants (``--variants``), each forced with ``autograd._state["fused_backward"]`
 - ``tile_major``: the same kernel with its helpers swapped: the same positions started slot by
   slot across all heads (and documents), the first dK/dV tile of every row, then the heaviest dQ
   tile of every row, and so on, so that no row's heavy programs start after every other row's
-  (packed documents: a long document that comes last).
+  (packed documents: a long document that comes last);
+- ``given_order``: ``halves`` with packed documents' rows in the order given, not heaviest first
+  (``varlen.longest_first``, which every other variant keeps).
 
 T is the tile count of both kernels: one launch needs the dK/dV kernel's key tile as tall as the
 dQ kernel's query tile (128 at d = 128 under the causal mask and for documents) and one head per
@@ -85,9 +87,18 @@ def with_position(position):
 
 
 INTERLEAVED, TILE_MAJOR = with_position(interleaved_position), with_position(tile_major_position)
-#: variant -> (autograd._state["fused_backward"], the one-launch kernel)
-VARIANTS = {"separate": (False, _bwd_fused), "halves": (True, _bwd_fused), "interleaved": (True, INTERLEAVED),
-            "tile_major": (True, TILE_MAJOR)}
+#: variant -> (autograd._state["fused_backward"], the one-launch kernel, packed documents heaviest first)
+VARIANTS = {"separate": (False, _bwd_fused, True), "halves": (True, _bwd_fused, True),
+            "interleaved": (True, INTERLEAVED, True), "tile_major": (True, TILE_MAJOR, True),
+            "given_order": (True, _bwd_fused, False)}
+
+
+def given_order(launch_shape):
+    """``autograd.launch_shape`` without ``DOC_ORDER``: packed documents' rows in the order given."""
+    def shape(*args, **kwargs):
+        grid, extra = launch_shape(*args, **kwargs)
+        return grid, {k: v for k, v in extra.items() if k != "DOC_ORDER"}
+    return shape
 
 
 @contextlib.contextmanager
@@ -97,8 +108,10 @@ def backward(name: str):
     if name not in VARIANTS:
         raise ValueError(f"a variant is one of {tuple(VARIANTS)}, got {name!r}")
     saved = (autograd._bwd_fused, autograd._plan_key, autograd._state["head_group"],
-             autograd._state["fused_backward"])
-    autograd._state["fused_backward"], autograd._bwd_fused = VARIANTS[name]
+             autograd._state["fused_backward"], autograd.launch_shape)
+    autograd._state["fused_backward"], autograd._bwd_fused, heaviest_first = VARIANTS[name]
+    if not heaviest_first:
+        autograd.launch_shape = given_order(autograd.launch_shape)
     autograd._state["head_group"] = 1
     autograd._plan_key = lambda *a, **k: None
     autograd.forget_plans()
@@ -106,7 +119,7 @@ def backward(name: str):
         yield
     finally:
         (autograd._bwd_fused, autograd._plan_key, autograd._state["head_group"],
-         autograd._state["fused_backward"]) = saved
+         autograd._state["fused_backward"], autograd.launch_shape) = saved
         autograd.forget_plans()
 
 

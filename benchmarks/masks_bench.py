@@ -284,14 +284,20 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="time each shape this many times (medians and spread)")
     p.add_argument("--skip-checks", action="store_true", help="time only (the checks ran in an earlier call)")
     p.add_argument("--budget-s", type=float, default=500.0, help="stop starting new shapes after this")
+    p.add_argument("--document-order", choices=("heaviest-first", "given"), default="heaviest-first",
+                   help="packed documents' program rows: the library's (varlen.longest_first) or as packed")
     args = p.parse_args(argv)
     from flashbook.bench.records import collect_provenance
+    from flashbook.kernels import varlen
+
+    varlen.ORDER["longest_first"] = args.document_order == "heaviest-first"
 
     os.makedirs(args.out, exist_ok=True)
     record = {"provenance": collect_provenance(sys.argv[1:], program="python3 benchmarks/masks_bench.py"),
               "checks": [], "rows": [],
               "layouts": "each implementation timed on leaf tensors in its own API's layout: Flex (1, H, N, d), "
-                         "flash_attention_varlen (N, H, d), flash_attention (1, H, N, d)"}
+                         "flash_attention_varlen (N, H, d), flash_attention (1, H, N, d)",
+              "document_order": args.document_order}
     start = time.perf_counter()
     head_dims = [int(x) for x in args.head_dims.split(",")]
     windows = [_size(x) for x in args.windows.split(",")]

@@ -195,7 +195,7 @@ def backward_inputs(shape, seed=0):
     cu = masks_bench.documents(shape["n"], seed)
     longest = int(np.diff(cu).max())
     cu = torch.as_tensor(cu, dtype=torch.int32, device="cuda")
-    return q, k, v, do, dict(causal=True, packed=varlen.Packed(cu, cu, longest, longest))
+    return q, k, v, do, dict(causal=True, packed=varlen.Packed(cu, cu, longest, longest, varlen.longest_first(cu, cu)))
 
 
 #: --only's and --kernels' short names

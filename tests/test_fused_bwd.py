@@ -35,7 +35,7 @@ def _inputs(name, seed, kv_heads=2):
     kw = dict(MASKS[name])
     if name.startswith("documents"):
         cu = torch.tensor(np.cumsum([0, 33, 1, 40, 16]), dtype=torch.int32, device=DEVICE)
-        kw["packed"] = varlen.Packed(cu, cu, 40, 40)
+        kw["packed"] = varlen.Packed(cu, cu, 40, 40, varlen.longest_first(cu, cu))
     if "alibi" in name:
         kw["alibi_slopes"] = torch.tensor([0.25, 0.0625], device=DEVICE)
     return q, k, v, do, kw
@@ -70,7 +70,7 @@ def test_one_launch_computes_the_two_launches_gradients_bitwise(name):
     assert [k.fn.__name__ for k in kernels] == ["_bwd_dkdv", "_bwd_dq"]
     assert all(torch.isfinite(g).all() and g.abs().max() > 0 for g in expected)
     for variant, kernel in (("halves", backward._bwd_fused), ("interleaved", exp.INTERLEAVED),
-                            ("tile_major", exp.TILE_MAJOR)):
+                            ("tile_major", exp.TILE_MAJOR), ("given_order", backward._bwd_fused)):
         with exp.backward(variant):
             got, kernels = _launched(grads)
         assert kernels == [kernel], variant

@@ -304,6 +304,36 @@ def test_a_packed_call_is_one_autograd_node():
         assert x.grad.shape == x.shape and x.grad.is_contiguous() == x.is_contiguous() and x.grad.abs().sum() > 0
 
 
+def test_packed_documents_start_heaviest_first_with_the_same_results(monkeypatch):
+    """``varlen.longest_first``: the grid's rows take the documents by work (queries x keys), the
+    most first, ties in their order, one document needs none; the order is kept for the same
+    ``cu_seqlens`` and worked out again when they change in place. The same programs in another
+    order: the output and every gradient bit for bit the order given's."""
+    from flashbook.kernels import varlen
+
+    lens_q, lens_k = [3, 0, 19, 5, 19], [6, 2, 19, 4, 19]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, seed=5)
+    order = varlen.longest_first(cu_q, cu_k)
+    assert order.dtype == torch.int32 and order.tolist() == [2, 4, 3, 0, 1]
+    assert varlen.longest_first(cu_q, cu_k) is order
+    assert varlen.longest_first(cu_q[:2], cu_k[:2]) is None
+    cu_q2, cu_k2 = cu_q.clone(), cu_k.clone()
+    assert varlen.longest_first(cu_q2, cu_k2).tolist() == [2, 4, 3, 0, 1]
+    cu_k2[1:] += 30   # the first document now has 36 keys: 3 x 36 = 108 is third
+    assert varlen.longest_first(cu_q2, cu_k2).tolist() == [2, 4, 0, 3, 1]
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
+    results = []
+    for heaviest_first in (True, False):
+        monkeypatch.setitem(varlen.ORDER, "longest_first", heaviest_first)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = flashbook.flash_attention_varlen(*leaves, cu_q, cu_k, 19, 19, causal=True)
+        o.backward(do)
+        results.append((o.detach(), *(x.grad for x in leaves)))
+    assert results[0][0].abs().max() > 0
+    for name, a, b in zip(("o", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), name
+
+
 def test_no_document_gives_zeros_and_zero_gradients():
     q, k, v, _, _ = _packed([4], [4])
     empty = torch.zeros(1, dtype=torch.int32)

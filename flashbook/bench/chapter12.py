@@ -3,7 +3,8 @@
 ``window_order`` returns what the chapter says about a sliding window's launch order and tiles
 (runs ``window_order`` and ``window_tiles`` of ``benchmarks/results/index.json``), ``one_loop``
 what it says about the short window's backward in one loop (run ``one_loop``), ``fused_bwd``
-what it says about the backward's two kernels in one launch (run ``fused_bwd``): each value
+what it says about the backward's two kernels in one launch (run ``fused_bwd``),
+``document_order`` about packed documents taken heaviest first (run ``document_order``): each value
 computed from the files, or None when a run is not recorded there.
 """
 from __future__ import annotations
@@ -147,6 +148,34 @@ def fused_bwd(root=None) -> dict | None:
                 gains.setdefault(name, []).append((parse_seq_list(n)[0], 100 * (two - ms["halves"]) / two))
             exact = exact and all(row["bitwise_equal"].values())
     return {"gains": {name: sorted(rows) for name, rows in gains.items()}, "exact": exact} if gains else None
+
+
+def document_order(root=None) -> dict | None:
+    """Packed documents' programs heaviest document first (run ``document_order``), as the
+    chapter quotes it: ``gains`` [(N, d, per cent of the backward's time in the order given that
+    the heaviest-first order saved)] (negative: it took longer), ``spread`` the largest spread of
+    either order's rounds, ``clear`` the (N, d) whose gain exceeds the spread of both orders
+    there, and ``exact``: the gradients bitwise equal in every row."""
+    from .cli import parse_seq_list
+
+    record = load_recorded_json("document_order", root)
+    if record is None:
+        return None
+    gains, clear, spread, exact = [], [], 0.0, True
+    for row in record["rows"]:
+        if "median_ms" not in row:
+            continue
+        _, n, d, *_ = row["shape"].split(":")
+        ms, n, d = row["median_ms"], parse_seq_list(n)[0], int(d)
+        gains.append((n, d, 100 * (ms["given_order"] - ms["halves"]) / ms["given_order"]))
+        noise = max(row["spread"]["halves"], row["spread"]["given_order"])
+        spread = max(spread, noise)
+        if gains[-1][2] > 100 * noise:
+            clear.append((n, d))
+        exact = exact and all(row["bitwise_equal"].values())
+    order = lambda g: (-g[1], g[0])   # noqa: E731 (d = 128 first, then by length)
+    return {"gains": sorted(gains, key=order), "clear": sorted(clear, key=order), "spread": spread,
+            "exact": exact} if gains else None
 
 
 def forward_tiles(root=None) -> dict | None:

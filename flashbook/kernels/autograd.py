@@ -210,16 +210,17 @@ def launch_shape(packed, side: str, heads: int, batch: int, length: int, block: 
                  device: torch.device | None = None) -> tuple[tuple, dict]:
     """A kernel's grid and its keyword arguments beyond chapter 7's (``extra``: a window's and
     a soft cap's, ``kernel_mask``; empty without them). Usually (cdiv(length, block), batch *
-    heads). For documents packed along one sequence (``varlen.Packed``): one program row per
-    document at its longest length, (cdiv(max_seqlen, block), documents * heads), and the
-    ``cu_seqlens``. ``side``: "q" or "k", whose length the grid walks. On ``device``, a small
+    heads). Packed documents (``varlen.Packed``): a row per document at its longest length,
+    (cdiv(max_seqlen, block), documents * heads), ``cu_seqlens`` and ``DOC_ORDER`` (heaviest
+    first). ``side``: "q" or "k", whose length the grid walks. On ``device``, a small
     grid deals its programs out a few heads at a time (``head_group``: ``HEAD_GROUP``)."""
     if packed is None:
         grid = (triton.cdiv(length, block), batch * heads)
     else:
         longest = packed.max_seqlen_q if side == "q" else packed.max_seqlen_k
         grid = (triton.cdiv(longest, block), packed.documents * heads)
-        extra = dict(extra, CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True)
+        extra = dict(extra, CU_SEQLENS_Q=packed.cu_seqlens_q, CU_SEQLENS_K=packed.cu_seqlens_k, VARLEN=True,
+                     **({} if packed.order is None else {"DOC_ORDER": packed.order}))
     group = 1 if device is None else head_group(device, grid[0] * grid[1])
     if group != 1:
         extra = dict(extra, HEAD_GROUP=group)
@@ -280,7 +281,7 @@ def fuse_backward(packed: bool, device: torch.device, block_d: int) -> bool:
 
 # A call signature seen before launches from its plan (``launch``): no checks, no Triton binding.
 _PLANS = {"forward": Plans(), "backward": Plans()}
-_EXTRA_TENSORS = (("ALIBI_SLOPES", "alibi"), ("CU_SEQLENS_Q", "cu_q"), ("CU_SEQLENS_K", "cu_k"))
+_EXTRA_TENSORS = (("ALIBI_SLOPES", "alibi"), ("CU_SEQLENS_Q", "cu_q"), ("CU_SEQLENS_K", "cu_k"), ("DOC_ORDER", "order"))
 
 
 def _plan_key(side: str, kernel, tensors, packed, configs_given, *flags):
@@ -300,7 +301,7 @@ def _extras(alibi_slopes, packed) -> dict:
     """The tensors a plan takes beyond q, k, v (and o, lse, do): the slopes, the cu_seqlens."""
     out = {} if alibi_slopes is None else {"alibi": alibi_slopes}
     if packed is not None:
-        out.update(cu_q=packed.cu_seqlens_q, cu_k=packed.cu_seqlens_k)
+        out.update(cu_q=packed.cu_seqlens_q, cu_k=packed.cu_seqlens_k, order=packed.order)
     return out
 
 

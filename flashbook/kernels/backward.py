@@ -40,7 +40,7 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, documents, launch_position, load_lse,
+from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, document_of, documents, launch_position, load_lse,
                       load_tile, prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap,
                       visible_keys, window_bounds, window_query_bounds)
 
@@ -157,7 +157,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
-              ALIBI_SLOPES=None, alibi_stride=0,
+              ALIBI_SLOPES=None, alibi_stride=0, DOC_ORDER=None,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
               PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
               ONE_LOOP: tl.constexpr = False, FUSED: tl.constexpr = False):
@@ -184,6 +184,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     cols = start_n + tl.arange(0, BLOCK_N)
     if VARLEN:   # this document's keys and queries (forward._attn_fwd)
         total_q = seq_q
+        b = document_of(b, DOC_ORDER)   # the heaviest documents first (forward._attn_fwd)
         q_start, seq_q, k_start, seq_k, first, last = documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last)
         seq_q = tl.where(start_n < seq_k, seq_q, 0)   # a key tile past its document's end: no query sees it
         k = load_tile(K + k_start * stride_kn + h_kv * stride_kh, cols, stride_kn, seq_k,
@@ -311,7 +312,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
             first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
-            ALIBI_SLOPES=None, alibi_stride=0,
+            ALIBI_SLOPES=None, alibi_stride=0, DOC_ORDER=None,
             WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
             PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
             HEAVY_LAST: tl.constexpr = False, ONE_LOOP: tl.constexpr = False, FUSED: tl.constexpr = False):
@@ -337,6 +338,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     offs_d = tl.arange(0, BLOCK_D)
     if VARLEN:   # this document's queries and keys (forward._attn_fwd); lse, delta: (heads, total_q)
         total_q = seq_q
+        b = document_of(b, DOC_ORDER)   # the heaviest documents first (forward._attn_fwd)
         q_start, seq_q, k_start, seq_k, first, last = documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last)
         seq_k = tl.where(start_m < seq_q, seq_k, 0)   # a tile past its document's end visits no key
         q = load_tile(Q + q_start * stride_qm + h * stride_qh, rows, stride_qm, seq_q, offs_d, HEAD_DIM, True,
@@ -436,7 +438,7 @@ def _bwd_fused(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
                first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
-               ALIBI_SLOPES=None, alibi_stride=0,
+               ALIBI_SLOPES=None, alibi_stride=0, DOC_ORDER=None,
                WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
                PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
                BLOCK_M2: tl.constexpr = 128, BLOCK_N2: tl.constexpr = 64, HEAVY_LAST: tl.constexpr = False):
@@ -456,7 +458,7 @@ def _bwd_fused(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                   stride_dqb, stride_dqh, stride_dqm,
                   n_heads, n_kv_heads, group, seq_q, seq_k, qk_scale, scale,
                   HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ, DOT_PRECISION,
-                  first, last, cap_scale, CU_SEQLENS_Q, CU_SEQLENS_K, prefix, ALIBI_SLOPES, alibi_stride,
+                  first, last, cap_scale, CU_SEQLENS_Q, CU_SEQLENS_K, prefix, ALIBI_SLOPES, alibi_stride, DOC_ORDER,
                   WINDOW=WINDOW, SOFTCAP=SOFTCAP, VARLEN=VARLEN, PREFIX=PREFIX, ALIBI=ALIBI, ONE_LOOP=ONE_LOOP,
                   FUSED=True)
     else:
@@ -466,6 +468,6 @@ def _bwd_fused(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                 stride_dqb, stride_dqh, stride_dqm,
                 n_heads, group, seq_q, seq_k, qk_scale, scale,
                 HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, DOT_PRECISION,
-                first, last, cap_scale, CU_SEQLENS_Q, CU_SEQLENS_K, prefix, ALIBI_SLOPES, alibi_stride,
+                first, last, cap_scale, CU_SEQLENS_Q, CU_SEQLENS_K, prefix, ALIBI_SLOPES, alibi_stride, DOC_ORDER,
                 WINDOW=WINDOW, SOFTCAP=SOFTCAP, VARLEN=VARLEN, PREFIX=PREFIX, ALIBI=ALIBI, HEAVY_LAST=HEAVY_LAST,
                 ONE_LOOP=ONE_LOOP, FUSED=True)

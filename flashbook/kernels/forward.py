@@ -42,7 +42,7 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 ba
 #: each one uses. Off (their defaults) they compile away, to the same instructions as before
 #: they existed (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
 #: (``display.source(..., without=LATER)``).
-LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K"),
+LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K", "DOC_ORDER"),
          "PREFIX": ("prefix",), "ALIBI": ("ALIBI_SLOPES", "alibi_stride", "alibi_head", "alibi_diagonal"),
          "ONE_LOOP": (), "FUSED": ()}
 
@@ -226,6 +226,16 @@ def document(CU_SEQLENS, b):
     and ``cu_seqlens[b + 1] - cu_seqlens[b]`` (flash-attn's varlen layout)."""
     start = tl.load(CU_SEQLENS + b)
     return start.to(tl.int64), tl.load(CU_SEQLENS + b + 1) - start
+
+
+@triton.jit
+def document_of(b, DOC_ORDER):
+    """The document that program row ``b`` works on: ``b`` itself, or with ``DOC_ORDER`` (int32,
+    the documents by work, the most first: ``varlen.longest_first``) the b-th heaviest, so that
+    the longest documents' programs start first and the short ones fill in at the end."""
+    if DOC_ORDER is not None:
+        b = tl.load(DOC_ORDER + b).to(tl.int64)
+    return b
 
 
 @triton.jit
@@ -458,7 +468,7 @@ def _attn_fwd(Q, K, V, O, LSE,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
               first=0, last=0, cap_scale=1.0, CU_SEQLENS_Q=None, CU_SEQLENS_K=None, prefix=0,
-              ALIBI_SLOPES=None, alibi_stride=0,
+              ALIBI_SLOPES=None, alibi_stride=0, DOC_ORDER=None,
               WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, VARLEN: tl.constexpr = False,
               PREFIX: tl.constexpr = False, ALIBI: tl.constexpr = False, HEAD_GROUP: tl.constexpr = 1,
               HEAVY_LAST: tl.constexpr = False):
@@ -472,7 +482,8 @@ def _attn_fwd(Q, K, V, O, LSE,
     ``VARLEN``: documents packed along one sequence (flash-attn's varlen): the batch axis of
     the grid counts documents, each with its own lengths from ``CU_SEQLENS_Q/K``; ``seq_q``
     is the packed total, lse is (heads, total), and ``first``/``last`` are relative to each
-    document's own diagonal. Grid (cdiv(max_seqlen_q, BLOCK_M), documents * heads).
+    document's own diagonal. Grid (cdiv(max_seqlen_q, BLOCK_M), documents * heads); with
+    ``DOC_ORDER`` the rows take the documents heaviest first (``document_of``).
 
     ``PREFIX`` (with ``CAUSAL``, prefix-LM): the first ``prefix`` keys (of each document) are
     seen by every row as well (``prefix_bounds``).
@@ -495,6 +506,7 @@ def _attn_fwd(Q, K, V, O, LSE,
 
     if VARLEN:
         total_q = seq_q
+        b = document_of(b, DOC_ORDER)
         q_start, seq_q, k_start, seq_k, first, last = documents(CU_SEQLENS_Q, CU_SEQLENS_K, b, first, last)
         seq_k = tl.where(start_m < seq_q, seq_k, 0)   # a tile past its document's end visits no key
         q_base = Q + q_start * stride_qm + h * stride_qh

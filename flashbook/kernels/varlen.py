@@ -14,10 +14,12 @@ counts documents, and each program reads its document's start and lengths from
 diagonal and window (bottom-right aligned per document, as flash-attn). The grid is
 documents x cdiv(max_seqlen, tile); a query tile past a short document's end visits no key,
 so the tiles computed are the documents' own and only those idle programs are launched in
-vain. The saved lse is (heads, total_q), flash-attn's layout.
+vain. The rows take the documents heaviest first (``longest_first``), so that a long document
+packed last does not run on alone at the end. The saved lse is (heads, total_q), flash-attn's layout.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +39,7 @@ class Packed:
     cu_seqlens_k: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+    order: torch.Tensor | None = None   # the documents heaviest first (``longest_first``)
 
     @property
     def documents(self) -> int:
@@ -79,7 +82,42 @@ def check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *
                 b = int(lengths.argmax())
                 raise ValueError(f"document {b} has {int(lengths[b])} tokens, more than "
                                  f"{limit} = {longest[limit]}")
-    return Packed(cu_seqlens_q, cu_seqlens_k, longest["max_seqlen_q"], longest["max_seqlen_k"])
+    return Packed(cu_seqlens_q, cu_seqlens_k, longest["max_seqlen_q"], longest["max_seqlen_k"],
+                  longest_first(cu_seqlens_q, cu_seqlens_k))
+
+
+#: ``longest_first``'s switch (experiments: False launches the documents in the order given)
+ORDER = {"longest_first": True}
+_ORDERS = {}   # id(cu_seqlens_q) -> (its weak reference, cu_seqlens_k's, their versions, the order)
+
+
+def longest_first(cu_seqlens_q, cu_seqlens_k):
+    """The documents by their work (queries x keys), the most first, as the int32 tensor
+    ``DOC_ORDER`` of the kernels (``forward.document_of``), or None for fewer than two documents.
+
+    The grid's rows are documents in this order, and the GPU starts a row's programs before the
+    next row's: in the order given, a long document packed last started its programs after all
+    the others' and ran on alone at the end (recorded run ``document_order``). Worked out on the
+    device (no copy, no wait) and kept for the same ``cu_seqlens`` tensors until they change,
+    as every layer of a model gets the same ones. Any order gives the same results bit for bit
+    (each program computes what it would in any other), so only the time depends on it."""
+    if cu_seqlens_q.numel() < 3 or not ORDER["longest_first"]:
+        return None
+    try:
+        versions = (cu_seqlens_q._version, cu_seqlens_k._version)
+    except RuntimeError:   # an inference-mode tensor keeps no version: never reuse its order
+        versions = None
+    kept = _ORDERS.get(id(cu_seqlens_q))
+    if (versions is not None and kept is not None and kept[0]() is cu_seqlens_q and kept[1]() is cu_seqlens_k
+            and kept[2] == versions):
+        return kept[3]
+    work = cu_seqlens_q.diff().long() * cu_seqlens_k.diff().long()
+    order = torch.argsort(-work, stable=True).to(torch.int32)   # ascending: ties keep their order
+    if versions is not None:
+        if len(_ORDERS) >= 64:
+            _ORDERS.clear()
+        _ORDERS[id(cu_seqlens_q)] = (weakref.ref(cu_seqlens_q), weakref.ref(cu_seqlens_k), versions, order)
+    return order
 
 
 def packed_views(q, k, v):
@@ -130,7 +168,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes),
         (max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix, dq_mode))
     if key is not None and key in _CHECKED:
-        packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        longest_first(cu_seqlens_q, cu_seqlens_k))
     else:
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_3d(x, name)
