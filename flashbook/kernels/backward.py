@@ -40,8 +40,8 @@ offsets within a tile.
 import triton
 import triton.language as tl
 
-from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, document_of, documents, launch_position, load_lse,
-                      load_tile, prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap,
+from .forward import (MAIN, MASKED, alibi_bias, alibi_slope, causal_bounds, document_of, documents, launch_position,
+                      load_lse, load_tile, prefix_bounds, prefix_query_bounds, query_bounds, query_tile_index, soft_cap,
                       visible_keys, window_bounds, window_query_bounds)
 
 

@@ -42,9 +42,9 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln(2): turns a log2 ba
 #: each one uses. Off (their defaults) they compile away, to the same instructions as before
 #: they existed (tools/ptx_compare.py); chapters 7 and 8 show the kernels without them
 #: (``display.source(..., without=LATER)``).
-LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",), "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K", "DOC_ORDER"),
-         "PREFIX": ("prefix",), "ALIBI": ("ALIBI_SLOPES", "alibi_stride", "alibi_head", "alibi_diagonal"),
-         "ONE_LOOP": (), "FUSED": ()}
+LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",),
+         "VARLEN": ("CU_SEQLENS_Q", "CU_SEQLENS_K", "DOC_ORDER"), "PREFIX": ("prefix",),
+         "ALIBI": ("ALIBI_SLOPES", "alibi_stride", "alibi_head", "alibi_diagonal"), "ONE_LOOP": (), "FUSED": ()}
 
 #: The length arguments of the kernels. Triton compiles a separate kernel when an integer
 #: argument is 1 (folding it in as a constant) or a multiple of 16. With seq_q = seq_k = 1

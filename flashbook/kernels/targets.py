@@ -71,8 +71,8 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
             constexprs["HEAVY_LAST"] = window
         if kernel != "forward":   # a short window's backward: one loop a program (autograd.one_loop)
             constexprs["ONE_LOOP"] = window
-        if not varlen:   # the cu_seqlens pointers: None, as a launch without documents leaves them
-            constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None)
+        if not varlen:   # the cu_seqlens pointers and DOC_ORDER: None, as a launch without documents leaves them
+            constexprs.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None, DOC_ORDER=None)
         if not alibi:    # the slopes' pointer likewise
             constexprs.update(ALIBI_SLOPES=None)
     if kernel == "decode":
@@ -86,7 +86,7 @@ def compile_kernel(kernel: str, *, cc: int, config: Config, head_dim: int, dtype
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in ("SEQLENS", "TABLE", "CU_SEQLENS_Q", "CU_SEQLENS_K"):
+        elif name in ("SEQLENS", "TABLE", "CU_SEQLENS_Q", "CU_SEQLENS_K", "DOC_ORDER"):
             signature[name] = "*i32"
         elif name in fp32:
             signature[name] = "*fp32"
