@@ -233,3 +233,29 @@ def test_a_long_windows_tiles_at_d64_are_the_recorded_faster_ones():
     causal = configs.default("forward", cc=90, block_d=bd, elem_bytes=2, causal=True)
     assert [window.block_m, window.block_n, window.num_warps, window.num_stages] == [64, 64, 4, 3]
     assert [causal.block_m, causal.block_n, causal.num_warps, causal.num_stages] == [128, 64, 8, 3]
+
+
+def test_the_document_order_the_chapter_quotes():
+    """``chapter12.document_order`` against run ``document_order`` read directly: each gain is the
+    share of the order given's median backward that the heaviest-first order saved, the gradients
+    were bitwise equal, the clear gains beat both orders' spread; and the profile's halves add up
+    to its recorded GPU time (the delta kernel counted with the backward)."""
+    from flashbook.bench import chapter12
+
+    got = chapter12.document_order()
+    assert got is not None and got["exact"], "run document_order is missing or not bitwise"
+    rows = {r["shape"]: r for r in json.load(open(bench.run_path("document_order")))["rows"]}
+    for n, d, gain in got["gains"]:
+        ms = rows[f"documents:{n // 1024}K:{d}"]["median_ms"]
+        assert gain == pytest.approx(100 * (1 - ms["halves"] / ms["given_order"]))
+    for n, d, gain in got["gains"]:
+        row = rows[f"documents:{n // 1024}K:{d}"]
+        assert ((n, d) in got["clear"]) == (gain > 100 * max(row["spread"].values()))
+        assert max(row["spread"].values()) <= got["spread"]
+    assert (8192, 128) in got["clear"]   # the chapter's case: the long document packed last
+    prof = got["profile"]
+    for i in range(2):
+        assert prof["forward"][i] + prof["backward"][i] == pytest.approx(1e3 * prof["busy"][i])
+    # the chapter: the backward is still the slower half, the forward makes up for it
+    assert prof["backward"][0] > prof["backward"][1]
+    assert prof["forward"][0] < prof["forward"][1] and prof["busy"][0] < prof["busy"][1]

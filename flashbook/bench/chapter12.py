@@ -175,7 +175,28 @@ def document_order(root=None) -> dict | None:
         exact = exact and all(row["bitwise_equal"].values())
     order = lambda g: (-g[1], g[0])   # noqa: E731 (d = 128 first, then by length)
     return {"gains": sorted(gains, key=order), "clear": sorted(clear, key=order), "spread": spread,
-            "exact": exact} if gains else None
+            "exact": exact, "profile": document_profile(root)} if gains else None
+
+
+def document_profile(root=None) -> dict | None:
+    """Packed documents at 8K, d = 128, profiled with the library as it is (run
+    ``document_profile``): {"forward", "backward", "busy": (flashbook, Flex)}, the forward
+    kernels' and the backward kernels' GPU microseconds per call and the whole call's GPU
+    milliseconds, or None when not recorded."""
+    record = load_recorded_json("document_profile", root)
+    rows = [] if record is None else [r for r in record["profiles"]
+                                      if (r["name"], r["n"], r["d"], r["batch"]) == ("documents", 8192, 128, 1)]
+    if not rows:
+        return None
+    row = rows[0]
+
+    def kernels(impl, backward):
+        return sum(k["us_per_step"] for name, k in row[impl]["kernels"].items()
+                   if (name.startswith("_bwd") if impl == "flashbook" else "backward" in name) == backward)
+
+    return {"forward": (kernels("flashbook", False), kernels("flex", False)),
+            "backward": (kernels("flashbook", True), kernels("flex", True)),
+            "busy": (row["flashbook"]["gpu_busy_ms"], row["flex"]["gpu_busy_ms"])}
 
 
 def forward_tiles(root=None) -> dict | None:
