@@ -322,13 +322,26 @@ def test_packed_documents_start_heaviest_first_with_the_same_results(monkeypatch
     cu_k2[1:] += 30   # the first document now has 36 keys: 3 x 36 = 108 is third
     assert varlen.longest_first(cu_q2, cu_k2).tolist() == [2, 4, 0, 3, 1]
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
-    results = []
+    launched, launch = [], autograd._launch
+
+    def recording(kernel, grid, args, kwargs, names):   # each launch's kernel and its order
+        launched.append((kernel.fn.__name__, kwargs.get("DOC_ORDER")))
+        return launch(kernel, grid, args, kwargs, names)
+
+    monkeypatch.setattr(autograd, "_launch", recording)
+    results, orders = [], []
     for heaviest_first in (True, False):
         monkeypatch.setitem(varlen.ORDER, "longest_first", heaviest_first)
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        launched.clear()
         o = flashbook.flash_attention_varlen(*leaves, cu_q, cu_k, 19, 19, causal=True)
         o.backward(do)
         results.append((o.detach(), *(x.grad for x in leaves)))
+        orders.append({name: order for name, order in launched if name != "_bwd_delta"})
+    # the forward and both backward kernels took the order, and only when it was on
+    assert set(orders[0]) >= {"_attn_fwd", "_bwd_dkdv", "_bwd_dq"} or "_bwd_fused" in orders[0], orders[0]
+    assert all(order is not None and order.tolist() == [2, 4, 3, 0, 1] for order in orders[0].values())
+    assert orders[1] and all(order is None for order in orders[1].values())
     assert results[0][0].abs().max() > 0
     for name, a, b in zip(("o", "dq", "dk", "dv"), *results):
         assert torch.equal(a, b), name

@@ -289,7 +289,7 @@ def _plan_key(side: str, kernel, tensors, packed, configs_given, *flags):
     (it may choose again), or a call that must take the checked path."""
     if _state["autotune"]:
         return None
-    more = () if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k)
+    more = () if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k, packed.order)   # order: None or not
     q = tensors[0]
     precision = dot_precision(q.dtype) if isinstance(q, torch.Tensor) else None
     sizes = (None,) if packed is None else (packed.max_seqlen_q, packed.max_seqlen_k)
