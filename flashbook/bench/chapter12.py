@@ -4,7 +4,8 @@
 (runs ``window_order`` and ``window_tiles`` of ``benchmarks/results/index.json``), ``one_loop``
 what it says about the short window's backward in one loop (run ``one_loop``), ``fused_bwd``
 what it says about the backward's two kernels in one launch (run ``fused_bwd``),
-``document_order`` about packed documents taken heaviest first (run ``document_order``): each value
+``document_order`` and ``document_profile`` about packed documents taken heaviest first (runs
+``document_order`` and ``document_profile``): each value
 computed from the files, or None when a run is not recorded there.
 """
 from __future__ import annotations
@@ -175,7 +176,7 @@ def document_order(root=None) -> dict | None:
         exact = exact and all(row["bitwise_equal"].values())
     order = lambda g: (-g[1], g[0])   # noqa: E731 (d = 128 first, then by length)
     return {"gains": sorted(gains, key=order), "clear": sorted(clear, key=order), "spread": spread,
-            "exact": exact, "profile": document_profile(root)} if gains else None
+            "exact": exact} if gains else None
 
 
 def document_profile(root=None) -> dict | None:
