@@ -56,9 +56,11 @@ $(COLAB_VENV)/.installed: tests/colab_like.py
 # at install: where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it) nothing compiled
 # later is kept, and every process would compile what it imports again (torch's import:
 # 1.6 s with its bytecode, 2.6 s without, measured here).
+# pytest's two workers each take the next test when they are nearly out of work (loadgroup,
+# collection order kept); tests/conftest.py puts the longest first, so they spread over both.
 test:
 	$(MAKE) -j3 editions browser colab-venv
-	$(PY) -m pytest -m "not gpu" -n 2 --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -n 2 --dist loadgroup --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # The book, then the Colab edition from it (one after the other: colab reads the built book).
 editions: venv

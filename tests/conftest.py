@@ -44,9 +44,35 @@ def rng():
     return np.random.default_rng(seed)
 
 
+def compile_cache() -> str:
+    """Triton's on-disk cache for the tests that compile kernels for a GPU this machine does not
+    have (test_compile_targets, test_hopper, test_gluon_bwd_lab): ``$FLASHBOOK_COMPILE_CACHE``,
+    else ``flashbook/triton-targets`` in the user's cache folder (``$XDG_CACHE_HOME``, by default
+    ~/.cache). It outlives the checkout, as pip's cache does: a run on a machine that has run the
+    suite before, from a fresh clone too, compiles only what changed. Triton's key holds the
+    kernel's source and the source of every function it calls, the target, the options and
+    Triton's own version, so an edited kernel is compiled and checked again. A cold cache costs
+    about 130 CPU-seconds on CI's two cores; ``FLASHBOOK_COMPILE_CACHE=$(mktemp -d)`` measures it."""
+    folder = os.environ.get("FLASHBOOK_COMPILE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "flashbook", "triton-targets")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def expected_seconds(item) -> float:
+    """How long a test is expected to take: ``@pytest.mark.slow(seconds=N)`` (measured on CI's
+    two cores from cold caches), 10 for a bare ``slow`` mark, 0 otherwise."""
+    slow = item.get_closest_marker("slow")
+    return 0.0 if slow is None else float(slow.kwargs.get("seconds", 10))
+
+
 def pytest_collection_modifyitems(config, items):
-    """The tests marked ``slow`` first (the Colab-like run, the PDF, the compilations for
-    three chips, the grader), each file's in its own order: under ``pytest -n`` they start
-    at once on the workers, and the many short tests fill in beside them, instead of one
-    long test starting last and running alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The longest tests first, longest first (the Colab-like run, the PDF, the compilations for
+    three chips, the grader), the rest in their files' order. `make test` runs the suite with
+    ``--dist loadgroup --no-loadscope-reorder``: each worker takes the next test when it is
+    nearly out of work, so the long ones spread over both workers and the many short ones fill
+    in beside them (xdist's default ``load`` gave the first 173 tests, all the long ones, to one
+    worker, which ran 96 s after the other had finished). A module whose tests share a costly
+    fixture (the printed PDF, the student edition's run) is one ``xdist_group``, so it is set up once."""
+    items.sort(key=lambda item: -expected_seconds(item))

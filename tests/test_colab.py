@@ -207,7 +207,7 @@ def _freeze(py):
     return {parts[0].lower(): parts[1] for parts in found if len(parts) == 2}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=110)
 def test_colab_edition_runs_in_a_colab_like_runtime(tmp_path):
     """Wheel -> fresh venv with Colab's packages -> the setup cell installs it without
     touching torch/numpy/ipywidgets/triton -> every chapter runs outside the repo."""

@@ -7,10 +7,10 @@ and that every head_dim the library accepts has a configuration that compiles.
 
 Compilation runs in a subprocess with TRITON_INTERPRET=0 (this process may have
 imported triton in interpreter mode): ``flashbook.kernels.targets.compile_elsewhere``.
-Triton's on-disk cache lives in pytest's cache directory, so a second run takes
-seconds; a cold run is about 300 CPU-seconds for the three chips (Triton 3.9, ptxas
-included; measured on the 2-core CI machine: 73 s sm_90, 129 s sm_80 with its IEEE
-float32 jobs, 76 s sm_75). The sm_90 jobs stop at PTX (``assemble=False``): ``ptxas``
+Triton's on-disk cache outlives the checkout (``conftest.compile_cache``), so a second run takes
+seconds; a cold run is about 100 CPU-seconds for the three chips (Triton 3.9, ptxas
+included; measured job after job on the CI machine: 23 s sm_75, 48 s sm_80 with its IEEE
+float32 jobs, 29 s sm_90). The sm_90 jobs stop at PTX (``assemble=False``): ``ptxas``
 is about 30-40% of a compile, and the GPU tests assemble and run those kernels on an H200;
 the T4's and the A100's kernels are assembled here, the only place they are, each kind of
 kernel once (``assembled``).
@@ -21,6 +21,7 @@ import os
 
 import pytest
 
+from conftest import compile_cache
 from flashbook import runtime
 from flashbook.kernels import configs, targets
 
@@ -113,10 +114,10 @@ def assembled(jobs: list[dict]) -> list[bool]:
             for i, job in enumerate(jobs)]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 @pytest.mark.parametrize("cc", sorted(CHIP_OF))
-def test_defaults_compile_and_fit(cc, request):
-    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+def test_defaults_compile_and_fit(cc):
+    cache_dir = compile_cache()
     workers = max(1, min(2, os.cpu_count() or 1))
     jobs = jobs_for(cc)
     jobs = [dict(job, assemble=a) for job, a in zip(jobs, assembled(jobs))]
@@ -252,10 +253,10 @@ def decode_jobs(cc: int) -> list[dict]:
     return jobs
 
 
-@pytest.mark.slow
-def test_decode_kernels_compile_and_fit(request):
+@pytest.mark.slow(seconds=15)
+def test_decode_kernels_compile_and_fit():
     """sm_80 and sm_90 in one compilation process (about a minute cold on two cores)."""
-    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+    cache_dir = compile_cache()
     workers = max(1, min(2, os.cpu_count() or 1))
     results = targets.compile_elsewhere(decode_jobs(80) + decode_jobs(90), workers=workers,
                                         cache_dir=cache_dir, timeout=900)

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, compile_cache
 
 SCRIPT = r"""
 import json, sys
@@ -32,7 +32,7 @@ print(json.dumps(out))
 def test_the_lab_backward_compiles_for_sm90_and_fits():
     from flashbook import runtime
 
-    env = dict(os.environ, TRITON_INTERPRET="0")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=compile_cache())
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -22,6 +22,9 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import student_edition  # noqa: E402  (tools/ is not a package)
 
 FAST = ("02", "03")
+# one group: the tests share one grader run (module fixture), made once on one worker
+pytestmark = pytest.mark.xdist_group("grade")
+
 SELECTED = [p for p in CHAPTERS
             if os.environ.get("FLASHBOOK_GRADE_ALL") == "1" or os.path.basename(p)[:2] in FAST]
 
@@ -85,7 +88,7 @@ def rows_of(rows, notebook):
     return [r for r in rows if r["notebook"] == notebook]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=20)
 @pytest.mark.parametrize("book_nb", SELECTED, ids=os.path.basename)
 def test_the_student_edition_is_all_not_attempted(student_run, book_nb):
     rows, stdout, _ = student_run

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from conftest import ROOT, benchmark_script
+from conftest import ROOT, benchmark_script, compile_cache
 from flashbook.kernels import hopper
 
 lab = benchmark_script("gluon_lab")
@@ -133,8 +133,8 @@ def test_without_gluon_the_module_imports_and_says_so(monkeypatch):
     assert hopper.HAS_GLUON is before and lab.HAS_GLUON is before
 
 
-@pytest.mark.slow
-def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
+@pytest.mark.slow(seconds=20)
+def test_defaults_and_schedules_compile_for_sm90_and_fit():
     """Every configuration the library launches by default, and each schedule, compiled for
     sm_90 here (no GPU needed): it fits an H100/H200's shared memory and uses what the
     chapter says it uses: warpgroup products, TMA copies, and for the warp-specialised
@@ -157,7 +157,7 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
         for causal in (False, True):
             jobs.append(dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=head_dim, dtype="bf16", causal=causal,
                              schedule=schedule, config=[block_m, block_n, 4, stages], options={"ragged": True}))
-    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+    cache_dir = compile_cache()
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900)
     limit = runtime.chip("H200").smem_per_block_bytes
     for r in results:
@@ -169,7 +169,7 @@ def test_defaults_and_schedules_compile_for_sm90_and_fit(request):
         assert max(r["wgmma_waits"]) >= 1, f"{what}: no wait leaves a product running (chapter 10)"
 
 
-def test_lab_schedules_compile_for_sm90_and_fit(request):
+def test_lab_schedules_compile_for_sm90_and_fit():
     """The lab's schedules compiled for sm_90 (``benchmarks/gluon_lab.py`` compiles them as
     ``targets`` does the library's): ping-pong moves registers as the producer schedule
     does, and the persistent schedule's 64-row programs are capped so that three share an SM."""
@@ -182,7 +182,7 @@ def test_lab_schedules_compile_for_sm90_and_fit(request):
                  config=[64, 128, 4, 2]),
             dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=128, dtype="bf16", causal=False, schedule="persistent",
                  config=[128, 64, 4, 2])]
-    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+    cache_dir = compile_cache()
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900, script=LAB)
     h200 = runtime.chip("H200")
     for r in results:
@@ -198,7 +198,7 @@ def test_lab_schedules_compile_for_sm90_and_fit(request):
     assert results[2]["register_cap"] is None   # two warpgroups: one program per SM anyway
 
 
-def test_fma_shares_move_exponentials_and_no_data(request):
+def test_fma_shares_move_exponentials_and_no_data():
     """The lab's ``fma_share`` compiled for sm_90: the special-function unit's exp2 instructions fall
     by the share (a half, a quarter), and the split of each score tile moves no data
     through shared memory (the columns it hands over are the same thread's registers)."""
@@ -207,7 +207,7 @@ def test_fma_shares_move_exponentials_and_no_data(request):
     jobs = [dict(kernel="gluon_forward", cc=90, assemble=False, head_dim=64, dtype="fp16", causal=False, schedule="overlap",
                  config=[64, 128, 4, 2], options=dict(fma_share=share, degree=degree))
             for share, degree in ((0, 4), (2, 4), (4, 4), (4, 3))]
-    cache_dir = request.config.cache.mkdir("triton-compile-targets")
+    cache_dir = compile_cache()
     results = targets.compile_elsewhere(jobs, workers=2, cache_dir=cache_dir, timeout=900, script=LAB)
     for r in results:
         assert r["error"] is None, r["error"][:600]

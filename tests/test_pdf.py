@@ -16,7 +16,8 @@ HTML = os.path.join(ROOT, "_build", "html")
 PDF = os.path.join(ROOT, "_build", "pdf", "flashbook.pdf")
 TOOLS = os.path.join(ROOT, "tools")
 
-pytestmark = [pytest.mark.book, pytest.mark.browser, pytest.mark.slow]
+# one group: the tests share the printed book (module fixture), printed once on one worker
+pytestmark = [pytest.mark.book, pytest.mark.browser, pytest.mark.slow(seconds=75), pytest.mark.xdist_group("pdf")]
 
 
 @pytest.fixture(scope="module")

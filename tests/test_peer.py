@@ -179,6 +179,7 @@ def test_the_first_shape_is_measured_twice_and_recorded_once(peer_file, rng):
                                                       ("peer", True), ("flashbook", True)]
 
 
+@pytest.mark.slow(seconds=16)
 def test_wrong_raising_and_backward_less_peers_are_recorded_per_row(peer_file, rng):
     wrong = _rows(_compare(peer_file, "wrong_scale", rng))
     for causal in (False, True):
