@@ -13,13 +13,13 @@ PYTEST_ARGS ?=
 
 .PHONY: book test serve venv browser clean gpu-test student colab colab-venv pdf editions
 
+# tools/venv_install.py installs with uv (from the package index into the venv; pip where uv
+# cannot be had): torch first, requirements-dev.txt, then flashbook itself, editable.
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) tools/venv_install.py "$(TORCH_SPEC)"
 	$(PY) -m ipykernel install --prefix $(VENV) --name python3 >/dev/null
 	touch $@
 
@@ -41,21 +41,20 @@ browser:
 	  else echo "install Debian's 'chromium' and 'fonts-wqy-microhei' packages to run the browser tests and make pdf"; fi; }
 
 # The Colab-like runtime's packages (torch first, numpy 2.0.2, ipywidgets 7.7.1, ...; nothing
-# of flashbook) in a venv of their own, _build/colab-venv. tests/colab_like.py holds the list
-# and builds it (standard library only, so it runs while .venv is being filled); the Colab
-# test layers a fresh venv on top of it for each run, and builds it itself when it is missing.
-COLAB_VENV := _build/colab-venv
-
-colab-venv: $(COLAB_VENV)/.installed
-
-$(COLAB_VENV)/.installed: tests/colab_like.py
-	$(PYTHON) tests/colab_like.py $(COLAB_VENV)
+# of flashbook) in a venv of their own, kept in the user's cache (~/.cache/flashbook/colab-venv-*)
+# so that a fresh clone on a machine that has run the tests finds it built. tests/colab_like.py
+# holds the list and builds it when it is missing, holds another list or is a month old
+# (standard library only, so it runs while .venv is being filled); the Colab test layers a
+# fresh venv on top of it for each run.
+colab-venv:
+	$(PYTHON) tests/colab_like.py
 
 # Debian's chromium and the Colab-like venv install while the book is built (three jobs:
-# the network, the disk and two cores); only pytest needs them. pip compiles the bytecode
-# at install: where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it) nothing compiled
-# later is kept, and every process would compile what it imports again (torch's import:
-# 1.6 s with its bytecode, 2.6 s without, measured here).
+# the network, the disk and two cores); only pytest needs them. The packages' bytecode is
+# compiled at install: where PYTHONDONTWRITEBYTECODE is set (CI's machine sets it) nothing
+# compiled later is kept, and every process would compile what it imports again (torch's
+# import: 1.6 s with its bytecode, 2.6 s without, measured here).
+#
 # pytest's two workers each take the next test when they are nearly out of work (loadgroup,
 # collection order kept); tests/conftest.py puts the longest first, so they spread over both.
 test:

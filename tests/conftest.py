@@ -47,15 +47,15 @@ def rng():
 def compile_cache() -> str:
     """Triton's on-disk cache for the tests that compile kernels for a GPU this machine does not
     have (test_compile_targets, test_hopper, test_gluon_bwd_lab): ``$FLASHBOOK_COMPILE_CACHE``,
-    else ``flashbook/triton-targets`` in the user's cache folder (``$XDG_CACHE_HOME``, by default
-    ~/.cache). It outlives the checkout, as pip's cache does: a run on a machine that has run the
+    else ``triton-targets`` in flashbook's user cache (``colab_like.user_cache``: ~/.cache/flashbook
+    by default). It outlives the checkout, as pip's cache does: a run on a machine that has run the
     suite before, from a fresh clone too, compiles only what changed. Triton's key holds the
     kernel's source and the source of every function it calls, the target, the options and
     Triton's own version, so an edited kernel is compiled and checked again. A cold cache costs
     about 130 CPU-seconds on CI's two cores; ``FLASHBOOK_COMPILE_CACHE=$(mktemp -d)`` measures it."""
-    folder = os.environ.get("FLASHBOOK_COMPILE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "flashbook", "triton-targets")
+    from colab_like import user_cache   # beside this file
+
+    folder = os.environ.get("FLASHBOOK_COMPILE_CACHE") or str(user_cache("triton-targets"))
     os.makedirs(folder, exist_ok=True)
     return folder
 

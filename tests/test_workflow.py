@@ -42,6 +42,48 @@ def test_workflow_tests_builds_and_publishes_both_places():
     assert any(u.startswith("actions/deploy-pages") for u in uses)
     assert f"-b {COLAB_BRANCH}" in text and f" {COLAB_BRANCH}\n" in text
     assert "_build/colab/" in text and "_build/student/" in text
+    # the caches that outlive a checkout are kept between runs too
+    cached = [s["with"]["path"] for job in flow["jobs"].values() for s in job.get("steps", [])
+              if s.get("uses", "").startswith("actions/cache")]
+    assert cached == ["~/.cache/flashbook"]
+
+
+def test_pips_locations_are_passed_to_uv():
+    """uv reads no pip configuration: tools/venv_install.py passes on where pip looks, each place
+    once, one index-url, find-links and extra indexes in pip's own order."""
+    import venv_install
+
+    listing = ("global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'\n"
+               "global.find-links='/opt/wheels'\n:env:.find-links='/opt/wheels'\n"
+               "global.index-url='https://mirror/simple'\n:env:.index-url='https://other/simple'\n"
+               "global.cert='/etc/ssl/certs/ca-certificates.crt'\n:env:.default-timeout='180'\n")
+    assert venv_install.pip_locations(listing) == [
+        "--find-links", "/opt/wheels", "--index-url", "https://mirror/simple",
+        "--extra-index-url", "file:///opt/a/simple", "--extra-index-url", "file:///opt/b/simple"]
+    assert venv_install.pip_locations("") == []
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    assert 'tools/venv_install.py "$(TORCH_SPEC)"' in make
+
+
+def test_the_colab_like_base_is_rebuilt_when_its_list_or_its_age_says_so(tmp_path):
+    import datetime
+    import json
+
+    import colab_like
+
+    stamp = tmp_path / ".installed"
+    built = datetime.date(2026, 1, 1)
+    stamp.write_text(json.dumps(dict(colab_like.wanted(), built=built.isoformat())))
+    assert colab_like.up_to_date(stamp, today=built + datetime.timedelta(days=colab_like.MAX_AGE_DAYS))
+    assert not colab_like.up_to_date(stamp, today=built + datetime.timedelta(days=colab_like.MAX_AGE_DAYS + 1))
+    other = dict(colab_like.wanted(), packages=["torch==1.0"], built=built.isoformat())
+    stamp.write_text(json.dumps(other))
+    assert not colab_like.up_to_date(stamp, today=built)
+    stamp.write_text(json.dumps(colab_like.wanted()))   # a stamp from before the date was kept
+    assert not colab_like.up_to_date(stamp, today=built)
+    assert not colab_like.up_to_date(tmp_path / "missing", today=built)
+    # one folder per list and Python, outside the checkout
+    assert colab_like.BASE.name.startswith("colab-venv-") and ROOT not in str(colab_like.BASE)
 
 
 def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path):
