@@ -43,15 +43,16 @@ MAX_AGE_DAYS = 30
 ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLASHBOOK_RESULTS")}
 
 
-def pip(py, *args):
-    """``py -m pip install -q ARGS``; pip's own words on failure. The bytecode is compiled
-    at install, as Colab's packages come: where PYTHONDONTWRITEBYTECODE is set nothing
-    compiled later is kept, and each chapter's kernel would compile torch, numpy and the rest
-    again (torch's import alone: 1.6 s with its bytecode, 2.6 s without, measured here)."""
-    done = subprocess.run([str(py), "-m", "pip", "install", "-q", *args],
-                          capture_output=True, text=True, env=ENV)
+def pip(py, *args, uv=None):
+    """``py -m pip install -q ARGS`` (or ``uv`` from ``venv_install.uv_command``, which installs
+    the same packages in about a third of pip's time); the installer's own words on failure.
+    The bytecode is compiled at install, as Colab's packages come: where PYTHONDONTWRITEBYTECODE
+    is set nothing compiled later is kept, and each chapter's kernel would compile torch, numpy
+    and the rest again (torch's import alone: 1.6 s with its bytecode, 2.6 s without, measured here)."""
+    command = [*uv, *args] if uv else [str(py), "-m", "pip", "install", "-q", *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV)
     if done.returncode != 0:
-        raise RuntimeError(f"pip install {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+        raise RuntimeError(f"{' '.join(command[:3])} ... {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
 
 
 def site_packages(venv) -> Path:
@@ -98,8 +99,15 @@ def build(base=BASE) -> Path:
         shutil.rmtree(base, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(base)], check=True)
         py = base / "bin" / "python"
-        pip(py, TORCH)  # first, so that nothing pulls another torch build
-        pip(py, *COLAB_LIKE)
+        sys.path.insert(0, str(ROOT / "tools"))
+        from venv_install import uv_command   # standard library only, as this file
+
+        uv = uv_command(str(py), env=ENV)   # uv in the base while it is filled, then gone again
+        pip(py, TORCH, uv=uv)  # first, so that nothing pulls another torch build
+        pip(py, *COLAB_LIKE, uv=uv)
+        if uv:
+            subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "uv"], check=True, env=ENV,
+                           capture_output=True)
         # Compiled once, here: under PYTHONDONTWRITEBYTECODE (set on the test machines) no
         # kernel writes the caches, and each one compiled torch, numpy, pandas... from source
         # at every import (the 13 chapters ran in 131 s against 55-88 s compiled); without it,

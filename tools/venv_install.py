@@ -42,16 +42,17 @@ def pip_locations(listing: str) -> list[str]:
     return options
 
 
-def uv_command() -> list[str] | None:
-    """``[uv, pip, install, ...options]`` for this venv, or None where uv cannot be installed."""
-    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", "uv"]).returncode != 0:
+def uv_command(python: str = sys.executable, env: dict | None = None) -> list[str] | None:
+    """``[uv, pip, install, ...options]`` that installs into ``python``'s venv, after installing
+    uv there with pip; None where uv cannot be installed."""
+    if subprocess.run([python, "-m", "pip", "install", "-q", "uv"], capture_output=True, env=env).returncode != 0:
         return None
-    uv = os.path.join(os.path.dirname(sys.executable), "uv")
+    uv = os.path.join(os.path.dirname(python), "uv")
     if not os.access(uv, os.X_OK):
         return None
-    listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                             text=True).stdout
-    return [uv, "pip", "install", "-q", "--python", sys.executable, "--compile-bytecode",
+    listing = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                             env=env).stdout
+    return [uv, "pip", "install", "-q", "--python", python, "--compile-bytecode",
             "--index-strategy", "unsafe-best-match", *pip_locations(listing)]
 
 
