@@ -51,6 +51,8 @@ def pip(py, *args, uv=None):
     and the rest again (torch's import alone: 1.6 s with its bytecode, 2.6 s without, measured here)."""
     command = [*uv, *args] if uv else [str(py), "-m", "pip", "install", "-q", *args]
     done = subprocess.run(command, capture_output=True, text=True, env=ENV)
+    if done.returncode != 0 and uv:   # what uv cannot do, pip may
+        return pip(py, *args)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:3])} ... {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
 

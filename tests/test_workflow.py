@@ -65,6 +65,31 @@ def test_pips_locations_are_passed_to_uv():
     assert 'tools/venv_install.py "$(TORCH_SPEC)"' in make
 
 
+def test_what_uv_cannot_install_pip_installs(monkeypatch, capsys):
+    """uv first, torch before the rest; a step uv fails on goes to pip, and without uv pip does all."""
+    import venv_install
+
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        failed = command[0] == "uv" and "-r" in command   # uv cannot resolve requirements-dev.txt
+        torch_missing = command[1:3] == ["-c", "import torch"]
+        return subprocess.CompletedProcess(command, int(failed or torch_missing), "", "")
+
+    monkeypatch.setattr(venv_install.subprocess, "run", run)
+    monkeypatch.setattr(venv_install, "uv_command", lambda *a, **k: ["uv", "pip", "install"])
+    venv_install.install("torch==2.13.0")
+    installers = [c[0] if c[0] == "uv" else "pip" for c in calls[1:]]
+    assert installers == ["uv", "uv", "pip", "uv"], calls
+    assert calls[1][-1] == "torch==2.13.0" and calls[2][-2:] == calls[3][-2:] and calls[3][-2] == "-r"
+    assert "pip tries" in capsys.readouterr().err
+    calls.clear()
+    monkeypatch.setattr(venv_install, "uv_command", lambda *a, **k: None)
+    venv_install.install("torch==2.13.0")
+    assert [c[1:4] for c in calls[1:]] == [["-m", "pip", "install"]] * 3
+
+
 def test_the_colab_like_base_is_rebuilt_when_its_list_or_its_age_says_so(tmp_path):
     import datetime
     import json

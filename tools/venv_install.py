@@ -60,13 +60,17 @@ def install(torch_spec: str) -> None:
     uv = uv_command()
     if uv is None:
         print("venv_install: uv could not be installed; pip installs everything", file=sys.stderr)
-    base = uv or [sys.executable, "-m", "pip", "install", "-q"]
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
     have_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
     steps = ([] if have_torch else [[torch_spec]]) + [
         ["-r", os.path.join(ROOT, "requirements-dev.txt")],
         ["--no-deps", "-e", ROOT]]
     for args in steps:   # torch first, so that nothing pulls another build of it
-        subprocess.run(base + args, check=True)
+        if uv and subprocess.run(uv + args).returncode == 0:
+            continue
+        if uv:
+            print(f"venv_install: uv failed on {' '.join(args)} (its words above); pip tries", file=sys.stderr)
+        subprocess.run(pip + args, check=True)
 
 
 if __name__ == "__main__":
