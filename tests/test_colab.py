@@ -2,8 +2,8 @@
 
 `make test` builds the book, then the Colab edition (_build/colab), before pytest.
 The slow test installs the wheel into a fresh Colab-like venv (a venv of its own on top
-of the Colab-like base in ~/.cache/flashbook, `make colab-venv`: tests/colab_like.py) and runs every chapter there,
-from a directory outside the repository.
+of the Colab-like base in ~/.cache/flashbook, `make colab-venv`: tests/colab_like.py) and
+runs every chapter there, from a directory outside the repository.
 """
 import glob
 import html
