@@ -34,6 +34,8 @@ COLAB_LIKE = ["numpy==2.0.2", "ipywidgets==7.7.1", "matplotlib", "pandas", "scip
 TORCH = os.environ.get("FLASHBOOK_TEST_TORCH", "torch==2.13.0")
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from venv_install import install_packages, uv_command  # noqa: E402  (standard library only, as this file)
 
 #: A base older than this is built again: the unpinned packages (matplotlib, pandas, scipy,
 #: triton...) move on as Colab's do.
@@ -49,12 +51,9 @@ def pip(py, *args, uv=None):
     The bytecode is compiled at install, as Colab's packages come: where PYTHONDONTWRITEBYTECODE
     is set nothing compiled later is kept, and each chapter's kernel would compile torch, numpy
     and the rest again (torch's import alone: 1.6 s with its bytecode, 2.6 s without, measured here)."""
-    command = [*uv, *args] if uv else [str(py), "-m", "pip", "install", "-q", *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=ENV)
-    if done.returncode != 0 and uv:   # what uv cannot do, pip may
-        return pip(py, *args)
+    done = install_packages(str(py), args, uv, env=ENV, capture=True)   # what uv cannot do, pip may
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:3])} ... {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+        raise RuntimeError(f"pip install {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
 
 
 def site_packages(venv) -> Path:
@@ -101,9 +100,6 @@ def build(base=BASE) -> Path:
         shutil.rmtree(base, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(base)], check=True)
         py = base / "bin" / "python"
-        sys.path.insert(0, str(ROOT / "tools"))
-        from venv_install import uv_command   # standard library only, as this file
-
         uv = uv_command(str(py), env=ENV)   # uv in the base while it is filled, then gone again
         pip(py, TORCH, uv=uv)  # first, so that nothing pulls another torch build
         pip(py, *COLAB_LIKE, uv=uv)

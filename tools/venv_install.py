@@ -17,7 +17,6 @@ PYTHONDONTWRITEBYTECODE is set (CI's machine sets it), nothing compiled later is
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -56,21 +55,30 @@ def uv_command(python: str = sys.executable, env: dict | None = None) -> list[st
             "--index-strategy", "unsafe-best-match", *pip_locations(listing)]
 
 
+def install_packages(python: str, args, uv: list[str] | None = None, env: dict | None = None,
+                     capture: bool = False) -> subprocess.CompletedProcess:
+    """``pip install ARGS`` into ``python``'s venv: by ``uv`` (``uv_command``) where it is given,
+    by pip where it is not or where uv fails on them. Returns the last installer's run (its
+    output captured with ``capture``); the caller decides what a failure means."""
+    if uv:
+        done = subprocess.run([*uv, *args], capture_output=capture, text=True, env=env)
+        if done.returncode == 0:
+            return done
+        if not capture:
+            print(f"venv_install: uv failed on {' '.join(args)} (its words above); pip tries", file=sys.stderr)
+    return subprocess.run([python, "-m", "pip", "install", "-q", *args], capture_output=capture, text=True, env=env)
+
+
 def install(torch_spec: str) -> None:
     uv = uv_command()
     if uv is None:
         print("venv_install: uv could not be installed; pip installs everything", file=sys.stderr)
-    pip = [sys.executable, "-m", "pip", "install", "-q"]
     have_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
     steps = ([] if have_torch else [[torch_spec]]) + [
         ["-r", os.path.join(ROOT, "requirements-dev.txt")],
         ["--no-deps", "-e", ROOT]]
     for args in steps:   # torch first, so that nothing pulls another build of it
-        if uv and subprocess.run(uv + args).returncode == 0:
-            continue
-        if uv:
-            print(f"venv_install: uv failed on {' '.join(args)} (its words above); pip tries", file=sys.stderr)
-        subprocess.run(pip + args, check=True)
+        install_packages(sys.executable, args, uv).check_returncode()
 
 
 if __name__ == "__main__":
