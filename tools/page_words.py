@@ -1,6 +1,7 @@
 """Words of page text per chapter: what a reader scrolls through.
 
-    python tools/page_words.py                      # every page of the built book (_build/html)
+    python tools/page_words.py                      # every chapter of the built book (_build/html)
+    python tools/page_words.py /tmp/site/html       # every chapter of a book built elsewhere
     python tools/page_words.py notebooks/10_making_it_fast.ipynb   # one notebook, before a build
     python tools/page_words.py PAGE.html            # one page, e.g. from a one-page build:
         jupyter-book build --path-output /tmp/one notebooks/08_triton_backward.ipynb
@@ -45,7 +46,10 @@ def notebook_words(path):
 
 
 def main(argv):
-    paths = argv or sorted(glob.glob(os.path.join(ROOT, "_build", "html", "notebooks", "*.html")))
+    paths = []
+    for arg in argv or [os.path.join(ROOT, "_build", "html")]:
+        # a built site's folder: its chapters (notebooks/*.html), as with no argument
+        paths += sorted(glob.glob(os.path.join(arg, "notebooks", "*.html"))) if os.path.isdir(arg) else [arg]
     if not paths:
         sys.exit("no built pages: run `make book`, or name a notebook")
     over = 0
@@ -57,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(1 if main(sys.argv[1:]) else 0)   # 1: a chapter is over the limit
