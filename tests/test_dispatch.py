@@ -97,3 +97,43 @@ def test_auto_takes_triton_where_the_gluon_forward_measured_slower(monkeypatch):
     assert dispatch.choose_backend(q, q, q, False, "gluon") == ("gluon", "asked for")
     assert dispatch.choose_backend(torch.randn(1, 2, 1024, 64), torch.randn(1, 2, 1024, 64),
                                    torch.randn(1, 2, 1024, 64), False, "auto")[0] == "gluon"
+
+
+def test_flash_attn_keyword_names_give_the_same_call():
+    """``softmax_scale=`` and ``window_size=`` (flash-attn's names) are ``scale=`` and ``window=``,
+    for the front door, the varlen entry point and decoding; both names of one argument at once
+    are refused, naming the two. flash-attn's (batch, seq, heads, head_dim) tensors transposed
+    to (batch, heads, seq, head_dim) give flash-attn's result: the float64 reference's."""
+    from flashbook import masks
+    from flashbook.kernels import flash_decode, varlen
+
+    q, k, v = (x.detach() for x in _inputs(3))
+    ours = flashbook.flash_attention(q, k, v, causal=True, scale=0.3, window=(5, 0))
+    theirs = flashbook.flash_attention(q, k, v, causal=True, softmax_scale=0.3, window_size=(5, 0))
+    assert torch.equal(ours, theirs) and ours.abs().max() > 0
+    truth = masks.attention(*(x.double().cpu().numpy() for x in (q, k.repeat_interleave(2, 1),
+                                                                  v.repeat_interleave(2, 1))),
+                            causal=True, scale=0.3, window=(5, 0))
+    assert abs(ours.double().cpu().numpy() - truth).max() < 1e-4   # float32 on the interpreter: IEEE products
+    bshd = [x.transpose(1, 2).contiguous() for x in (q, k, v)]       # flash-attn's layout
+    again = flashbook.flash_attention(*(x.transpose(1, 2) for x in bshd), causal=True, softmax_scale=0.3,
+                                      window_size=(5, 0)).transpose(1, 2)
+    assert torch.equal(again.transpose(1, 2), ours)
+    with pytest.raises(TypeError, match="scale= or flash-attn's softmax_scale="):
+        flashbook.flash_attention(q, k, v, scale=0.3, softmax_scale=0.3)
+    with pytest.raises(TypeError, match="window= or flash-attn's window_size="):
+        flashbook.flash_attention(q, k, v, window=(5, 0), window_size=(5, 0))
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32, device=DEVICE)
+    packed = [x[0].transpose(0, 1).contiguous() for x in (q, k[:, :, :33], v[:, :, :33])]
+    cuk = torch.tensor([0, 15, 33], dtype=torch.int32, device=DEVICE)
+    a = varlen.flash_attention_varlen(*packed, cu, cuk, 25, 18, causal=True, scale=0.3, window=(5, 0))
+    b = varlen.flash_attention_varlen(*packed, cu, cuk, 25, 18, causal=True, softmax_scale=0.3, window_size=(5, 0))
+    assert torch.equal(a, b) and a.abs().max() > 0
+    with pytest.raises(TypeError, match="softmax_scale"):
+        varlen.flash_attention_varlen(*packed, cu, cuk, 25, 18, scale=0.3, softmax_scale=0.2)
+    q1 = q[:, :, -1:]
+    a = flash_decode(q1, k, v, scale=0.3, window=(5, 0))
+    b = flash_decode(q1, k, v, softmax_scale=0.3, window_size=(5, 0))
+    assert torch.equal(a, b) and a.abs().max() > 0
+    with pytest.raises(TypeError, match="window_size"):
+        flash_decode(q1, k, v, window=(5, 0), window_size=(4, 0))

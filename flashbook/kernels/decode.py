@@ -67,6 +67,7 @@ from .. import runtime
 from ..validation import check_choice, check_count, check_flag
 from .autograd import LOG2E, check_inputs, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
+from .inputs import flash_attn_names
 from .launch import Launch, Plans, tensor_key
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
                              _check_paged, _check_range, choose_num_splits, decode_tiles, sm_count, window_offsets)
@@ -349,7 +350,8 @@ def paginate(k, v, page_size: int, *, generator: torch.Generator | None = None, 
 # ------------------------------------------------------------------ the entry point
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
-                 causal: bool = True, window=None, scale=None, check_values: bool = False):
+                 causal: bool = True, window=None, scale=None, check_values: bool = False,
+                 softmax_scale=None, window_size=None):
     """Attention of a few new tokens over a KV cache, split over the keys: returns o.
 
     Args:
@@ -383,10 +385,12 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
             it is off by default (a decoding loop calls this once per layer and token).
             Without it, the kernel clamps each length to [0, n_max], so no length makes it
             read outside the cache; the page indices are the caller's promise, as in vLLM.
+        softmax_scale, window_size: flash-attn's names for ``scale`` and ``window``.
 
     Returns:
         o, (batch, heads, n_new, head_dim), q's dtype, contiguous.
     """
+    scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
                      window)
     plan = _PLANS.get(key) if key is not None else None

@@ -28,6 +28,7 @@ import threading
 
 from .. import masks, runtime
 from . import autograd
+from .inputs import flash_attn_names
 from .launch import Plans, call_key
 
 BACKENDS = ("auto", "triton", "gluon")
@@ -78,7 +79,8 @@ def choose_backend(q, k, v, causal: bool = False, backend: str = "auto", window=
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str = "auto",
-                    dq_mode: str = "separate", window=None, softcap=None, prefix=0, alibi_slopes=None):
+                    dq_mode: str = "separate", window=None, softcap=None, prefix=0, alibi_slopes=None,
+                    softmax_scale=None, window_size=None):
     """softmax(scale * q k^T) v, differentiable, with the fastest kernel that takes the call.
 
     Args:
@@ -98,11 +100,15 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
         prefix: ``p > 0`` with ``causal=True``: a prefix-LM, the first p keys seen by every query.
         alibi_slopes: flash-attn's ALiBi, float32 (heads,) or (batch, heads) on q's device: the
             scores get -slope * |i + seq_k - seq_q - j| (Triton only; ``autograd.flash_attention``).
+        softmax_scale, window_size: flash-attn's names for ``scale`` and ``window`` (give one
+            name of each, not both). flash-attn's tensors are (batch, seq, heads, head_dim):
+            pass ``q.transpose(1, 2)`` (and k, v likewise) and transpose the result back.
 
     Returns:
         o with q's shape and dtype (the Triton forward keeps q's memory layout; the Gluon
         forward returns it contiguous).
     """
+    scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     key = call_key((q, k, v, alibi_slopes), (causal, scale, backend, dq_mode, window, softcap, prefix))
     choice = _CHOICES.get(key) if key is not None else None
     if choice is not None:   # this signature passed the checks before and would again: the same choice

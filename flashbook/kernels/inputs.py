@@ -110,3 +110,14 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     # every other stride is passed to them. A transposed (batch, seq, heads, head_dim)
     # tensor already satisfies this and is used as it is.
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def flash_attn_names(scale, window, softmax_scale=None, window_size=None) -> tuple:
+    """(scale, window) from this library's names or flash-attn's (``softmax_scale``,
+    ``window_size``), so a call written for ``flash_attn_func`` keeps its keywords. Giving
+    both names of one argument is refused, naming the two."""
+    for ours, theirs, a, b in (("scale", "softmax_scale", scale, softmax_scale),
+                               ("window", "window_size", window, window_size)):
+        if a is not None and b is not None:
+            raise TypeError(f"give {ours}= or flash-attn's {theirs}=, not both (got {a!r} and {b!r})")
+    return (softmax_scale if scale is None else scale), (window_size if window is None else window)

@@ -28,6 +28,7 @@ import torch
 from .. import masks
 from ..validation import check_count
 from . import autograd, dispatch
+from .inputs import flash_attn_names
 from .launch import Plans, call_key
 
 
@@ -142,7 +143,8 @@ def _packed(x):
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                            causal: bool = False, scale=None, window=None, softcap=None, prefix=0,
-                           alibi_slopes=None, dq_mode: str = "separate", check_values: bool = True):
+                           alibi_slopes=None, dq_mode: str = "separate", check_values: bool = True,
+                           softmax_scale=None, window_size=None):
     """Attention within each of several documents packed along one sequence; differentiable.
 
     Args (flash-attn's ``flash_attn_varlen_func`` names and layout):
@@ -158,10 +160,12 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             document b, query i and key j get -slope * |i + seq_k_b - seq_q_b - j| (positions
             counted from the document's start).
         check_values: check ``cu_seqlens`` on the host first (``check_packed``).
+        softmax_scale, window_size: flash-attn's names for ``scale`` and ``window``.
 
     Returns:
         o of shape (total_q, heads, head_dim), q's dtype.
     """
+    scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     # a signature that passed the checks before passes them again (``launch``); the values in
     # cu_seqlens are not in it, so only a call without value checks is remembered
     key = None if check_values is not False else call_key(
