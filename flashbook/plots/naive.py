@@ -78,14 +78,17 @@ _STEP_COLORS = {"Q K^T (matmul)": "#4C72B0", "P V (matmul)": "#55A868",
                 "softmax: moving S in and P out": "#C44E52", "softmax: max, exp, sum": "#DD8452"}
 
 
-def time_breakdown(ax, measured: dict, *, title: str | None = None):
-    """One stacked bar of ``measure_naive_steps``'s times, each step's share written on it."""
+def time_breakdown(ax, measured: dict, *, title: str | None = None, labels: dict | None = None):
+    """One stacked bar of ``measure_naive_steps``'s times, each step's share written on it.
+
+    ``labels`` renames steps in the legend (the records keep the names they were made with)."""
     ms = measured["ms"]
     total = sum(ms.values())
     left = 0.0
     for name, t in ms.items():
+        shown = (labels or {}).get(name, name)
         ax.barh(0, t, left=left, color=_STEP_COLORS.get(name, "#999999"), edgecolor="white",
-                label=f"{name}: {t:.2f} ms ({100 * t / total:.0f}%)")
+                label=f"{shown}: {t:.2f} ms ({100 * t / total:.0f}%)")
         left += t
     ax.set_yticks([])
     ax.set_xlabel("milliseconds")
