@@ -10,9 +10,10 @@ underflows to 0.
 The *online* form keeps (m, l), and for attention the unnormalised output
 o = sum_j exp(x_j - m) v_j, as a running ``SoftmaxState`` that is updated one
 block of scores at a time. The state of two disjoint blocks merges into the state
-of their union (``merge``); the merge is associative and commutative, so blocks can
-be processed in any order, or in parallel and combined at the end. That is the
-whole numerical trick of FlashAttention's forward pass.
+of their union (``merge``); the merge is commutative bit for bit and associative up to
+rounding, so blocks can be processed in any order, or in parallel and combined at the
+end, with results that differ only by rounding. That is the whole numerical trick of
+FlashAttention's forward pass.
 
 Names follow the notation page: ``row_max`` is m, ``row_sum`` is l, ``acc`` is o,
 ``lse = m + log l``. A score of -inf means "masked": its weight is exactly 0. A row

@@ -300,8 +300,8 @@ def render(state: ExplorerState) -> Figure:
     check = (f"max |O - O_ref| = {state.max_error:.1e}" if state.ran
              else "output not checked (too many tiles for a live run)")
     fig.suptitle(f"N = {s.n}, d = {s.d}, $B_r$ = {s.block_q}, $B_c$ = {s.block_k}, "
-                 f"{'causal, ' if s.causal else ''}{chip.name}: step {state.step + 1} of "
-                 f"{len(state.schedule)}, {check}", fontsize=11)
+                 f"{'causal, ' if s.causal else ''}{chip.name}: step {state.step} "
+                 f"(steps 0 to {len(state.schedule) - 1}), {check}", fontsize=11)
     return fig
 
 

@@ -511,7 +511,7 @@ function blocksizeView(root, cfg, store) {
     for (const k of ["n", "d", "block_q", "block_k", "step", "row", "num_stages"]) controls[k].value = s[k];
     controls.chip.value = s.chip; controls.order.value = s.order; controls.causal.checked = s.causal;
     for (const [k, text] of [["n", "N"], ["d", "d"], ["block_q", "B_r"], ["block_k", "B_c"], ["row", "row"]]) labels[k].textContent = `${text} = ${s[k]}`;
-    labels.step.textContent = `step = ${st.step + 1} of ${st.schedule.length}`;
+    labels.step.textContent = `step = ${st.step} (0 to ${st.schedule.length - 1})`;
     const pipelined = parseInt(st.arch.slice(3), 10) >= 80;
     labels.num_stages.textContent = pipelined ? `kernel's stages = ${s.num_stages}` : `kernel's stages (none on the ${st.chipName})`;
     const flash = st.traffic[s.order], ratio = flash / st.traffic.naive;
