@@ -1,8 +1,9 @@
 """Where the kernels run: a CUDA GPU, or Triton's interpreter on the CPU.
 
-Triton reads ``TRITON_INTERPRET`` once, when it is imported. So the choice has to
-be made *before* anything imports triton: ``import flashbook`` imports this module
-first, and this module decides.
+Triton reads ``TRITON_INTERPRET`` when a kernel is defined: the ``@triton.jit`` decorator
+returns an interpreted or a compiled function (Triton 3.6 and 3.9 alike). So the choice has
+to be made before any kernel is defined: ``import flashbook`` imports this module first,
+before anything imports triton, and this module decides.
 
 It also holds the facts about real chips that the book's figures and explorers use
 (shared memory per SM, HBM bandwidth, peak matrix throughput), with their sources.
