@@ -86,10 +86,8 @@ def test_atomic_dq_is_stated_as_measured_and_not_generalised(nb):
     assert (glued["at_fence_lo"], glued["at_fence_hi"]) == ("2.40", "6.84")            # acq_rel adds
     assert (glued["at_relaxed_lo"], glued["at_relaxed_hi"]) == ("1.08", "1.86")        # relaxed adds
     assert (glued["at_speedup_lo"], glued["at_speedup_hi"]) == ("1.95", "3.69")        # the fence's cost
-    assert (glued["at_relaxed_wide_lo"], glued["at_relaxed_wide_hi"]) == ("1.13", "1.24")
-    assert (glued["at_stagger_lo"], glued["at_stagger_hi"]) == ("-4.9%", "+8.2%")
-    assert (glued["at_stagger_again_lo"], glued["at_stagger_again_hi"]) == ("-12.2%", "+5.4%")
-    assert (glued["at_repeat_lo"], glued["at_repeat_hi"]) == ("-13.1%", "+6.2%")
+    # (the staggered start, and how far each variant moved between the runs: appendix A3,
+    # tests/test_review_ch07_08.py)
     assert glued["at_atomic_again_lo"] == "1.09" and glued["at_spread"] == "3.2%"
     # "the separate dQ kernel was the faster at every shape measured", in both runs
     spans = experiments.atomic_dq_ranges(experiments.atomic_dq_table())
