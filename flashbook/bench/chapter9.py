@@ -21,6 +21,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from . import chapter9_blocks as block_sweep
+from . import chapter9_live as live
 from . import chapter9_measured as measured
 from .chapter9_measured import NO_DATA
 from .chapter_data import ChapterData
@@ -267,5 +269,6 @@ def build(root=None) -> Chapter9:
     measured.roofline_numbers(ch, points, ceilings)
     measured.targets(ch)
     measured.seed_measured(ch, check, ceilings)
-    measured.blocks(ch)
+    block_sweep.blocks(ch)
+    live.live_recorded(ch)
     return ch

@@ -100,13 +100,19 @@ def load_recorded_json(name: str, root=None):
         return json.load(f)
 
 
-def recorded_output(notebook: str, cell_id: str, root=None) -> str | None:
-    """What the ``gpu`` cell ``cell_id`` of ``notebook`` (its stem, e.g. "07_triton_forward")
-    printed in its recorded GPU run (``<notebook>.json`` in the recorded run ``gpu_cells``), or
-    None. A page built without a GPU shows that output, so its prose reads numbers from here."""
+def gpu_record(notebook: str, root=None) -> dict | None:
+    """The recorded GPU run of ``notebook``'s ``gpu`` cells (its stem, e.g. "09_benchmarks";
+    ``<notebook>.json`` in the recorded run ``gpu_cells``): {"provenance": ..., "cells": [...]},
+    or None when nothing is recorded."""
     folder = run_path("gpu_cells", root)
     path = None if folder is None else folder / f"{notebook}.json"
-    if path is None or not path.is_file():
-        return None
-    cell = next((c for c in json.loads(path.read_text())["cells"] if c["id"] == cell_id), None)
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def recorded_output(notebook: str, cell_id: str, root=None) -> str | None:
+    """What the ``gpu`` cell ``cell_id`` of ``notebook`` printed in its recorded GPU run
+    (``gpu_record``), or None. A page built without a GPU shows that output, so its prose
+    reads numbers from here."""
+    record = gpu_record(notebook, root)
+    cell = None if record is None else next((c for c in record["cells"] if c["id"] == cell_id), None)
     return None if cell is None else "".join(o.get("text", "") for o in cell["outputs"])
