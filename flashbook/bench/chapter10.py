@@ -40,7 +40,7 @@ NO_DATA = ("No recorded ladder was found (no benchmarks/results/ directory with 
            "ladder.csv), so there is nothing measured to show here.")
 #: What ``Chapter10.show`` shows, one topic per cell of the chapter, in its order.
 TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip", "split_prediction",
-          "split", "tuning_prediction", "tuning", "heavy", "launch_order", "dq_bytes", "ladder", "ladder_figure", "backward_figure", "goals", "profile",
+          "split", "tuning_prediction", "tuning", "heavy", "dq_bytes", "ladder", "ladder_figure", "backward_figure", "goals", "profile",
           "schedules")
 #: The names of ``Features``, in order: one switch each.
 FEATURES = [f.name for f in dataclasses.fields(Features)]
@@ -182,8 +182,12 @@ def _recorded(ch: Chapter10, root) -> None:
     recorded = {name: p for name, p in (("ladder.csv", ch.ladder_provenance), ("results.csv", prov),
                                         ("blocks.csv", blocks_prov)) if p}
     if recorded:
-        ch.table("provenance", "provenance",
-                 pd.DataFrame({name: provenance_summary(p) for name, p in recorded.items()}))
+        frame = pd.DataFrame({name: provenance_summary(p) for name, p in recorded.items()}).drop(index="command")
+        same = (frame.nunique(axis=1) == 1) if len(frame.columns) > 1 else frame.index != frame.index
+        if same.any():      # what every run shares, said once; the table keeps what differs
+            ch.say("provenance", f"all {len(frame.columns)} runs: " + ", ".join(
+                f"{key} {frame.loc[key].iloc[0]}" for key in frame.index[same]))
+        ch.table("provenance", "provenance", frame[~same], max_colwidth=None)   # commands: each run's provenance.json
     else:
         ch.say("provenance", NO_DATA, missing=True)
     digests = {name: p.get("source_sha256") for name, p in recorded.items()}
@@ -202,7 +206,7 @@ def _noise(ch: Chapter10) -> None:
     if ladder is None:
         ch.frames.update(steps=None, fsteps=None, bsteps=None)
         ch.nothing("noise", "noise_n", "noise_ladder", "noise_twin", "noise_twin_n", "xrun_lo", "xrun_hi",
-                   "n_checked_ladder")
+                   "xrun_slower", "n_checked_ladder")
         return
     if not (ladder["status"] == "ok").all():
         raise ValueError(f"every rung of the ladder must have run:\n{ladder[ladder['status'] != 'ok']}")
@@ -234,8 +238,11 @@ def _noise(ch: Chapter10) -> None:
         both = last.merge(df[df["impl"] == "flashbook"], on=keys)
         xrun = both["fwd_tflops"] / both["tflops"]
         ch.put("xrun_lo", 100 * (xrun.min() - 1), "+.0f"); ch.put("xrun_hi", 100 * (xrun.max() - 1), "+.0f")
+        lo, hi = 100 * (1 - xrun.max()), 100 * (1 - xrun.min())      # how much slower the full comparison timed it
+        ch.put("xrun_slower", f"{lo:.0f} to {hi:.0f}% slower than" if lo >= 0.5 else
+               f"{-hi:.0f}% faster to {lo:.0f}% slower than" if hi >= 0.5 else f"{-hi:.0f} to {-lo:.0f}% faster than")
     else:
-        ch.nothing("xrun_lo", "xrun_hi")
+        ch.nothing("xrun_lo", "xrun_hi", "xrun_slower")
 
 
 # ---------------------------------------------------------------- the rungs, one by one
@@ -244,23 +251,27 @@ def _exp2(ch: Chapter10) -> None:
     import pandas as pd
 
     if ch.frames["steps"] is None:
-        return ch.nothing("exp2_lo", "exp2_hi", "exp2_above", "exp2_n", "exp2_noise", "exp2_verdict")
+        return ch.nothing("exp2_lo", "exp2_hi", "exp2_above", "exp2_n", "exp2_noise", "exp2_verdict",
+                          "exp2_share_lo", "exp2_share_hi")
     bounds = exp2_bound()
     gains = ch.rung_gains("exp2")
     bound = gains["causal"].map(lambda c: bounds["causal" if c else "full"])
+    saved = 1 - 1 / bound                   # the share of the elementwise instructions exp2 removes
+    # if a share s of the time is this elementwise work, saving a fraction f of it gives 1 / (1 - s f)
+    share = (1 - 1 / gains["vs_prev"]) / saved
     ch.table("exp2", "exp2_gains", pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"],
-                                                 "bound from the count": bound,
+                                                 "bound from the count": bound, "implied share of time": share,
                                                  "verdict": gains["vs_prev"].map(ch.verdict)}).round(3))
+    ch.put("exp2_share_lo", 100 * share.min(), ".0f"); ch.put("exp2_share_hi", 100 * share.max(), ".0f")
     ch.put("exp2_lo", gains["vs_prev"].min(), ".2f"); ch.put("exp2_hi", gains["vs_prev"].max(), ".2f")
     n_above = int((gains["vs_prev"] > bound).sum())
     ch.put("exp2_above", n_above); ch.put("exp2_n", len(gains))
     low = gains["vs_prev"].min() - 1
     ch.put("exp2_noise", "far beyond the noise" if low > 2 * ch.noise
            else "beyond the noise" if low > ch.noise else "partly within the noise")
-    ch.put("exp2_verdict", "So the elementwise instructions do set the pace here, and natural exp costs "
-           "more than the one multiply the count gives it" if n_above else
-           "So the count bounds the gain, as a model should; how close the gain comes to it says how "
-           "much of the time those instructions take")
+    ch.put("exp2_verdict", "The gain is above the count's bound, so the count leaves out work that natural "
+           "exp does" if n_above else
+           "Every gain is below the count's bound, as it must be if the count is right")
 
 
 def _seqs(ch: Chapter10) -> list:
@@ -441,7 +452,7 @@ def _whole_ladder(ch: Chapter10) -> None:
         for topic in ("ladder", "ladder_figure", "backward_figure"):
             ch.say(topic, NO_DATA, missing=True)
         return ch.nothing("best_rung_by_shape", "first_to_last_lo", "first_to_last_hi", "flash_beaten",
-                          "flash_pairs", "cudnn_below", "cudnn_pairs")
+                          "flash_pairs", "cudnn_below", "cudnn_pairs", "cudnn_above_shapes")
     shapes = [shape_label(d, n, c) for d, n, c in zip(fsteps["head_dim"], fsteps["seq"], fsteps["causal"])]
     by_rung = fsteps.assign(shape=shapes).pivot_table(index=["rung", "name"], columns="shape", values="tflops",
                                                      sort=False)
@@ -453,11 +464,13 @@ def _whole_ladder(ch: Chapter10) -> None:
                           f"at {shape_label(r0['head_dim'], r0['seq'], r0['causal'])})")
     ch.table("ladder", "ladder_forward", by_rung.droplevel("rung").round(2), lambda st: st.format(precision=0)
              .format("{:.2f}", subset=pd.IndexSlice[["x first kernel"], :]))
-    ch.markdown("ladder", "**Backward** (dQ strategies; `x previous` is separate over atomic)")
+    ch.markdown("ladder", "**Backward** (dQ strategies; `x previous` is separate over atomic, "
+                          "so the atomic rows have none: -)")
     bview = bsteps.assign(shape=[shape_label(d, n, c) for d, n, c in
                                  zip(bsteps["head_dim"], bsteps["seq"], bsteps["causal"])])
     ch.table("ladder", "ladder_backward", bview.set_index(["shape", "name"])[["ms", "tflops", "vs_prev"]]
-             .rename(columns={"tflops": "TFLOP/s", "vs_prev": "x previous"}).round(2))
+             .rename(columns={"tflops": "TFLOP/s", "vs_prev": "x previous"}).round(2),
+             lambda st: st.format(precision=2, na_rep="-"))
 
     names = [r.name for r in RUNGS]
     forward_refs, backward_refs = _baselines(df, fsteps, "fwd_tflops"), _baselines(df, bsteps, "bwd_tflops")
@@ -469,9 +482,16 @@ def _whole_ladder(ch: Chapter10) -> None:
     ch.figure("backward_figure", "backward", lambda: figures.backward_figure(
         labelled, backward_refs, gpu_name=ch.gpu_name))
 
-    top = fsteps.loc[fsteps.groupby(SHAPE)["vs_prev"].idxmax()]
-    counts = top["name"].value_counts()
-    ch.put("best_rung_by_shape", ", ".join(f"{name} at {k}" for name, k in counts.items()))
+    winners = []            # per shape: the rung with the largest gain, or a tie within the noise
+    for shape, rows in fsteps.groupby(SHAPE):
+        ranked = rows.sort_values("vs_prev", ascending=False)
+        close = ranked[ranked["vs_prev"] >= ranked["vs_prev"].iloc[0] / (1 + ch.noise)]
+        winners.append((ranked["name"].iloc[0] if len(close) == 1 else None, shape, list(close["name"])))
+    counts = pd.Series([w for w, _, _ in winners if w is not None], dtype=object).value_counts()
+    tied = [names for w, _, names in winners if w is None]
+    ch.put("best_rung_by_shape", "; ".join([f"{name} at {k} shapes" for name, k in counts.items()] + (
+        [f"a tie within the noise at {len(tied)} shapes (between "
+         f"{', '.join(sorted({n for names in tied for n in names}))})"] if tied else [])))
     last = fsteps[fsteps["name"] == RUNGS[-1].name]
     ch.put("first_to_last_lo", last["vs_first"].min(), ".2f"); ch.put("first_to_last_hi", last["vs_first"].max(), ".2f")
     beats = [(t, b) for t, b in ((r["tflops"], _baseline(df, "sdpa-flash", r)) for _, r in last.iterrows())
@@ -480,6 +500,9 @@ def _whole_ladder(ch: Chapter10) -> None:
     below = [(t, b) for t, b in ((r["tflops"], _baseline(df, "sdpa-cudnn", r)) for _, r in last.iterrows())
              if b is not None]
     ch.put("cudnn_below", sum(t < b for t, b in below)); ch.put("cudnn_pairs", len(below))
+    above = [shape_label(r["head_dim"], r["seq"], r["causal"]) for _, r in last.iterrows()
+             if (b := _baseline(df, "sdpa-cudnn", r)) is not None and r["tflops"] >= b]
+    ch.put("cudnn_above_shapes", " and ".join(above) if above else "none")
 
 
 def _goals(ch: Chapter10) -> None:
@@ -491,9 +514,14 @@ def _goals(ch: Chapter10) -> None:
     if df is None:
         return ch.nothing("goal_fwd_met", "goal_bwd_met", "goal_fwd_n", "goal_bwd_n", "goal_fwd_lo", "goal_fwd_hi",
                           "goal_bwd_lo", "goal_bwd_hi", "goal_fwd_gap", "goal_bwd_gap", "goal_fwd_need",
-                          "goal_bwd_need", "goal_verdict")
+                          "goal_bwd_need", "goal_verdict", "goal_fwd_vs_noise", "goal_bwd_vs_noise")
     table = target_table(df, targets=goals)
-    ch.table("goals", "goals", table[["head_dim", "seq", "causal", "target", "ratio", "met"]].round(3))
+    threshold = table["target"].map({t.label: t.threshold for t in goals})
+    # within this run's noise of the goal: neither met nor missed, by the measurement
+    table["vs noise"] = ["n/a" if m is None or m != m else "within noise" if abs(r / g - 1) <= ch.noise
+                         else "met" if m else "missed" for r, g, m in zip(table["ratio"], threshold, table["met"])]
+    # d = 128 at every row (the goals' shapes); "vs noise" says met, missed or within noise
+    ch.table("goals", "goals", table.set_index(["target", "seq", "causal"])[["ratio", "vs noise"]].round(3))
     for t in goals:
         rows = table[(table["target"] == t.label) & table["met"].notna()]
         ch.put(f"goal_{t.metric}_met", int((rows["met"] == True).sum()))        # noqa: E712
@@ -505,6 +533,9 @@ def _goals(ch: Chapter10) -> None:
                else f"its best shape clears it by {best - t.threshold:.2f}")
         # the speed-up still needed at the worst shape to reach the goal
         ch.put(f"goal_{t.metric}_need", 100 * (t.threshold / rows["ratio"].min() - 1), ".0f")
+        said = rows["vs noise"].value_counts()
+        ch.put(f"goal_{t.metric}_vs_noise", ", ".join(f"{word} at {said[word]}" for word in
+                                                      ("missed", "within noise", "met") if word in said))
     judged = table[table["met"].notna()]
     met = int((judged["met"] == True).sum())                                   # noqa: E712
     ch.put("goal_verdict", "not met" if met == 0 else "met" if met == len(judged)

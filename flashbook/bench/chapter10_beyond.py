@@ -254,7 +254,7 @@ def _host(ch, root) -> None:
     if overhead is None:
         ch.say("host", "No recorded host-overhead run (nothing under benchmarks/results/).", missing=True)
         return ch.nothing("host_where", "host_lib", "host_gluon", "host_peer", "host_parts", "host_infl",
-                          "host_infl_peer", "host_long")
+                          "host_infl_peer", "host_long", "host_long_impl", "host_long_rest", "host_lib_agree")
     host, timed = overhead
     calls = host[host["requires_grad"].eq(False)].set_index("impl")["host_us"]
     parts = host[host["requires_grad"].isna()].set_index("impl")["host_us"]
@@ -273,7 +273,12 @@ def _host(ch, root) -> None:
     ch.put("host_infl", 100 * (first.loc["gluon forward", "inflation"] - 1), ".0f")
     ch.put("host_infl_peer", 100 * (first.loc["peer", "inflation"] - 1), ".0f")
     long = short[short["seq"] == 16384]
-    ch.put("host_long", 100 * (long["inflation"] - 1).abs().max(), ".0f")
+    off = (long["inflation"] - 1).abs()
+    ch.put("host_long", 100 * off.max(), ".0f")
+    ch.put("host_long_impl", long.loc[off.idxmax(), "impl"])                 # the one outlier
+    ch.put("host_long_rest", 100 * off.drop(off.idxmax()).max(), ".1f")       # every other 16K pair
+    lib = short[short["impl"] == "flashbook forward"]
+    ch.put("host_lib_agree", 100 * (lib["inflation"] - 1).abs().max(), ".1f")  # chapter 7's kernel, four shapes
 
 
 def _graphs(ch, root) -> None:
@@ -315,6 +320,7 @@ def _fma(ch, root) -> None:
         ch.say("fma", "No recorded runs of benchmarks/gluon_exp2_experiment.py (nothing under benchmarks/results/).",
                missing=True)
         return ch.nothing("fma_where", "fma2_lo", "fma2_hi", "fma4_lo", "fma4_hi", "fma_noise", "fma_err",
+                          "fma_long_n", "fma_1k_noise",
                           "m128_lo", "m128_hi", "m64_lo", "m64_hi")
     variants = ["fma2 deg4", "fma4 deg4", "fma2 deg3", "fma4 deg3"]
     table = pd.concat([t.assign(d=d) for d, t in shares.items()])
@@ -329,6 +335,8 @@ def _fma(ch, root) -> None:
     ch.put("fma2_lo", half.min(), ".2f"); ch.put("fma2_hi", half.max(), ".2f")
     ch.put("fma4_lo", quarter.min(), ".2f"); ch.put("fma4_hi", quarter.max(), ".2f")
     ch.put("fma_noise", 100 * (1 - long["again"]).abs().max(), ".0f")
+    ch.put("fma_long_n", len(long))                                          # shapes at N >= 4K
+    ch.put("fma_1k_noise", 100 * (1 - table[table["seq"] < 4096]["again"]).abs().max(), ".0f")
     errs = table[[f"{v}_err" for v in variants]].max(axis=1) / table["share0_err"]
     ch.put("fma_err", errs.max(), ".2f")
     wide = variant_table("gluon_d64_run2", "gluon overlap m128", root)
@@ -460,3 +468,28 @@ def build_into(ch) -> None:
     for section in (_tutorial, _descriptors, _lazy, _static, _autotune, _schedules, _gluon_peers, _host,
                     _graphs, _fma, _wide, _short, _persistent, _defaults):
         section(ch, root)
+
+
+def ptx_compare(workers: int = 2):
+    """Chapter 7's forward and the Gluon kernel compiled for sm_90 here (no GPU needed; bf16, d = 128,
+    causal, each with its default configuration) by ``targets.compile_elsewhere``: (a table of their
+    wgmma products, the products a wait leaves running and the TMA copies; the two compile records)."""
+    import pandas as pd
+    import triton
+
+    from ..kernels import configs, targets
+
+    cfg7 = configs.default("forward", cc=90, block_d=128, elem_bytes=2)
+    g_m, g_n, g_stages, g_schedule = hopper.default_config(128, 4096, True)
+    compiled = targets.compile_elsewhere([
+        dict(kernel="forward", cc=90, head_dim=128, dtype="bf16", causal=True,
+             config=[cfg7.block_m, cfg7.block_n, cfg7.num_warps, cfg7.num_stages]),
+        dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="bf16", causal=True,
+             config=[g_m, g_n, 4, g_stages], schedule=g_schedule)], workers=workers)
+    table = pd.DataFrame(
+        {"wgmma products": [r["tensor_core_ops"] for r in compiled],
+         "products a wait leaves running": [", ".join(map(str, r["wgmma_waits"] or [])) or "-" for r in compiled],
+         "TMA copies": [r["tma_copies"] for r in compiled],
+         "compiled": ["ok" if r["error"] is None else r["error"][:80] for r in compiled]},
+        index=pd.Index(["chapter 7 (Triton)", f"Gluon, {g_schedule}"], name=f"PTX for sm_90, Triton {triton.__version__}"))
+    return table, compiled

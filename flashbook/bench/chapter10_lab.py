@@ -14,7 +14,7 @@ from .readback import find_runs, ladder_speedups, load_results
 from .runs import load_recorded_json, run_path
 
 #: What the lab notes page (notebooks/A3_lab_notes.ipynb) shows, one topic per cell, in its order.
-LAB_TOPICS = ("lab_noise", "descriptors", "lazy", "static", "autotune", "fma", "wide", "short", "persistent",
+LAB_TOPICS = ("lab_noise", "descriptors", "lazy", "static", "autotune", "launch_order", "fma", "wide", "short", "persistent",
               "atomic_dq", "gluon_bwd", "gluon_bwd_ncu", "gluon_bwd_rows", "tutorial", "gluon_peers", "host", "graphs",
               "defaults")
 #: The two rungs that, without a mask, run the kernel of the rung before them.
@@ -91,9 +91,9 @@ def _profile(ch) -> None:
     names_of = {"triton": "chapters 7-8 (Triton)", "gluon": "Gluon forward", "sdpa-cudnn": "SDPA cuDNN",
                 "sdpa-flash": "SDPA flash (FlashAttention-2)"}
     shown = t[t["impl"].isin(list(names_of)) & ~t["causal"]].assign(kernel=lambda f: f["impl"].map(names_of))
-    ch.table("profile", "profile", shown.set_index(["kernel", "pass_"])[
+    ch.table("profile", "profile", shown.rename(columns={"pass_": "pass"}).set_index(["kernel", "pass"])[
         ["dram_mb", "tensor_pct", "ops_ratio"]].rename(columns={
-            "dram_mb": "DRAM read (MB)", "tensor_pct": "tensor pipe busy (%)",
+            "dram_mb": "DRAM read, main kernel (MB)", "tensor_pct": "tensor pipe busy (%)",
             "ops_ratio": "tensor ops / forward's"}).round(1))
     at = t.set_index(["impl", "pass_", "causal"]).sort_index()
     ours = at.loc[("triton", "forward")]
@@ -380,7 +380,8 @@ def dq_bytes(ch) -> None:
                      "extra ms measured": atomic["ms"] - r.ms})
     dq = pd.DataFrame(rows).set_index("shape")
     dq["floor / extra"] = dq["that at HBM speed, ms"] / dq["extra ms measured"]
-    ch.table("dq_bytes", "dq_bytes", dq.drop(columns=["atomic ms", "separate ms"]).round(2))
+    ch.table("dq_bytes", "dq_bytes", dq.drop(columns=["atomic ms", "separate ms"]).rename(
+        columns={"separate x": "separate's speed-up over atomic"}).round(2))
     ch.put("atomic_gb_lo", dq["atomic GB moved"].min(), ".0f"); ch.put("atomic_gb_hi", dq["atomic GB moved"].max(), ".0f")
     ch.put("atomic_floor_share_lo", 100 * dq["floor / extra"].min(), ".0f")
     ch.put("atomic_floor_share_hi", 100 * dq["floor / extra"].max(), ".0f")
@@ -458,7 +459,8 @@ def launch_order(ch) -> None:
 
     from ..kernels import configs
 
-    names = ("lo_group", "lo_per_sm", "lo_small_fwd", "lo_small_fb", "lo_large_lo", "lo_large_hi", "lo_n_large")
+    names = ("lo_group", "lo_per_sm", "lo_small_fwd", "lo_small_fb", "lo_large_lo", "lo_large_hi", "lo_n_large",
+             "lo_fwd_worst_shape", "lo_fwd_worst", "lo_fwd_worst_fb")
     run = load_recorded_json("launch_order", ch.root) if ch.root is not None else None
     if not run:
         ch.say("launch_order", "No recorded launch-order run (run 'launch_order' in benchmarks/results/index.json).",
@@ -484,6 +486,10 @@ def launch_order(ch) -> None:
     ch.put("lo_small_fwd", small["x plain, fwd"], ".2f"); ch.put("lo_small_fb", small["x plain, fwd+bwd"], ".2f")
     ch.put("lo_large_lo", large.min(), ".2f"); ch.put("lo_large_hi", large.max(), ".2f")
     ch.put("lo_n_large", len(large))
+    grouped = table[table["programs"] < 2048]                   # where the library groups heads
+    worst = grouped["x plain, fwd"].idxmin()
+    ch.put("lo_fwd_worst_shape", worst); ch.put("lo_fwd_worst", grouped.loc[worst, "x plain, fwd"], ".2f")
+    ch.put("lo_fwd_worst_fb", grouped.loc[worst, "x plain, fwd+bwd"], ".2f")
 
 
 def build_into(ch) -> None:

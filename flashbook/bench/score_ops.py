@@ -12,7 +12,11 @@ PER_SCORE = {
              "convert P to 16 bits"],
 }
 CAUSAL_EXTRA = ["compare key <= row + diagonal", "and the two conditions"]   # masked stage, causal
-NATURAL_EXP = ["multiply by log2(e) inside exp"]
+# natural exp over exp2: what ptxas makes of tl.exp for sm_90 (Triton 3.6.0 and 3.9.0 alike):
+# FMUL by log2(e), FSETP (below -126?), @!P0 FMUL by 0.5, MUFU.EX2, @!P0 FMUL (squaring),
+# where tl.exp2 is MUFU.EX2 alone. Predicated instructions take issue slots whether or not they run.
+NATURAL_EXP = ["multiply by log2(e)", "range test (x < -126?)", "predicated halving before ex2",
+               "predicated squaring after ex2"]
 
 
 def ops_per_score(stage, causal, exp2):
