@@ -245,3 +245,74 @@ def long_window_tiles(root=None) -> dict | None:
     timed = {tuple(r["config"]): r["fwd_ms"] for r in shape["rows"] if r["kernel"] == "forward" and "fwd_ms" in r}
     return {"window_ms": timed[(64, 64, 4, 3)], "causal_ms": timed[(128, 64, 8, 3)], "window": shape["window"],
             "n": shape["n"], "d": shape["d"]}
+
+
+def flex_verdicts(rows) -> dict:
+    """FlexAttention against flashbook in a recorded ``masks_bench.py`` comparison, counted with
+    the noise rule chapter 12 states: a row is a *win* for flashbook when Flex's time over ours
+    exceeds 1 by more than the larger spread of the two implementations' repeats in that row
+    (``spread``: (slowest - fastest) / median), a *loss* when it is below 1 by more than that
+    spread, and a *tie* otherwise. For ``fwd`` and ``fwd_bwd``: {"win", "tie", "loss"} counts,
+    and ``steady_best``: (ratio, row) of the largest ratio among the rows whose repeats both
+    agreed within 3% (None if no row did). ``rows``: the record's ``rows``."""
+    out = {}
+    for key in ("fwd", "fwd_bwd"):
+        counts = {"win": 0, "tie": 0, "loss": 0}
+        steady = []
+        for r in rows:
+            ratio = r[f"flex_over_flashbook_{key}"]
+            noise = max(r["flashbook"]["spread"][key], r["flex"]["spread"][key])
+            counts["win" if ratio - 1 > noise else "loss" if 1 - ratio > noise else "tie"] += 1
+            if noise < 0.03:
+                steady.append((ratio, r))
+        out[key] = dict(counts, steady_best=max(steady, key=lambda t: t[0]) if steady else None)
+    return out
+
+
+#: the recorded runs whose folders also hold GPU stress tests of the mask classes (junit files)
+STRESS_RUNS = ("masks_window_order", "masks_d64", "masks_native", "document_order", "one_loop", "masks")
+
+
+def _junit_cases(path):
+    """[(class name, failed)] of the stress classes in a pytest junit file of
+    ``tests/test_stress_gpu.py``."""
+    import re
+    import xml.etree.ElementTree as ET
+
+    out = []
+    for case in ET.parse(path).iter("testcase"):
+        found = re.search(r"\[(.*?)\]", case.get("name") or "")
+        if found and "-" in found.group(1):   # a class name (other tests' parameters are plain values)
+            failed = case.find("failure") is not None or case.find("error") is not None
+            out.append((found.group(1), failed))
+    return out
+
+
+def stress_reruns(root=None) -> dict | None:
+    """The mask classes' GPU stress tests after the one that failed (run ``stress``, its
+    ``*classes_masks*`` junit files): ``failed``, the class names that failed in the last of
+    those; ``files``, ``tests`` and ``failures`` over every ``*stress*.junit.xml`` in the folders
+    of ``STRESS_RUNS`` (each run 60 seeded calls per class against float64); ``rerun_failed``:
+    every failed class passed again in at least one of them; ``classes``: how many classes the
+    last of the earlier files ran, and ``not_rerun``: how many classes of
+    that last run none of the later files ran, or None when nothing is recorded."""
+    stress = run_path("stress", root)
+    if stress is None or not stress.is_dir():
+        return None
+    masks_runs = sorted(stress.glob("*classes_masks*.junit.xml"), key=lambda p: int(p.name.split("_")[0]))
+    if not masks_runs:
+        return None
+    last = _junit_cases(masks_runs[-1])
+    folders = []
+    for name in STRESS_RUNS:
+        for path in run_paths(name, root):
+            folder = path if path.is_dir() else path.parent
+            if folder.is_dir() and folder not in folders:
+                folders.append(folder)
+    files = sorted({f for folder in folders for f in folder.glob("*stress*.junit.xml")})
+    later = [case for f in files for case in _junit_cases(f)]
+    passed = {name for name, failed in later if not failed}
+    failed = sorted({name for name, bad in last if bad})
+    return {"failed": failed, "classes": len({name for name, _ in last}), "files": len(files), "tests": len(later),
+            "failures": sum(bad for _, bad in later), "rerun_failed": bool(failed) and set(failed) <= passed,
+            "not_rerun": len({name for name, _ in last} - {name for name, _ in later})}

@@ -1,0 +1,136 @@
+"""The tables chapter 11 (decoding and many GPUs) shows from the recorded runs.
+
+Each function reads one recorded run (``benchmarks/results/index.json`` names them), prints its
+provenance (GPU, versions, date) and returns the frames the chapter displays and glues from, or
+None where the run is not recorded. Only chapter 11 imports this module.
+"""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from .readback import find_runs, provenance_for, provenance_summary
+from .runs import run_path, run_paths
+
+
+def print_provenance(csv_path, full: bool = False, root=None) -> None:
+    """Print the provenance recorded beside ``csv_path``, one ``key: value`` a line. Unless ``full``,
+    a run on the same GPU with the same driver and versions as the newest ``decode.csv`` (the run
+    the chapter prints in full first) gets one line: its date, and that it matches."""
+    summary = provenance_summary(provenance_for(csv_path))
+    newest = find_runs(root, "decode.csv")
+    if not full and newest:
+        first = provenance_summary(provenance_for(newest[0]))
+        same = [k for k in summary if k not in ("date (UTC)", "command")]
+        if all(summary[k] == first[k] and summary[k] != "not recorded" for k in same):
+            print(f"recorded {summary['date (UTC)']} (UTC), with the GPU model, driver and versions of "
+                  "the first decoding run above")
+            return
+    for key, value in summary.items():
+        print(f"{key:>11}: {value}")
+
+
+def decode_shares(root=None):
+    """The newest ``decode.csv``: (path, its ok rows, flash_decode's rows, flash_decode's cache bytes per
+    second as % of the measured copy bandwidth by cache length and batch), or None."""
+    runs = find_runs(root, "decode.csv")
+    if not runs:
+        return None
+    path = runs[0]
+    df = pd.read_csv(path)
+    print_provenance(path, full=True, root=root)
+    ok = df[df["status"] == "ok"]
+    ours = ok[ok["impl"] == "flash_decode"]
+    share = ours.pivot_table(index="seq", columns="batch", values="copy_fraction_graph")
+    return path, ok, ours, (100 * share).round(0).rename_axis(index="cache length", columns="batch")
+
+
+def first_host_run(root=None):
+    """The first decoding run with Python-call times (run ``decode_paged``, before the short path):
+    (all its rows, the batch-1 rows up to 16K of flash_decode and cuDNN, a table of µs), or None."""
+    path = run_path("decode_paged", root)
+    if path is None:
+        return None
+    host_df = pd.read_csv(path / "decode.csv")
+    print_provenance(path / "decode.csv", root=root)
+    small = host_df[(host_df["batch"] == 1) & (host_df["seq"] <= 16384) & (host_df["status"] == "ok")
+                    & host_df["impl"].isin(["flash_decode", "sdpa-cudnn"])]
+    us = 1000 * small.pivot_table(index="seq", columns="impl", values=["ms", "graph_ms"])
+    table = pd.DataFrame({"flash_decode, called (µs)": us["ms"]["flash_decode"],
+                          "flash_decode, graph (µs)": us["graph_ms"]["flash_decode"],
+                          "cuDNN, called (µs)": us["ms"]["sdpa-cudnn"],
+                          "cuDNN, graph (µs)": us["graph_ms"]["sdpa-cudnn"]})
+    return host_df, small, table.round(1).rename_axis(index="cache length (batch 1)")
+
+
+#: the pieces of a call, each timed alone: (key before the short path, key with it)
+HOST_PIECES = {"the whole call": ("call", "call"),
+               "Triton's launch of the split kernel (checked path)": ("launch_jit:_decode_fwd", "launch_jit:split"),
+               "its compiled launcher (short path)": ("launch_compiled:_decode_fwd", "launch_compiled:split"),
+               "Triton's launch of the combine (checked path)": ("launch_jit:_decode_combine", "launch_jit:combine"),
+               "the argument checks (checked path)": ("checks", "checks"),
+               "SDPA on cuDNN, the whole call": ("sdpa_cudnn", "sdpa_cudnn")}
+
+
+def host_pieces(root=None):
+    """The host's time per call at batch 1 and a 2K cache, piece by piece (runs ``decode_host``: the
+    first, before the short path, and the newest), and the called times of the later run with the
+    short path (``decode_short_path``). Returns (pieces, the later run's batch-1 rows, a table of their
+    called µs, that run's decode.csv), or None. A path's column shows only the pieces it pays (NaN for
+    the others). Prints nothing: the chapter prints the later run's provenance between the tables."""
+    runs, short = run_paths("decode_host", root), run_path("decode_short_path", root)
+    if len(runs) < 2 or short is None:
+        return None
+    before, after = (json.loads((path / "host.json").read_text())["2048"] for path in (runs[0], runs[-1]))
+    pays = {"before": lambda name: "short path" not in name, "with": lambda name: "checked path" not in name}
+    pieces = pd.DataFrame({
+        "before the short path (µs)": [before[a]["median_us"] if pays["before"](k) else float("nan")
+                                       for k, (a, _) in HOST_PIECES.items()],
+        "with it (µs)": [after[b]["median_us"] if pays["with"](k) else float("nan")
+                         for k, (_, b) in HOST_PIECES.items()]},
+        index=pd.Index(list(HOST_PIECES), name="on the host, batch 1, 2K cache")).round(1)
+    short_df = pd.read_csv(short / "decode.csv")
+    b1 = short_df[(short_df["batch"] == 1) & short_df["impl"].isin(["flash_decode", "sdpa-cudnn"])]
+    called = ((1000 * b1.pivot_table(index="seq", columns="impl", values="ms")).round(1)
+              .rename(columns={"flash_decode": "flash_decode, called (µs)", "sdpa-cudnn": "cuDNN, called (µs)"})
+              .rename_axis(index="cache length (batch 1)", columns=None))
+    return pieces, b1, called, short / "decode.csv"
+
+
+#: the ring table's columns; check: output and gradients against one GPU
+RING_COLUMNS = ["n", "single_ms", "ring_ms", "speedup", "compute_ms", "comm_ms", "overlapped_ms",
+                "overlapped_spread_ms", "hidden_fraction", "check"]
+
+
+def ring_runs(root=None):
+    """The newest ``ring.csv`` (two GPUs): (its rows, the table the chapter shows), or None."""
+    runs = find_runs(root, "ring.csv")
+    if not runs:
+        return None
+    ring_df = pd.read_csv(runs[0])
+    print_provenance(runs[0], root=root)
+    return ring_df, ring_df[RING_COLUMNS].set_index("n").round(3)
+
+
+def plot_ring(ax, ring_df):
+    """Milliseconds per training step (forward + backward) against N, on one GPU and on the ring."""
+    ax.plot(ring_df["n"], ring_df["single_ms"], "o-", label="one GPU")
+    ax.plot(ring_df["n"], ring_df["ring_ms"], "s-", label="ring, 2 GPUs")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="ms per step (fwd + bwd)")
+    ax.legend()
+    return ax
+
+
+def ncu_table(before, after, batch=64, seq=32768):
+    """Nsight Compute's reading of one decoding step (``decoding.ncu_steps`` of two runs: one split
+    before, four splits now), dense cache and cuDNN, at ``batch`` and a ``seq``-token cache."""
+    rows = []
+    for run, steps in (("one split (before)", before), ("four splits (now)", after)):
+        for s in steps:
+            if (s["batch"], s["seq"]) == (batch, seq) and s["impl"] != "paged":
+                rows.append({"run": run, "kernel": s["impl"], "µs": s["kernel_us"] + s["merge_us"],
+                             "programs per SM": s["per_sm"], "waves": s["waves"],
+                             "SMs busy (%)": 100 * s["sm_busy"], "DRAM (% of peak)": s["dram_pct"]})
+    table = pd.DataFrame(rows).set_index(["run", "kernel"])
+    return table.round({"µs": 0, "waves": 2, "SMs busy (%)": 0, "DRAM (% of peak)": 0})
