@@ -1079,14 +1079,20 @@ def test_chapter_9_draws_every_figure_from_recorded_results(which, tmp_path):
     else:
         root = REPO / "benchmarks" / "results"
     ch = _chapter_9(root)
+    # a synthetic root holds no Nsight profile: the figure drawn from one says so there
+    unprofiled = {"fig-causal-cost"} if which == "synthetic" else set()
     for cid in _figure_cells():
         shown = [what for kind, what in ch.outputs.get(cid, []) if kind == "figure"]
+        if cid in unprofiled:
+            assert not shown and ch.messages[cid].startswith("No recorded results"), cid
+            continue
         assert len(shown) == 1, f"{cid} draws {len(shown)} figures: {ch.outputs.get(cid)}"
         fig = ch.figures[shown[0]]()
         assert isinstance(fig, Figure) and fig.axes, cid
         fig.savefig(io.BytesIO(), format="png")           # it renders, not only builds
-    said = "".join(what for items in ch.outputs.values() for kind, what in items if kind == "text")
-    assert not ch.messages and "No recorded results" not in said and "No block sweep" not in said
+    said = "".join(what for cid, items in ch.outputs.items() if cid not in unprofiled
+                   for kind, what in items if kind == "text")
+    assert set(ch.messages) == unprofiled and "No recorded results" not in said and "No block sweep" not in said
     blank = sorted(name for name, value in ch.values.items() if value == "n/a"
                    # a synthetic root holds no Nsight profile: its readings say n/a there
                    and not (which == "synthetic" and name.startswith(("ncu_", "cc_"))))

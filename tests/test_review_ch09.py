@@ -84,7 +84,7 @@ def test_spill_medians_are_per_head_dimension(ch):
 
 def test_naive_backward_counted_as_executed(ch):
     assert int(ch.values["naive_bwd_above_exec"]) <= int(ch.values["naive_bwd_above"])
-    assert "{glue:text}`naive_bwd_above_exec`" in _cell("memory-md")
+    assert "{glue:text}`naive_bwd_above_exec`" in _cell("backward-credit-md")
 
 
 def test_exercise_2_solution_rests_on_measurements(ch):
@@ -106,3 +106,25 @@ def test_atomic_backward_rows_are_said_to_be_the_fenced_version(ch):
     text = _cell("seed-measured-after")
     assert "acq_rel" in text and "{glue:text}`seed_atomic_bwd`" in text
     assert float(ch.values["seed_atomic_bwd"]) > 1
+
+
+def test_the_causal_cost_figure_stacks_the_three_parts_of_each_measure(ch):
+    """The figure beside 'what makes up the rest': one bar per measure of the recorded run
+    ``causal_cost``, its three parts stacked, each bar's label the measured excess (the parts
+    plus what the fit leaves, which is under 0.2 points for every measure)."""
+    from flashbook.bench.chapter9_measured import CAUSAL_COST_MEASURES
+    from flashbook.bench.runs import run_path
+
+    at = json.loads((run_path("causal_cost", RESULTS) / "analysis.json").read_text())["128"]
+    fig = ch.figures["causal_cost"]()
+    ax = fig.axes[0]
+    bars = [p for p in ax.patches]
+    assert len(bars) == 3 * len(CAUSAL_COST_MEASURES)
+    labels = [t.get_text() for t in ax.texts]
+    for m, label in zip(CAUSAL_COST_MEASURES, labels):
+        shares = at[m]["shares"]
+        assert abs(shares["unexplained"]) < 0.002
+        assert label == f"{100 * (at[m]['ratio_to_half'] - 1):.1f}% measured"
+        assert abs(sum(shares.values()) - (at[m]["ratio_to_half"] - 1)) < 1e-9
+    assert 'ch.show("fig-causal-cost")' in _cell("fig-causal-cost")
+    assert "each bar adds up to the causal forward's excess" in _cell("memory-md")

@@ -100,7 +100,7 @@ def test_the_backward_executes_seven_products_where_the_convention_credits_five(
     nb = _notebook("09_benchmarks.ipynb")
     speed = open(os.path.join(ROOT, "flashbook", "bench", "chapter9_measured.py"), encoding="utf-8").read()
     assert '"executed": 4 + 3' in speed        # chapter 9's speed section counts them so
-    prose = _cell(nb, "memory-md")
+    prose = _cell(nb, "memory-md") + _cell(nb, "backward-credit-md")   # both sides of the causal figure
     assert "more data per FLOP" not in prose and "accumulate $dQ$ across programs" not in prose
     assert "{glue:text}`fb_bwd_exec`" in prose and "{glue:text}`fb_ai_bwd`" in prose
     # and measured, not only counted in the source: Nsight Compute's tensor-op count

@@ -204,6 +204,9 @@ CAUSAL_COST_KEYS = ("cc_excess", "cc_tiles", "cc_fixed", "cc_masked", "cc_mask_r
                     "cc_idle_full", "cc_idle_causal", "cc_b8", "cc_b32")
 #: What ``causal_cost`` splits, by the names of the recorded analysis
 CAUSAL_COST_MEASURES = ("inst", "cycles", "ncu_us", "ms")
+#: How the figure names each measure.
+CAUSAL_COST_LABELS = {"inst": "instructions (Nsight)", "cycles": "SM cycles (Nsight)",
+                      "ncu_us": "GPU time (Nsight)", "ms": "GPU time (CUDA events)"}
 
 
 def causal_cost(ch) -> None:
@@ -218,6 +221,8 @@ def causal_cost(ch) -> None:
     run = run_path("causal_cost", ch.root) if ch.root is not None else None
     if run is None or not (run / "analysis.json").exists():
         ch.nothing(*CAUSAL_COST_KEYS)
+        ch.say("fig-causal-cost", "No recorded results of the causal-cost run (Nsight Compute's counts): "
+                                  "no figure to draw.", missing=True)
         return
     at = json.loads((run / "analysis.json").read_text())["128"]
     by = [at[m] for m in CAUSAL_COST_MEASURES]
@@ -230,6 +235,14 @@ def causal_cost(ch) -> None:
     idle = {p["causal"]: 100 * p["idle"] for p in at["passes"] if p["seq_k"] == p["seq_q"]}
     ch.put("cc_idle_full", idle[False], ".1f"); ch.put("cc_idle_causal", idle[True], ".1f")
     ch.put("cc_b8", at["ms"]["ratio_to_half"], ".2f"); ch.put("cc_b32", at["batch32_ratio_to_half"], ".2f")
+    full = next(p for p in at["passes"] if p["seq_k"] == p["seq_q"] and not p["causal"])
+    times = run / "times.json"
+    gpu = (json.loads(times.read_text())["provenance"].get("gpu") or {}).get("name", "") if times.exists() else ""
+    measures = [(CAUSAL_COST_LABELS[m], at[m]["shares"]) for m in CAUSAL_COST_MEASURES]
+    ch.figure("fig-causal-cost", "causal_cost", lambda: plots.causal_cost_figure(measures, title=(
+        f"Where the causal forward's time beyond half goes\n"
+        f"(d = {full['dim']}, N = {full['seq_q']}, batch {full['batch']}, {full['heads']} heads"
+        + (f", {gpu})" if gpu else ")"))))
 
 
 #: The names of Nsight Compute's readings (``ncu``).

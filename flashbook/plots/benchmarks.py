@@ -219,3 +219,36 @@ def block_state_figure(ranking, config, fits, *, title):
     ax_fit.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+#: The parts of the causal forward's excess (``benchmarks/causal_cost.py``'s shares) and their labels.
+CAUSAL_PARTS = (("more_tiles", "the diagonal's extra tiles", "#9ecae1"),
+                ("program_costs", "each program's fixed costs", "#3182bd"),
+                ("masked_extra", "a masked tile's own extra work", "#fd8d3c"))
+
+
+def causal_cost_figure(measures, *, title):
+    """The causal forward's time beyond half the unmasked forward's, one stacked bar per
+    measure: ``measures`` is [(label, shares)], ``shares`` as ``benchmarks/causal_cost.py``
+    writes them (fractions of half the unmasked pass: each part of ``CAUSAL_PARTS``, and
+    ``unexplained``, what the fit leaves). Bars in percent of half the unmasked pass; the
+    number at each bar's end is the measured excess (the parts plus what the fit leaves)."""
+    fig = Figure(figsize=(8, 1.9 + 0.45 * len(measures)))
+    ax = fig.subplots()
+    y = np.arange(len(measures))[::-1]
+    left = np.zeros(len(measures))
+    for key, label, color in CAUSAL_PARTS:
+        width = np.array([100 * shares[key] for _, shares in measures])
+        ax.barh(y, width, left=left, color=color, edgecolor="white", height=0.6, label=label)
+        left += width
+    total = left + np.array([100 * shares.get("unexplained", 0.0) for _, shares in measures])
+    for yi, end, value in zip(y, left, total):
+        ax.annotate(f"{value:.1f}% measured", (end, yi), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_yticks(y, [label for label, _ in measures])
+    ax.set_xlabel("time beyond half the unmasked forward's (% of that half)")
+    ax.set_xlim(0, max(left.max(), total.max()) * 1.3)
+    ax.set_title(title, fontsize=10)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
