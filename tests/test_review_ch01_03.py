@@ -102,6 +102,11 @@ def test_chapter_1_reads_the_softmax_bar_as_time_not_arithmetic():
     assert any(lab.startswith("softmax: the rest: ") for lab in labels)
     assert not any("max, exp, sum" in lab for lab in labels)
     plt.close("all")
+    # the split holds at the size shown: at the shortest recorded length the products lead
+    short = min((r for r in rec["rows"] if (r["d"], r["dtype"]) == (128, "bfloat16")), key=lambda r: r["n"])
+    assert (short["ms"]["Q K^T (matmul)"] + short["ms"]["P V (matmul)"]) / sum(short["ms"].values()) > 0.5
+    assert "is not more bytes" not in prose and "{glue:text}`tbg_short_matmul_pct`" in prose
+    assert "- Time: on an H200 at $N$ = {glue:text}`tbg_n`" in _cell(ch1, "776d1c92")
 
 
 def test_chapter_1_names_no_machine_the_reader_cannot_see():

@@ -162,3 +162,28 @@ def test_lab_verdicts_carry_their_spread(ch):
     assert "another baseline" in wide and "left out" in wide
     assert "launch_order" in lab["c10-heads"] and "{glue:text}`lo_fwd_worst`" in lab["c10-heads-after"]
     assert float(ch.values["lo_fwd_worst_fb"]) > 1
+
+
+def test_the_fma_verdict_rests_on_the_repeat_not_on_the_sign(ch):
+    """The unchanged kernel timed again is itself below 1 at the long shapes, so a sign that
+    never changes proves nothing; half the exponentials on the FMA units ran below that repeat
+    at every shape from 4K, with both polynomials: that is what the verdict now says."""
+    fma = ch.tables["fma"]
+    long = fma[~fma["shape"].str.contains(" 1K ")]
+    assert len(long) == 16 and (long["again"] < 1).all()
+    for poly in ("fma2 deg4", "fma2 deg3"):
+        assert (long[poly] < long["again"]).all(), poly
+    text = _cells(LAB)["98a31971"]
+    assert "sign\nnever changes" not in text and "ran below the repeat at\nevery one of them" in text
+
+
+def test_the_gluon_backward_heading_stands_before_its_own_table():
+    """The staggered-start entry sits after the atomic-dQ verdict it belongs to, and the Gluon
+    backward's heading and idea directly above the Gluon backward's table."""
+    order = [c.get("id") for c in json.load(open(LAB, encoding="utf-8"))["cells"]]
+    i = order.index
+    assert i("a3-atomic-verdict") < i("a3-atomic-stagger-md") < i("a3-atomic-stagger-verdict")
+    assert i("a3-gluon-bwd-idea") == i("a3-gluon-bwd") - 1 == i("a3-atomic-stagger-verdict") + 1
+    lab = _cells(LAB)
+    assert "## A Gluon backward" not in lab["a3-atomic-verdict"]
+    assert lab["a3-gluon-bwd-idea"].startswith("## A Gluon backward")

@@ -137,7 +137,15 @@ def test_which_kernel_maps_flash_attn_and_flex_to_the_real_signatures():
     assert "no `dropout_p`" in section and '`dq_mode="separate"`' in section
     varlen = list(inspect.signature(flash_attention_varlen).parameters)
     assert varlen[:7] == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
-    assert "the same arguments in the same order" in section
+    params = inspect.signature(flash_attention_varlen).parameters
+    assert all(params[n].kind == inspect.Parameter.KEYWORD_ONLY for n in varlen[7:])   # flash-attn's 8th is dropout_p
+    assert "the same seven positional arguments in the same order" in section
+    assert "`num_splits=None` chooses the split" in section
+    with pytest.raises(ValueError, match="num_splits"):   # flash-attn's num_splits=0 ("choose") is refused
+        import torch
+        q = torch.randn(1, 2, 1, 16)
+        k = torch.randn(1, 2, 40, 16)
+        flash_decode(q, k, k, num_splits=0)
     dec = inspect.signature(flash_decode).parameters
     assert dec["causal"].default is True and "defaults to `causal=True`" in section
     for absent in ("k", "v", "rotary_cos", "rotary_sin", "softcap", "alibi_slopes"):
@@ -247,6 +255,28 @@ def test_how_to_run_installs_the_release_you_are_reading():
     pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
     assert '"torch>=2.1"' in pyproject and "triton>=3.3.0" in pyproject
     assert "`torch>=2.1`" in page and "`triton>=3.3.0`" in page
+
+
+def test_a_release_rewrites_the_release_line_of_the_pages_with_code(tmp_path, monkeypatch):
+    """The page names the release in its cell's source, so the build's cache (keyed on the
+    source) runs it again after a release; --sync-setup keeps the line the library's version."""
+    import sys
+
+    import flashbook
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import colab_edition
+
+    assert f'RELEASE = "v{flashbook.__version__}"' in _page("how_to_run.md")
+    book = tmp_path / "book"
+    book.mkdir()
+    (book / "page.md").write_text('x = 1\nRELEASE = "v0.0.1"   # kept\n', encoding="utf-8")
+    monkeypatch.setattr(colab_edition, "ROOT", str(tmp_path))
+    monkeypatch.setattr(colab_edition, "book_notebooks", lambda: [])
+    monkeypatch.setattr(colab_edition, "config", lambda: {})
+    monkeypatch.setattr(colab_edition, "version", lambda: "9.8.7")
+    assert colab_edition.sync_setup_cells() == [os.path.join("book", "page.md")]
+    assert (book / "page.md").read_text(encoding="utf-8") == 'x = 1\nRELEASE = "v9.8.7"   # kept\n'
 
 
 def test_how_to_run_names_the_versions_every_recorded_gpu_run_used():

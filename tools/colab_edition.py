@@ -464,7 +464,20 @@ def sync_setup_cells() -> list[str]:
             nb.metadata = meta
             nbformat.write(nb, path)
             changed.append(os.path.basename(path))
+    # the book's Markdown pages with code name the release in a line of their own, so a new
+    # release changes the cell and the build's cache runs it again
+    for path in sorted(glob.glob(os.path.join(ROOT, "book", "*.md"))):
+        text = open(path, encoding="utf-8").read()
+        new = RELEASE_LINE.sub(f'RELEASE = "v{version()}"', text)
+        if new != text:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+            changed.append(os.path.relpath(path, ROOT))
     return changed
+
+
+#: The line a book page's code cell names the release with (``sync_setup_cells`` keeps it).
+RELEASE_LINE = re.compile(r'^RELEASE = "v[^"]*"', re.M)
 
 
 def main(argv=None) -> None:
