@@ -47,6 +47,12 @@ def _inputs(name, seed, kv_heads=2):
 SAME_GRIDS = dict(config_dkdv=configs.INTERPRETER["backward_dkdv"], config_dq=configs.INTERPRETER["backward_dq"])
 
 
+#: The dQ tiles a refused one grid retries with: the same height, so the grids still match, and
+#: twice the width (a GPU's tl.dot needs 16 or more along the summed axis).
+WIDER_DQ = configs.Config(SAME_GRIDS["config_dq"].block_m, 2 * SAME_GRIDS["config_dq"].block_n,
+                          SAME_GRIDS["config_dq"].num_warps, 1)
+
+
 def _backward(q, k, v, o, lse, do, kw):
     return autograd.flash_backward(q, k, v, o, lse, do, **kw, **SAME_GRIDS)
 
@@ -128,8 +134,9 @@ def test_a_launch_that_does_not_fit_never_leaves_dk_dv_unwritten(monkeypatch):
     fails, never a dK or dV left as torch.empty made it."""
     q, k, v, do, kw = _inputs("documents", 8)
     o, lse = autograd.flash_forward(q, k, v, **kw)
-    with forced("fused_backward", False):
-        expected = _backward(q, k, v, o, lse, do, kw)
+    with forced("fused_backward", False):   # the tiles the retry ends on (_run_with_two_dq_configs)
+        expected = autograd.flash_backward(q, k, v, o, lse, do, **kw, config_dkdv=SAME_GRIDS["config_dkdv"],
+                                           config_dq=WIDER_DQ)
     original, refused = autograd._launch, []
 
     def refuse_once(kernel, grid, args, kwargs, names):
@@ -141,7 +148,8 @@ def test_a_launch_that_does_not_fit_never_leaves_dk_dv_unwritten(monkeypatch):
     monkeypatch.setattr(autograd, "_launch", refuse_once)
     configs_tried = []
     monkeypatch.setattr(autograd, "_run", _run_with_two_dq_configs(autograd._run, configs_tried))
-    with forced("fused_backward", True), autograd.poisoned_outputs():
+    # heads not dealt out in groups (a GPU does so for a grid this small): the grids can match
+    with forced("fused_backward", True), forced("head_group", 1), autograd.poisoned_outputs():
         got = _backward(q, k, v, o, lse, do, kw)
     assert refused and len(configs_tried) == 2
     for what, a, b in zip(("dq", "dk", "dv"), expected, got):
@@ -149,13 +157,12 @@ def test_a_launch_that_does_not_fit_never_leaves_dk_dv_unwritten(monkeypatch):
 
 
 def _run_with_two_dq_configs(run, tried):
-    """autograd._run where the dQ kernel has two candidate tiles, the interpreter's and a second
-    of the same height (so the retry can fuse again), and a refusal moves on to the next."""
+    """autograd._run where the dQ kernel has two candidate tiles, the interpreter's and
+    ``WIDER_DQ``, and a refusal moves on to the next."""
     def patched(kernel, x, bd, causal, key, launch, config=None, window=False):
         if kernel != "backward_dq":
             return run(kernel, x, bd, causal, key, launch, config, window)
-        first = configs.INTERPRETER[kernel]
-        for cfg in (first, configs.Config(first.block_m, first.block_n // 2, first.num_warps, 1)):
+        for cfg in (SAME_GRIDS["config_dq"], WIDER_DQ):
             tried.append(cfg)
             try:
                 launch(cfg)
@@ -175,7 +182,7 @@ def test_a_plan_replays_the_one_launch(monkeypatch):
     o, lse = autograd.flash_forward(q, k, v, **kw)
     autograd.forget_plans()
     try:
-        with forced("fused_backward", True):
+        with forced("fused_backward", True), forced("head_group", 1):   # as above: one grid on a GPU too
             first, kernels = _launched(lambda: _backward(q, k, v, o, lse, do, kw))
             assert kernels == [backward._bwd_fused]
             do2 = torch.randn_like(do)

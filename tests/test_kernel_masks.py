@@ -62,10 +62,11 @@ def test_scores_far_below_zero_are_not_lost_behind_a_window():
     q = (200 ** 0.5 * u + 0.01 * torch.randn(1, 1, 64, 16, generator=gen))
     k = (-(200 ** 0.5) * u + 0.01 * torch.randn(1, 1, 64, 16, generator=gen))
     v = torch.randn(1, 1, 64, 16, generator=gen)
-    o = autograd.flash_attention(q, k, v, causal=True, window=(2, 0), scale=1.0)
     want = masks.attention(*(x.double().numpy()[0, 0] for x in (q, k, v)), causal=True, window=(2, 0), scale=1.0)
+    q, k, v = (x.to(DEVICE) for x in (q, k, v))
+    o = autograd.flash_attention(q, k, v, causal=True, window=(2, 0), scale=1.0)
     assert np.abs(want).min(axis=1).max() > 0   # the truth is no zero row
-    assert np.abs(o.numpy()[0, 0] - want).max() < 1e-4
+    assert np.abs(o.cpu().numpy()[0, 0] - want).max() < 1e-4
 
 
 # --- which tiles the kernels visit, against NumPy's count -----------------------------
@@ -111,7 +112,7 @@ def test_a_sliding_window_visits_tiles_in_proportion_to_the_window_not_to_n_squa
 
 def _qkv(n_q=33, n_k=33, d=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(1, 2, n, d, generator=gen) for n in (n_q, n_k, n_k)]
+    return [torch.randn(1, 2, n, d, generator=gen).to(DEVICE) for n in (n_q, n_k, n_k)]
 
 
 def test_no_window_and_the_causal_window_take_the_kernels_usual_paths():
@@ -162,8 +163,8 @@ def test_last_backend_names_the_kernel_of_a_packed_call():
 
     dispatch.record_backend("gluon", "a call before")
     gen = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(40, 2, 16, generator=gen) for _ in range(3))
-    cu = torch.tensor([0, 15, 40], dtype=torch.int32)
+    q, k, v = (torch.randn(40, 2, 16, generator=gen).to(DEVICE) for _ in range(3))
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32, device=DEVICE)
     flashbook.flash_attention_varlen(q, k, v, cu, cu, 25, 25, causal=True)
     assert flashbook.last_backend() == "triton"
     assert "packed documents" in dispatch.explain_backend()[1]
@@ -183,9 +184,9 @@ def test_the_soft_cap_is_tanh_to_a_few_ulps_on_either_side_of_its_switch():
     k = torch.randn(1, 1, 64, 16, generator=gen)
     v = torch.randn(1, 1, 64, 16, generator=gen)
     for cap in (0.5, 3.0, 50.0):   # |s / c| on both sides of 0.3, where the formula switches
-        got = autograd.flash_attention(q, k, v, softcap=cap)
+        got = autograd.flash_attention(*(x.to(DEVICE) for x in (q, k, v)), softcap=cap)
         want = masks.attention(*(x.double().numpy()[0, 0] for x in (q, k, v)), softcap=cap)
-        assert np.abs(got.numpy()[0, 0] - want).max() < 2e-6, cap
+        assert np.abs(got.cpu().numpy()[0, 0] - want).max() < 2e-6, cap
 
 
 @pytest.mark.parametrize("bad,error,match", [
@@ -243,9 +244,10 @@ INTERPRETER_ONLY = pytest.mark.skipif(DEVICE == "cuda", reason="CPU tensors and 
 
 def _packed(lens_q, lens_k, heads=4, kv_heads=2, d=16, seed=0, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
-    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(n)]), dtype=torch.int32) for n in (lens_q, lens_k))
-    q = torch.randn(int(cu_q[-1]), heads, d, generator=gen).to(dtype)
-    k, v = (torch.randn(int(cu_k[-1]), kv_heads, d, generator=gen).to(dtype) for _ in range(2))
+    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(n)]), dtype=torch.int32, device=DEVICE)
+                  for n in (lens_q, lens_k))
+    q = torch.randn(int(cu_q[-1]), heads, d, generator=gen).to(DEVICE, dtype)
+    k, v = (torch.randn(int(cu_k[-1]), kv_heads, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
     return q, k, v, cu_q, cu_k
 
 
@@ -381,7 +383,7 @@ def test_no_document_gives_zeros_and_zero_gradients():
 def test_bad_varlen_arguments_are_refused_by_name(change, error, match):
     q, k, v, cu_q, cu_k = _packed([3, 6], [5, 2])
     args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6, max_seqlen_k=5)
-    args.update(change)
+    args.update({name: x.to(DEVICE) if isinstance(x, torch.Tensor) else x for name, x in change.items()})
     with pytest.raises(error, match=match):
         flashbook.flash_attention_varlen(**args)
 
@@ -416,7 +418,7 @@ def _alibi_truth(q, k, v, do, **rule):
     """float64 (o, lse, dq, dk, dv) from ``flashbook.masks``, GQA's K/V heads repeated for the
     formula and their gradients summed back over the group."""
     group = q.shape[1] // k.shape[1]
-    to64 = lambda x: x.detach().double().numpy()  # noqa: E731
+    to64 = lambda x: x.detach().double().cpu().numpy()  # noqa: E731
     kn, vn = (np.repeat(to64(x), group, axis=1) for x in (k, v))
     o, lse = masks.attention(to64(q), kn, vn, return_lse=True, **rule)
     dq, dk, dv = masks.attention_backward(to64(q), kn, vn, to64(do), **rule)
@@ -443,17 +445,17 @@ def test_alibi_forward_and_backward_match_float64(case):
     wrong sign or a distance off by one puts o off by O(0.1), far outside the rule."""
     dtype, n_q, n_k, batch, heads, group, d, causal, window, cap, per_batch = ALIBI_CASES[case]
     gen = torch.Generator().manual_seed(_fresh_seed())
-    q = torch.randn(batch, heads, n_q, d, generator=gen).to(dtype)
-    k, v = (torch.randn(batch, heads // group, n_k, d, generator=gen).to(dtype) for _ in range(2))
-    do = torch.randn(batch, heads, n_q, d, generator=gen).to(dtype)
-    slopes = _slopes((batch, heads) if per_batch else (heads,), gen)
+    q = torch.randn(batch, heads, n_q, d, generator=gen).to(DEVICE, dtype)
+    k, v = (torch.randn(batch, heads // group, n_k, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    do = torch.randn(batch, heads, n_q, d, generator=gen).to(DEVICE, dtype)
+    slopes = _slopes((batch, heads) if per_batch else (heads,), gen).to(DEVICE)
     rule = dict(causal=causal, window=window, softcap=cap)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     with autograd.poisoned_outputs():
         o = autograd.flash_attention(*leaves, alibi_slopes=slopes, **rule)
         o.backward(do)
         _, lse = autograd.flash_forward(q, k, v, alibi_slopes=slopes, **rule)
-    o_want, lse_want, *grads_want = _alibi_truth(q, k, v, do, alibi_slopes=slopes.numpy(),
+    o_want, lse_want, *grads_want = _alibi_truth(q, k, v, do, alibi_slopes=slopes.cpu().numpy(),
                                                  **dict(rule, window=window or (-1, -1)))
     yardstick = checks.torch_grads(q, k, v, do, dtype=dtype, alibi_slopes=slopes, **rule)
     seen = masks.allowed(n_q, n_k, causal=causal, window=window or (-1, -1)).sum(axis=1)
@@ -463,10 +465,11 @@ def test_alibi_forward_and_backward_match_float64(case):
                                                   (o_want, *grads_want), yardstick, terms)]
     assert not any(problems), [p for p in problems if p]
     finite = torch.isfinite(lse_want)   # rows that see no key: -inf in both
+    lse = lse.cpu()
     assert torch.equal(torch.isfinite(lse), finite)
     assert (lse.double()[finite] - lse_want[finite]).abs().max() < 1e-5 * (1 + lse_want[finite].abs().max())
-    kn, vn = (x.repeat_interleave(group, 1).double().numpy() for x in (k, v))
-    plain = masks.attention(q.double().numpy(), kn, vn, **dict(rule, window=window or (-1, -1)))
+    kn, vn = (x.repeat_interleave(group, 1).double().cpu().numpy() for x in (k, v))
+    plain = masks.attention(q.double().cpu().numpy(), kn, vn, **dict(rule, window=window or (-1, -1)))
     assert np.abs(plain - o_want.numpy()).max() > 0.05   # the bias matters here
 
 
@@ -531,7 +534,7 @@ def test_bad_alibi_slopes_are_refused_by_name():
         flashbook.flash_attention_varlen(qp, kp, vp, cu_q, cu_k, 6, 5, alibi_slopes=torch.rand(1, 4))
     from flashbook.kernels import dispatch
 
-    assert "ALiBi" in dispatch.gluon_refusal(q, k, v, alibi_slopes=torch.rand(2))
+    assert "ALiBi" in dispatch.gluon_refusal(q, k, v, alibi_slopes=torch.rand(2, device=DEVICE))
     with pytest.raises(ValueError, match="ALiBi"):
-        flashbook.flash_attention(q, k, v, alibi_slopes=torch.rand(2), backend="gluon")
+        flashbook.flash_attention(q, k, v, alibi_slopes=torch.rand(2, device=DEVICE), backend="gluon")
 
