@@ -8,7 +8,6 @@ import re
 
 import nbformat
 import pandas as pd
-import pytest
 import torch
 
 from conftest import ROOT, require

@@ -7,7 +7,6 @@ noise verdicts next to the goals and the lab notes' FMA and 192-row entries.
 """
 import json
 import os
-import re
 import subprocess
 import sys
 

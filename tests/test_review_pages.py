@@ -9,7 +9,6 @@ import os
 import re
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from conftest import ROOT, require

@@ -31,7 +31,7 @@ from .blocks import block_state
 from .chapter_data import ChapterData
 from .harness import TOLERANCE, shape_label
 from .readback import (PERFORMANCE_TARGETS, ladder_speedups, latest_blocks, latest_ladder,
-                       latest_results, load_results, provenance_summary, target_table)
+                       latest_results, load_results, provenance_summary, target_table, target_verdict)
 from .records import results_root
 from .sweeps import LADDER_SEQS
 
@@ -183,7 +183,7 @@ def _recorded(ch: Chapter10, root) -> None:
                                         ("blocks.csv", blocks_prov)) if p}
     if recorded:
         frame = pd.DataFrame({name: provenance_summary(p) for name, p in recorded.items()}).drop(index="command")
-        same = (frame.nunique(axis=1) == 1) if len(frame.columns) > 1 else frame.index != frame.index
+        same = frame.nunique(axis=1).eq(1) & (len(frame.columns) > 1)   # one run: nothing to share
         if same.any():      # what every run shares, said once; the table keeps what differs
             ch.say("provenance", f"all {len(frame.columns)} runs: " + ", ".join(
                 f"{key} {frame.loc[key].iloc[0]}" for key in frame.index[same]))
@@ -516,10 +516,8 @@ def _goals(ch: Chapter10) -> None:
                           "goal_bwd_lo", "goal_bwd_hi", "goal_fwd_gap", "goal_bwd_gap", "goal_fwd_need",
                           "goal_bwd_need", "goal_verdict", "goal_fwd_vs_noise", "goal_bwd_vs_noise")
     table = target_table(df, targets=goals)
-    threshold = table["target"].map({t.label: t.threshold for t in goals})
     # within this run's noise of the goal: neither met nor missed, by the measurement
-    table["vs noise"] = ["n/a" if m is None or m != m else "within noise" if abs(r / g - 1) <= ch.noise
-                         else "met" if m else "missed" for r, g, m in zip(table["ratio"], threshold, table["met"])]
+    table["vs noise"] = [target_verdict(r.ratio, r.threshold, r.met, ch.noise) or "n/a" for r in table.itertuples()]
     # d = 128 at every row (the goals' shapes); "vs noise" says met, missed or within noise
     ch.table("goals", "goals", table.set_index(["target", "seq", "causal"])[["ratio", "vs noise"]].round(3))
     for t in goals:

@@ -12,8 +12,9 @@ from .harness import shape_label
 from .impls import IMPLEMENTATIONS
 from .readback import (
     PERFORMANCE_TARGETS, SHAPE_KEYS, roofline_ceilings, roofline_points, seed_shape_rows,
-    target_summary, target_table,
+    target_summary, target_table, target_verdict,
 )
+from ..display import verdict_text
 from ..plots import benchmarks as plots
 
 #: What a cell that shows a measurement says when no run is recorded.
@@ -416,26 +417,18 @@ def roofline_numbers(ch, points, ceil) -> None:
 
 # ---------------------------------------------------------------- the targets
 
-def verdict(ratio, threshold, met, noise):
-    """"met", "missed", or "within noise" where the ratio lies within ``noise`` (a
-    fraction) of the threshold: a difference smaller than identical kernels show in one
-    run decides nothing. None when not measured."""
-    import pandas as pd
-
-    if met is None or pd.isna(met):
-        return None
-    if noise is not None and abs(ratio / threshold - 1) <= noise:
-        return "within noise"
-    return "met" if met else "missed"
-
-
-#: How a cell of the target table marks each verdict.
-MARKS = {"met": "\u2713", "missed": "\u2717", "within noise": "\u2248"}
+def _cell(r) -> str:
+    """One target's cell: the ratio to three digits (more where fewer would read as the other
+    side of the threshold) and a tick, a cross, or "≈" within the noise."""
+    if r["verdict"] is None:
+        return "not measured"
+    if r["verdict"] == "within noise":
+        return f"{r['ratio']:.3f} \u2248"
+    return verdict_text(r["ratio"], r["threshold"], r["verdict"] == "met", digits=3)
 
 
 def _target_cells(table):
-    text = table.apply(lambda r: "not measured" if r["verdict"] is None
-                       else f"{r['ratio']:.3f} {MARKS[r['verdict']]}", axis=1)
+    text = table.apply(_cell, axis=1)
     wide = (table.assign(cell=text)
             .pivot_table(index=["head_dim", "seq", "causal"], columns="target", values="cell",
                          aggfunc="first"))
@@ -464,7 +457,7 @@ def targets(ch) -> None:
         return
     noise = twin_spread(df)
     table = target_table(df, impl="flashbook")
-    table["verdict"] = [verdict(r.ratio, r.threshold, r.met, noise) for r in table.itertuples()]
+    table["verdict"] = [target_verdict(r.ratio, r.threshold, r.met, noise) for r in table.itertuples()]
     summary = target_summary(table)
     ch.tables["target_rows"] = table
     ch.put("t_noise", 100 * noise if noise is not None else None, ".1f")

@@ -284,6 +284,19 @@ def target_table(df, impl: str = "flashbook", targets=PERFORMANCE_TARGETS):
     return pd.DataFrame(rows, columns=columns)
 
 
+def target_verdict(ratio, threshold, met, noise):
+    """A ``target_table`` row's verdict: "met", "missed", or "within noise" where the ratio
+    lies within ``noise`` (a fraction) of the threshold, since a difference smaller than
+    identical kernels show in one run decides nothing. None when not measured."""
+    import pandas as pd
+
+    if met is None or pd.isna(met):
+        return None
+    if noise is not None and abs(ratio / threshold - 1) <= noise:
+        return "within noise"
+    return "met" if met else "missed"
+
+
 def target_summary(table, targets=PERFORMANCE_TARGETS):
     """Per target: the shapes it applies to, how many were measured, met and
     missed, and the worst ratio with its shape."""
