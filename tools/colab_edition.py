@@ -451,6 +451,10 @@ def write(out_dir: str, student: bool = False, notebooks: list[str] | None = Non
     return glued
 
 
+#: The line a book page's code cell names the release with (``sync_setup_cells`` keeps it).
+RELEASE_LINE = re.compile(r'^RELEASE = "v[^"]*"', re.M)
+
+
 def sync_setup_cells() -> list[str]:
     """Rewrite the book notebooks' first cell (and GPU metadata) from the template;
     returns the notebooks that changed."""
@@ -474,10 +478,6 @@ def sync_setup_cells() -> list[str]:
                 f.write(new)
             changed.append(os.path.relpath(path, ROOT))
     return changed
-
-
-#: The line a book page's code cell names the release with (``sync_setup_cells`` keeps it).
-RELEASE_LINE = re.compile(r'^RELEASE = "v[^"]*"', re.M)
 
 
 def main(argv=None) -> None:
