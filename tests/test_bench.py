@@ -20,6 +20,7 @@ import torch
 
 from flashbook import bench, reference
 from flashbook.runtime import CHIPS
+from notebook_text import cells, source_of, sources_by_id
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -1024,19 +1025,14 @@ CHAPTER_9 = REPO / "notebooks" / "09_benchmarks.ipynb"
 CHAPTER_9_FIGURES = {"fig-tflops", "fig-memory", "fig-roofline", "fig-block-default", "fig-block-heatmap"}
 
 
-def _chapter_9_cells():
-    """The chapter's cells as stored (no outputs: nothing is executed)."""
-    return json.loads(CHAPTER_9.read_text(encoding="utf-8"))["cells"]
-
-
 def _quoted_in_chapter_9() -> set:
     """Every name the chapter's prose quotes: {glue:text}`name` (or `name:fmt`), {glue:}`name`."""
-    return {key.split(":")[0] for cell in _chapter_9_cells() if cell["cell_type"] == "markdown"
-            for key in re.findall(r"\{glue(?::[\w-]*)?\}`([^`]+)`", "".join(cell["source"]))}
+    return {key.split(":")[0] for cell in cells(CHAPTER_9) if cell["cell_type"] == "markdown"
+            for key in re.findall(r"\{glue(?::[\w-]*)?\}`([^`]+)`", source_of(cell))}
 
 
 def _figure_cells() -> list:
-    return [c["id"] for c in _chapter_9_cells() if c["cell_type"] == "code" and c["id"].startswith("fig-")]
+    return [c["id"] for c in cells(CHAPTER_9) if c["cell_type"] == "code" and c["id"].startswith("fig-")]
 
 
 def _chapter_9(root):
@@ -1050,7 +1046,7 @@ def _chapter_9(root):
         f"quoted but never glued: {sorted(quoted - set(ch.values))}"
     assert all(isinstance(v, str) for v in ch.values.values())
     assert set(_figure_cells()) >= CHAPTER_9_FIGURES
-    sources = {c["id"]: "".join(c["source"]) for c in _chapter_9_cells()}
+    sources = sources_by_id(CHAPTER_9)
     for cid in _figure_cells():       # the cell shows what build made for it, and nothing else
         assert sources[cid].startswith(f'ch.show("{cid}")'), sources[cid]
     assert "ch = chapter9.build()" in sources["imports"]      # and one cell glues every value

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from notebook_text import cell_source
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import causal_cost as cc  # noqa: E402
@@ -106,7 +107,6 @@ def test_chapter_9_quotes_the_measured_split():
     assert tiles[0] + fixed[0] + masked[0] <= excess[1] + 0.2 and tiles[1] + fixed[1] + masked[1] >= excess[0] - 0.2
     assert ends(values["cc_mask_ratio"])[0] > 1     # a masked tile costs more than an unmasked one
     assert float(values["cc_idle_causal"]) - float(values["cc_idle_full"]) < tiles[0]   # the tail is small
-    nb = json.load(open(os.path.join(ROOT, "notebooks", "09_benchmarks.ipynb")))
-    prose = "".join(next(c for c in nb["cells"] if c.get("id") == "memory-md")["source"])
+    prose = cell_source("09_benchmarks.ipynb", "memory-md")
     for k in keys:
         assert f"{{glue:text}}`{k}`" in prose, k

@@ -2,13 +2,12 @@
 and the tile arithmetic its prose states."""
 import functools
 import json
-import os
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
 from flashbook import bench, masks
+from notebook_text import cells, source_of
 
 
 def _masks_run():
@@ -209,8 +208,7 @@ def test_a_short_windows_forward_tiles_are_the_recorded_fastest_and_the_chapter_
     for d in (64, 128):
         before, after, lengths = got["flex"][d]
         assert after[0] > before[0] and after[0] >= 1.0 and len(lengths) >= 3   # no slower than Flex's now
-    nb = json.load(open(os.path.join(ROOT, "notebooks", "12_masks.ipynb")))
-    prose = next("".join(c["source"]) for c in nb["cells"] if "The forward's tiles" in "".join(c["source"]))
+    prose = next(source_of(c) for c in cells("12_masks.ipynb") if "The forward's tiles" in source_of(c))
     for name in ("wf_best", "wf_default", "wf_timed", "wf_64_before", "wf_64_after", "wf_128_before", "wf_128_after"):
         assert f"{{glue:text}}`{name}`" in prose, name
 

@@ -4,7 +4,6 @@ The numbers in flashbook.runtime.CHIPS come from datasheets, the CUDA programmin
 guide and the architecture whitepapers. These tests check them against each other
 and against independent published figures, so a mistyped fact fails here.
 """
-import json
 import os
 import re
 
@@ -12,6 +11,7 @@ import pytest
 
 from conftest import ROOT
 from flashbook import runtime
+from notebook_text import markdown, notebook, source_text
 
 CHIPS = runtime.CHIPS
 NOTEBOOK = os.path.join(ROOT, "notebooks", "06_gpu_and_triton.ipynb")
@@ -78,29 +78,20 @@ def test_shared_memory_bandwidth():
         assert c.smem_tb_s > 5 * c.hbm_tb_s, c.name      # on chip is the fast level
 
 
-def _notebook():
-    with open(NOTEBOOK) as f:
-        return json.load(f)
-
-
-def _text(nb, kind):
-    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == kind)
-
-
 def test_notebook_cites_only_known_keys():
     with open(os.path.join(ROOT, "book", "references.bib")) as f:
         keys = set(re.findall(r"^@\w+\{([^,\s]+),", f.read(), flags=re.M))
     cited = set()
-    for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", _text(_notebook(), "markdown")):
+    for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", markdown(NOTEBOOK)):
         cited.update(k.strip() for k in group.split(","))
     assert cited, "chapter 6 cites nothing"
     assert cited <= keys, f"unknown citation keys: {sorted(cited - keys)}"
 
 
 def test_every_number_in_the_prose_is_glued():
-    nb = _notebook()
-    used = set(re.findall(r"\{glue(?::\w+)?\}`([\w]+)", _text(nb, "markdown")))
-    glued = set(re.findall(r"""glue(?:_text)?\(\s*f?["']([\w{}.()\[\]"']+)["']""", _text(nb, "code")))
+    nb = notebook(NOTEBOOK)
+    used = set(re.findall(r"\{glue(?::\w+)?\}`([\w]+)", markdown(nb)))
+    glued = set(re.findall(r"""glue(?:_text)?\(\s*f?["']([\w{}.()\[\]"']+)["']""", source_text(nb, "code")))
     # f-string names such as f"ridge_{name.lower()}" are expanded over the chips
     expanded = set()
     for name in glued:

@@ -2,7 +2,6 @@
 recorded runs and from a results root with nothing in it; read against the chapter's own
 Markdown and code (the notebook's JSON: nothing is executed here)."""
 import io
-import json
 import os
 import re
 
@@ -12,6 +11,7 @@ from matplotlib.figure import Figure
 from conftest import ROOT, require
 from flashbook import bench
 from flashbook.bench import chapter10
+from notebook_text import cell_source, cells, markdown, source_of
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "10_making_it_fast.ipynb")
 LAB_NOTES = os.path.join(ROOT, "notebooks", "A3_lab_notes.ipynb")   # the experiments that lost
@@ -19,20 +19,10 @@ RECORDED = os.path.join(ROOT, "benchmarks", "results")
 HIDDEN = ("hide-input", "remove-cell", "remove-input")
 
 
-def _cells(path=NOTEBOOK):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)["cells"]
-
-
 def _quoted(path=NOTEBOOK) -> set:
     """Every name the chapter's (or the lab notes') Markdown quotes: {glue:text}`name` (with
     or without a format) and {glue:}`name`."""
-    text = "".join("".join(c["source"]) for c in _cells(path) if c["cell_type"] == "markdown")
-    return set(re.findall(r"\{glue(?::[\w-]*)?\}`([^`:]+)", text))
-
-
-def _code(cell_id: str) -> str:
-    return "".join(next(c for c in _cells() if c.get("id") == cell_id)["source"])
+    return set(re.findall(r"\{glue(?::[\w-]*)?\}`([^`:]+)", markdown(path, sep="")))
 
 
 GLUED_BY_NOTEBOOK = {name for names in chapter10.GLUED_BY_NOTEBOOK.values() for name in names}
@@ -75,18 +65,19 @@ def test_the_names_the_notebook_glues_itself_are_glued_where_the_module_says():
     """The teaching, live and lab cells glue their own names, and no other cell glues a
     name by hand: the rest come from build()'s values, in one loop."""
     for cell_id, names in chapter10.GLUED_BY_NOTEBOOK.items():
-        assert set(names) <= _glued_in(_code(cell_id)), (cell_id, set(names) - _glued_in(_code(cell_id)))
+        glued = _glued_in(cell_source(NOTEBOOK, cell_id))
+        assert set(names) <= glued, (cell_id, set(names) - glued)
     others = set()
-    for c in _cells():
+    for c in cells(NOTEBOOK):
         if c["cell_type"] == "code" and c.get("id") not in chapter10.GLUED_BY_NOTEBOOK:
-            others |= _glued_in("".join(c["source"]))
+            others |= _glued_in(source_of(c))
     assert others == set()
-    assert "for name, text in ch.values.items():" in _code("4206a104")
+    assert "for name, text in ch.values.items():" in cell_source(NOTEBOOK, "4206a104")
 
 
 def _shown(path) -> set:
-    return {t for c in _cells(path) if c["cell_type"] == "code"
-            for t in re.findall(r'ch\.show\("(\w+)"\)', "".join(c["source"]))}
+    return {t for c in cells(path) if c["cell_type"] == "code"
+            for t in re.findall(r'ch\.show\("(\w+)"\)', source_of(c))}
 
 
 def test_the_notebook_shows_every_topic_and_only_those():
@@ -95,10 +86,10 @@ def test_the_notebook_shows_every_topic_and_only_those():
     assert _shown(NOTEBOOK) == set(chapter10.TOPICS)
     assert _shown(LAB_NOTES) == set(LAB_TOPICS)
     assert not set(chapter10.TOPICS) & set(LAB_TOPICS)
-    assert "ch = chapter10.build()" in _code("4206a104")
-    hidden = [c for c in _cells() if c["cell_type"] == "code"
+    assert "ch = chapter10.build()" in cell_source(NOTEBOOK, "4206a104")
+    hidden = [c for c in cells(NOTEBOOK) if c["cell_type"] == "code"
               and any(t in c.get("metadata", {}).get("tags", []) for t in HIDDEN)]
-    assert sum(len("".join(c["source"]).splitlines()) for c in hidden) < 320
+    assert sum(len(source_of(c).splitlines()) for c in hidden) < 320
 
 
 def test_with_nothing_recorded_every_name_has_a_value_and_the_cells_say_why(empty):
@@ -150,7 +141,7 @@ def test_the_chapters_instruction_count_is_the_library_one():
     import pandas as pd
 
     ns = {"pd": pd, "g": lambda *a, **k: None}
-    exec(_code("1791dcf8"), ns)
+    exec(cell_source(NOTEBOOK, "1791dcf8"), ns)
     assert ns["PER_SCORE"] == chapter10.PER_SCORE
     assert ns["CAUSAL_EXTRA"] == chapter10.CAUSAL_EXTRA and ns["NATURAL_EXP"] == chapter10.NATURAL_EXP
     for stage in ("masked", "main"):

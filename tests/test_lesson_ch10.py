@@ -20,19 +20,12 @@ import pytest
 import yaml
 
 from conftest import ROOT, require
+from notebook_text import cells, markdown, source_of, sources_by_id
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "10_making_it_fast.ipynb")
 LAB = os.path.join(ROOT, "notebooks", "A3_lab_notes.ipynb")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 RECORDING = os.path.join(RESULTS, "gpu_outputs", "10_making_it_fast.json")
-
-
-def _cells(path=NOTEBOOK):
-    return json.load(open(path, encoding="utf-8"))["cells"]
-
-
-def _markdown(path=NOTEBOOK) -> str:
-    return "\n".join("".join(c["source"]) for c in _cells(path) if c["cell_type"] == "markdown")
 
 
 def _index() -> dict:
@@ -63,7 +56,7 @@ def test_the_chapter_is_a_lesson_not_a_log():
 
 
 def test_the_sections_are_one_idea_each_in_order():
-    text = _markdown()
+    text = markdown(NOTEBOOK)
     headings = ["# 10. Making it fast", "## What you will learn", "## How we measure", "## The Triton ladder",
                 "### Rung 1: `exp2`", "### Rung 2: skip", "### Rung 3: an unmasked main loop",
                 "### Rung 4: tuned block sizes", "### Rung 5: the heaviest query tiles first",
@@ -119,19 +112,19 @@ def test_the_noise_floor_is_the_spread_of_repeated_runs(ch):
     moved = [abs(r["tflops"] - first[key(r)]) / first[key(r)] for r in b if key(r) in first]
     assert v["rerun_max"] == f"{100 * max(moved):.0f}"
     # the prose states the floor and the verdict words the tables use
-    text = _markdown()
+    text = markdown(NOTEBOOK)
     for name in ("noise", "noise_runs", "noop_lo", "noop_hi", "twin_lo", "twin_hi", "rerun_max"):
         assert "{glue:text}`" + name + "`" in text, name
-    for word in ("within noise", "within repeated runs' spread", "beyond noise"):
+    for word in ("within noise", "within the largest recorded gap", "beyond noise"):
         assert word in text, word
     verdicts = set(ch.tables["exp2_gains"]["verdict"]) | set(ch.tables["tuning_gains"]["verdict"]) \
         | set(ch.tables["heavy"]["verdict"])
-    assert verdicts <= {"within noise", "within repeated runs' spread", "beyond noise"}
+    assert verdicts <= {"within noise", "within the largest recorded gap", "beyond noise"}
     assert "within noise" in set(ch.tables["heavy"]["verdict"])    # heaviest-first without a mask
 
 
 def test_the_atomics_statement_says_what_was_measured(ch):
-    text = _markdown()
+    text = markdown(NOTEBOOK)
     assert "2.5 to 7.6" not in text and "in practice: a separate" not in text
     for words in ("`acq_rel`", "relaxed adds", "stagger", "FlashAttention-2 accumulates $dQ$ with fp32 atomic adds",
                   "TMA reduce-add"):
@@ -147,7 +140,7 @@ def test_the_atomics_statement_says_what_was_measured(ch):
 
 
 def test_speeds_name_the_sdpa_backend():
-    text = _markdown()
+    text = markdown(NOTEBOOK)
     assert "SDPA's flash backend" in text and "FlashAttention-2" in text and "`mma.sync`" in text
     assert "SDPA's cuDNN backend" in text
     assert not re.search(r"\bSDPA\b(?!'s\s+(cuDNN|flash)\s+backend|\s+cuDNN|'s\s+backends)", text), \
@@ -163,7 +156,7 @@ def test_the_gpu_cells_keep_their_recorded_sources():
 
     require(os.path.isfile(RECORDING), "no recorded chapter 10 outputs")
     recorded = {c["id"]: c["source_sha256"] for c in json.load(open(RECORDING))["cells"]}
-    gpu = {c["id"]: "".join(c["source"]) for c in _cells() if "gpu" in c["metadata"].get("tags", [])}
+    gpu = {c["id"]: source_of(c) for c in cells(NOTEBOOK) if "gpu" in c["metadata"].get("tags", [])}
     assert set(gpu) == set(recorded)
     # every gpu cell is as recorded (the last recording, tools/run_notebooks.py, ran at 546fe34)
     for cell_id, source in gpu.items():
@@ -176,12 +169,12 @@ def test_the_lab_notes_page_exists_and_is_in_the_table_of_contents():
     appendix = next(p for p in toc["parts"] if p["caption"] == "Appendix")
     files = [c["file"] for c in appendix["chapters"]]
     assert files.index("notebooks/A3_lab_notes") == files.index("notebooks/A2_floating_point") + 1
-    assert "{doc}`A3_lab_notes`" in _markdown()
-    assert _markdown(LAB).startswith("# A3. Lab notes: what did not make it faster")
+    assert "{doc}`A3_lab_notes`" in markdown(NOTEBOOK)
+    assert markdown(LAB).startswith("# A3. Lab notes: what did not make it faster")
 
 
 def test_each_lab_entry_names_its_script_and_its_data_exist(ch):
-    sections = re.split(r"^## ", _markdown(LAB), flags=re.M)[1:]
+    sections = re.split(r"^## ", markdown(LAB), flags=re.M)[1:]
     assert len(sections) >= 9
     titles = [s.splitlines()[0] for s in sections]
     for want in ("Tensor descriptors", "Lazy rescaling", "Sequence lengths known at compile time", "Autotuning",
@@ -204,7 +197,7 @@ def test_each_lab_entry_names_its_script_and_its_data_exist(ch):
 
 def test_the_lab_notes_run_without_a_gpu():
     """The page only reads recorded data: no kernel is launched, no GPU is asked for."""
-    code = "\n".join("".join(c["source"]) for c in _cells(LAB)[1:] if c["cell_type"] == "code")
+    code = "\n".join(source_of(c) for c in cells(LAB)[1:] if c["cell_type"] == "code")
     for word in ("torch.", "cuda", "run_rung", "flash_attention(", "compile_elsewhere"):
         assert word not in code, word
     assert glob.glob(os.path.join(ROOT, "benchmarks", "results", "gluon_bwd_h200", "ncu", "raw.csv"))
@@ -279,7 +272,7 @@ def test_the_second_gluon_backward_is_quoted_from_its_run(ch):
     assert v["gbr_bar_tma"] == f"{num(main['rows_split_tma'], barrier):.2f}"
     assert float(v["gbr_bar_tma"]) > float(v["gbr_bar"])
     # the prose quotes them, shows the table, and calls `none` no bound
-    text = _markdown(LAB)
+    text = markdown(LAB)
     for name in ("gbr_triton_lo", "gbr_triton_hi", "gbr_cudnn_lo", "gbr_gain_lo", "gbr_gain_hi", "gbr_spread",
                  "gbr_slower", "gbr_faster", "gbr_wgmma_none", "gbr_wgmma_written", "gbr_wgmma_old", "gbr_local",
                  "gbr_ms", "gbr_tri_dkdv_ms", "gbr_tri_dq_ms"):
@@ -310,7 +303,7 @@ def test_without_the_second_run_the_lab_notes_say_so(tmp_path):
 def test_the_prose_under_the_timing_cell_describes_the_recorded_table():
     """Built without a GPU, the page shows the timing cell's recorded H200 table: the prose names
     that run and explains its NaN, instead of saying the cell "only said so"."""
-    cells = {c.get("id"): "".join(c["source"]) for c in _cells()}
+    cells = sources_by_id(NOTEBOOK)
     assert "{glue:text}`live_note`" in cells["26110378"] and "live_phrase" not in cells["26110378"]
     glued = {}
     exec(cells["c10-live-note"], {"g": lambda name, value, fmt="": glued.update({name: format(value, fmt)}),

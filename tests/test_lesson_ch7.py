@@ -13,20 +13,16 @@ import json
 import os
 import re
 
-import nbformat
 import pandas as pd
 import pytest
 
 from conftest import ROOT, require
 from flashbook import bench
+from notebook_text import cell_source, cells, source_of, sources_by_id
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
 RECORDING = os.path.join(ROOT, "benchmarks", "results", "gpu_outputs", "07_triton_forward.json")
 CHECK_CELL, TIMING_CELL = "073f60cf", "cd762aa3"
-
-
-def _cells():
-    return {c.id: c for c in nbformat.read(NOTEBOOK, as_version=4).cells}
 
 
 def _run(cell_id: str, **names) -> dict:
@@ -37,7 +33,7 @@ def _run(cell_id: str, **names) -> dict:
     def g(name, value, fmt=""):
         glued[name] = "n/a" if value is None else format(value, fmt)
 
-    exec(compile(_cells()[cell_id].source, cell_id, "exec"), {"g": g, "bench": bench, "pd": pd, **names})
+    exec(compile(cell_source(NOTEBOOK, cell_id), cell_id, "exec"), {"g": g, "bench": bench, "pd": pd, **names})
     return glued
 
 
@@ -60,7 +56,7 @@ def test_the_check_prose_quotes_the_recorded_h200_table():
     # the chapter's own cell, as the book runs it without a GPU, reads the same numbers
     glued = _run("c07-check-glue", CPU=True, results=None)
     assert glued == {"check_worst": f"{worst:.2f}", "check_vs_sdpa": f"{vs_sdpa:.1f}", "check_cases": "4"}
-    prose = _cells()["b50362ef"].source
+    prose = cell_source(NOTEBOOK, "b50362ef")
     for name in glued:
         assert f"{{glue:text}}`{name}`" in prose, name
     # the check cell's own glue computes on the machine that built the page: not quoted
@@ -74,7 +70,7 @@ def test_the_speed_prose_names_sdpas_backend_and_the_spread_of_repeated_runs():
         assert re.search(rf"causal={causal}: flashbook runs at \d+% of SDPA cuDNN's speed "
                          rf"and \d+% of SDPA FlashAttention-2's speed", text), causal
     assert text.count("SDPA left to choose took") == 2
-    prose = _cells()["c07-sdpa-backend-md"].source
+    prose = cell_source(NOTEBOOK, "c07-sdpa-backend-md")
     assert "{glue:text}`sdpa_choice`" in prose and "SDPA chose" not in prose and "cuDNN's speed" in prose
     assert "FlashAttention-2 backend" in prose
     glued = _run("c07-sdpa-backend", N=4096, D=128, CPU=True, re=re,
@@ -130,7 +126,7 @@ def test_why_it_is_this_fast_cites_the_nsight_compute_run():
     assert sum(k["sm__inst_executed_pipe_tensor_op_gmma.sum"] for k in flash) == 0
     assert sum(k["sm__inst_executed_pipe_tensor_op_hmma.sum"] for k in flash) > 0
     assert glued["ncu_flash_wgmma"] == "0"
-    prose = _cells()["c07-ncu-md"].source
+    prose = cell_source(NOTEBOOK, "c07-ncu-md")
     for name in ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma"):
         assert f"{{glue:text}}`{name}`" in prose, name
     # Triton already issues asynchronous wgmma on sm_90 (tests/test_compile_targets.py checks the PTX)
@@ -141,7 +137,7 @@ def test_what_the_production_kernel_adds_is_measured_rung_by_rung():
     """The chapter says skipping masked tiles and the order of the query tiles matter only
     under the causal mask: chapter 10's recorded ladder, in every run."""
     require(bench.run_paths("ladder"), "no recorded ladder")
-    cells = _cells()
+    cells = sources_by_id(NOTEBOOK)
     glued = _run("c07-ladder")
     assert glued["ladder_runs"] == str(len(bench.run_paths("ladder")))
     for path in bench.run_paths("ladder"):
@@ -152,13 +148,13 @@ def test_what_the_production_kernel_adds_is_measured_rung_by_rung():
             assert abs(step[(rung, False)] - 1) < 0.01 and step[(rung, True)] > 1.01, (path.name, rung)
         for rung in ("exp2", "unmasked main loop", "tuned tiles"):
             assert min(step[(rung, False)], step[(rung, True)]) > 1.05, (path.name, rung)
-    assert re.search(r"matters only\s+under the causal mask", cells["c07-ladder-md"].source)
+    assert re.search(r"matters only\s+under the causal mask", cells["c07-ladder-md"])
 
 
 def test_the_page_shows_lines_not_whole_kernels():
     """Only the minimal kernel is shown whole; the library's kernel in the lines that teach."""
-    shown = [c.source for c in _cells().values()
-             if c.cell_type == "code" and ("show_source(" in c.source or "show_between(" in c.source)]
+    code = [source_of(c) for c in cells(NOTEBOOK) if c["cell_type"] == "code"]
+    shown = [s for s in code if "show_source(" in s or "show_between(" in s]
     assert len(shown) >= 6
     whole = [s for s in shown if "show_source(fwd._attn_fwd" in s or "show_source(fwd._fwd_inner" in s
              or "show_source(fwd.attend" in s]

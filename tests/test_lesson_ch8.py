@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT
 from flashbook import bench
+from notebook_text import cell_source, markdown
 
 sys.path.insert(0, os.path.join(ROOT, "book", "_ext"))
 import gpu_outputs  # noqa: E402
@@ -25,14 +26,6 @@ GLUED_BY = re.compile(r"""\b(?:g|glue|glue_text)\(\s*["'](\w+)["']""")   # g("na
 @pytest.fixture(scope="module")
 def nb():
     return nbformat.read(NB, as_version=4)
-
-
-def _cell(nb, cell_id):
-    return next(c for c in nb.cells if c.id == cell_id).source
-
-
-def _markdown(nb):
-    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
 
 
 def _quoted(text):
@@ -52,7 +45,7 @@ def _glued_by_cells(nb, *cell_ids):
 
     namespace = {"g": g, "pd": pd, "bench": bench, "tiled": tiled, "configs": configs}
     for cell_id in cell_ids:
-        exec(_cell(nb, cell_id), namespace)
+        exec(cell_source(nb, cell_id), namespace)
     return glued
 
 
@@ -62,7 +55,7 @@ def test_prose_quotes_a_gpu_cells_numbers_only_from_its_recording(nb):
     (once "at most 1.50 times the yardstick's" under a table whose largest ratio was 1.0)."""
     record = gpu_outputs.load_record("08_triton_backward")
     recorded = {c["id"]: {gpu_outputs._glue_key(o) for o in c["outputs"]} - {None} for c in record["cells"]}
-    quoted = _quoted(_markdown(nb))
+    quoted = _quoted(markdown(nb))
     gpu_cells = [c for c in nb.cells if gpu_outputs.is_gpu_cell(c)]
     assert {c.id for c in gpu_cells} == {"ed1bb987", "43428188"}
     for cell in gpu_cells:
@@ -75,7 +68,7 @@ def test_prose_quotes_a_gpu_cells_numbers_only_from_its_recording(nb):
     assert "dV / yardstick" in table[0]
     ratios = [float(x) for row in table[2:] if row.strip() for x in row.split()[-8:][1::2]]
     assert len(ratios) == 4 * 5 and max(ratios) <= 2
-    assert "Every gradient passes" in _cell(nb, "aacbec1b")
+    assert "Every gradient passes" in cell_source(nb, "aacbec1b")
 
 
 def test_atomic_dq_is_stated_as_measured_and_not_generalised(nb):
@@ -94,14 +87,14 @@ def test_atomic_dq_is_stated_as_measured_and_not_generalised(nb):
     assert all(lo > 1 for name, (lo, hi) in spans.items() if name != "separate")
     again = bench.load_recorded_json("atomic_dq_repeat")["rows"]
     assert min(1 / r["vs_separate"] for r in again if r["variant"] != "separate") > 1
-    text = _cell(nb, "4571a510")
+    text = cell_source(nb, "4571a510")
     assert set(glued) - {"at_spread", "at_atomic_again_hi"} <= _quoted(text)
-    assert "{glue:text}`at_spread`" in _cell(nb, "c08-atomic-timed-md")
+    assert "{glue:text}`at_spread`" in cell_source(nb, "c08-atomic-timed-md")
     assert "not atomics in general" in text and "with these kernels" in text
     assert "FlashAttention-2" in text and "fp32 atomics" in text and "TMA reduce-add" in text
-    md = _markdown(nb)
+    md = markdown(nb)
     assert "2.5 to 7.6" not in md and "a separate dQ kernel wins" not in md
-    assert "not a verdict on atomics" in _cell(nb, "28d0e613")
+    assert "not a verdict on atomics" in cell_source(nb, "28d0e613")
     # the live timing cell recorded before the adds were relaxed is gone, with its record
     assert "0044c164" not in {c.id for c in nb.cells}
     assert "0044c164" not in {c["id"] for c in gpu_outputs.load_record("08_triton_backward")["cells"]}
@@ -115,21 +108,21 @@ def test_the_separate_mode_executes_seven_products_where_five_are_credited(nb):
     # Nsight Compute's count of the tensor pipe's math on the H200 says the same: 7 products
     # to the forward's 2 (3.5), cuDNN's 5 (2.5)
     assert (glued["ncu_ops_ours"], glued["ncu_ops_cudnn"]) == ("3.50", "2.50")
-    text = _cell(nb, "1f80d233")
+    text = cell_source(nb, "1f80d233")
     assert "five matrix products" in text and "executes seven" in text and "$2N^2d$" in text
     assert {"credit_factor", "tr_credit_products", "tr_atomic_over_credit", "tr_separate_over_credit",
             "ncu_ops_ours", "ncu_ops_cudnn"} <= _quoted(text)
-    assert "{glue:text}`tr_separate_over_credit`" in _cell(nb, "28d0e613")
+    assert "{glue:text}`tr_separate_over_credit`" in cell_source(nb, "28d0e613")
     # exercise 2 counts the same products, and its solution sets them against the credit
-    solution = _cell(nb, "6e20b8ca")
+    solution = cell_source(nb, "6e20b8ca")
     assert '"atomic": 5' in solution and '"separate": 7' in solution and "credit" in solution
-    assert "{glue:text}`credit_factor`" in _cell(nb, "0f88c53c")
+    assert "{glue:text}`credit_factor`" in cell_source(nb, "0f88c53c")
 
 
 def test_the_triton_tutorial_computes_dk_dv_and_dq_in_one_program(nb):
-    md = _markdown(nb)
+    md = markdown(nb)
     assert "tutorial uses a separate pass" not in md
-    text = _cell(nb, "4571a510")
+    text = cell_source(nb, "4571a510")
     assert "each program of its `_attn_bwd` computes" in text and "in one launch" in text
 
 
@@ -141,7 +134,7 @@ def test_the_page_shows_the_lines_that_teach(nb, monkeypatch):
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj, *a, **k: shown.append(obj.data))
     namespace = {}
-    exec(_cell(nb, "a3996ecb"), namespace)          # the chapter's imports
+    exec(cell_source(nb, "a3996ecb"), namespace)          # the chapter's imports
     calls = [line for c in nb.cells if c.cell_type == "code" and not gpu_outputs.is_gpu_cell(c)
              for line in c.source.splitlines() if line.startswith(("show_between(", "flashbook.show_source("))]
     assert len(calls) >= 8
@@ -151,4 +144,4 @@ def test_the_page_shows_the_lines_that_teach(nb, monkeypatch):
         (listing,) = shown
         code = listing.split("```python\n", 1)[1].rsplit("```", 1)[0]
         assert len(code.splitlines()) <= 15, f"{call}: {len(code.splitlines())} lines"
-    assert "`flashbook/kernels/backward.py`" in _cell(nb, "9d2b629e")
+    assert "`flashbook/kernels/backward.py`" in cell_source(nb, "9d2b629e")

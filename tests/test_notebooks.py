@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from notebook_text import cells, notebook, source_of, source_text
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 #: the chapters (01_... to 11_...); the others are appendix pages (A2_...), which share
@@ -28,11 +29,6 @@ def toc_files():
     for part in toc["parts"]:
         files += [ch["file"] for ch in part["chapters"]]
     return files
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
 
 
 def test_there_are_notebooks():
@@ -62,7 +58,7 @@ def test_repository_url_is_defined_once():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_conventions(path):
-    nb = load(path)
+    nb = notebook(path)
     name = os.path.basename(path)
     assert re.fullmatch(r"(\d\d|A\d)_[a-z0-9_]+\.ipynb", name)
     cells = nb["cells"]
@@ -103,9 +99,9 @@ def test_notebook_conventions(path):
 
 
 def test_appendix_pages_have_a_chapters_setup_cell():
-    chapter_cells = {"".join(load(p)["cells"][0]["source"]) for p in CHAPTERS}
+    chapter_cells = {source_of(cells(p)[0]) for p in CHAPTERS}
     for p in set(NOTEBOOKS) - set(CHAPTERS):
-        assert "".join(load(p)["cells"][0]["source"]) in chapter_cells, f"{p}: setup cell differs"
+        assert source_of(cells(p)[0]) in chapter_cells, f"{p}: setup cell differs"
 
 
 def test_student_edition_drops_solutions_only(tmp_path):
@@ -114,14 +110,14 @@ def test_student_edition_drops_solutions_only(tmp_path):
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "student_edition.py"), str(tmp_path)],
                    check=True, capture_output=True)
     for path in CHAPTERS:
-        full = load(path)
-        student = load(tmp_path / os.path.basename(path))
+        full = notebook(path)
+        student = notebook(tmp_path / os.path.basename(path))
         n_solutions = sum("solution" in c["metadata"].get("tags", []) for c in full["cells"])
         assert n_solutions >= 3
         assert len(student["cells"]) == len(full["cells"]) - n_solutions
         assert not any("solution" in c["metadata"].get("tags", []) for c in student["cells"])
         # the exercises themselves (and their stubs) are still there
-        text = "".join("".join(c["source"]) for c in student["cells"])
+        text = source_text(student, sep="")
         assert "## Exercises" in text
 
 
@@ -135,7 +131,7 @@ COLAB_HAS = {"numpy", "scipy", "pandas", "matplotlib", "torch", "triton", "ipywi
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_imports_exist_on_colab(path):
-    src = "\n".join("".join(c["source"]) for c in load(path)["cells"] if c["cell_type"] == "code")
+    src = source_text(path, "code")
     for mod in re.findall(r"^\s*(?:import|from)\s+([A-Za-z_][\w]*)", src, flags=re.M):
         assert mod in COLAB_HAS or mod in sys.stdlib_module_names, \
             f"{os.path.basename(path)} imports {mod}, which Colab lacks"
@@ -184,7 +180,7 @@ def test_no_glued_value_inside_math():
         if path.endswith(".md"):
             texts = [open(path, encoding="utf-8").read()]
         else:
-            texts = ["".join(c["source"]) for c in json.load(open(path))["cells"] if c["cell_type"] == "markdown"]
+            texts = [source_of(c) for c in cells(path) if c["cell_type"] == "markdown"]
         for text in texts:
             bad += [(os.path.basename(path), m.group(0)[:60])
                     for m in re.finditer(r"\$\$(.+?)\$\$|\$([^$\n]+?)\$", text, re.S) if "{glue" in m.group(0)]

@@ -11,22 +11,7 @@ import torch
 
 from conftest import ROOT, require
 from flashbook import plots, reference, softmax
-
-NOTEBOOKS = os.path.join(ROOT, "notebooks")
-
-
-def _notebook(name):
-    with open(os.path.join(NOTEBOOKS, name), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _cell(nb, cell_id):
-    (cell,) = [c for c in nb["cells"] if c.get("id") == cell_id]
-    return "".join(cell["source"])
-
-
-def _markdown(nb):
-    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+from notebook_text import cell_source, markdown, notebook, source_text
 
 
 def _run(code, **names):
@@ -53,24 +38,24 @@ def test_sdpa_gives_zeros_where_torch_softmax_gives_nan_and_chapter_1_says_which
     assert torch.all(o[:, :4] == 0)
     s = (q @ k.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
     assert torch.isnan(torch.softmax(s, -1)[:, :4]).all()
-    ch1 = _notebook("01_attention_numpy.ipynb")
-    prose = _cell(ch1, "841d76b4")
+    ch1 = notebook("01_attention_numpy.ipynb")
+    prose = cell_source(ch1, "841d76b4")
     assert "`torch.softmax`" in prose and "returns zeros" in prose and "PyTorch 2.5" in prose
     assert "we compare the other rows" not in prose
-    code = _cell(ch1, "20fda8e9")
+    code = cell_source(ch1, "20fda8e9")
     assert "err = np.abs(ours - theirs).max()" in code          # every row is compared
 
 
 def test_chapter_1_does_not_say_the_tensor_cores_run_at_peak():
-    ch1 = _notebook("01_attention_numpy.ipynb")
-    prose = _cell(ch1, "37bf9eaf")
+    ch1 = notebook("01_attention_numpy.ipynb")
+    prose = cell_source(ch1, "37bf9eaf")
     assert "peak rate" not in prose and "not at the tensor cores' peak" in prose
     for key in ("ncu_tflops", "ncu_peak_pct", "ncu_peak", "ncu_tensor"):
         assert "{glue:text}`" + key + "`" in prose, key
     from flashbook.bench.runs import run_path
     run = run_path("kernel_ncu")
     require(run is not None and run.exists(), "no recorded Nsight Compute run")
-    glued, _ = _run(_cell(ch1, "c01-ncu"))
+    glued, _ = _run(cell_source(ch1, "c01-ncu"))
     # the recorded forward: about half the datasheet's peak, the tensor pipe busy about half the time
     assert 40 < float(glued["ncu_peak_pct"]) < 65 and 40 < float(glued["ncu_tensor"]) < 65
     assert glued["ncu_peak"] == "989"
@@ -87,12 +72,12 @@ def test_chapter_1_reads_the_softmax_bar_as_time_not_arithmetic():
     # the copy runs near the memory's speed; the whole softmax moves the same bytes far slower
     assert f"{copy_tbs:.1f}" == "4.2" and f"{softmax_tbs:.1f}" == "1.1"
     assert copy_tbs / softmax_tbs > 3
-    ch1 = _notebook("01_attention_numpy.ipynb")
-    prose = _cell(ch1, "37bf9eaf")
+    ch1 = notebook("01_attention_numpy.ipynb")
+    prose = cell_source(ch1, "37bf9eaf")
     assert "for the max, exp and sum" not in prose and "this record cannot say" in prose
     for key in ("tbg_copy_tbs", "tbg_softmax_tbs", "tbg_slower_x"):
         assert "{glue:text}`" + key + "`" in prose
-    assert "arithmetic that\nremains" not in _cell(ch1, "b64174db")
+    assert "arithmetic that\nremains" not in cell_source(ch1, "b64174db")
     # the legend says what the bar is; the records keep their names
     import matplotlib
     matplotlib.use("Agg")
@@ -106,29 +91,29 @@ def test_chapter_1_reads_the_softmax_bar_as_time_not_arithmetic():
     short = min((r for r in rec["rows"] if (r["d"], r["dtype"]) == (128, "bfloat16")), key=lambda r: r["n"])
     assert (short["ms"]["Q K^T (matmul)"] + short["ms"]["P V (matmul)"]) / sum(short["ms"].values()) > 0.5
     assert "is not more bytes" not in prose and "{glue:text}`tbg_short_matmul_pct`" in prose
-    assert "- Time: on an H200 at $N$ = {glue:text}`tbg_n`" in _cell(ch1, "776d1c92")
+    assert "- Time: on an H200 at $N$ = {glue:text}`tbg_n`" in cell_source(ch1, "776d1c92")
 
 
 def test_chapter_1_names_no_machine_the_reader_cannot_see():
-    ch1 = _notebook("01_attention_numpy.ipynb")
-    text = "\n".join("".join(c["source"]) for c in ch1["cells"])
+    ch1 = notebook("01_attention_numpy.ipynb")
+    text = source_text(ch1)
     assert "this machine" not in text and "ran this page" not in text
     assert "runtime.describe()" not in text        # "timings mean nothing here" beside a timing
 
 
 def test_chapter_1_exercise_3_tries_the_h_it_calls_best_and_explains_its_terms():
-    ch1 = _notebook("01_attention_numpy.ipynb")
-    md = _cell(ch1, "c8c1799b")
+    ch1 = notebook("01_attention_numpy.ipynb")
+    md = cell_source(ch1, "c8c1799b")
     assert "$dO$ is any fixed matrix" in md and "entry by entry" in md and "eps" in md
-    assert "1e-5" in _cell(ch1, "5ddeaad9")
+    assert "1e-5" in cell_source(ch1, "5ddeaad9")
 
 
 def test_chapter_1_memory_curves_count_the_same_things():
-    ch1 = _notebook("01_attention_numpy.ipynb")
+    ch1 = notebook("01_attention_numpy.ipynb")
     seq_lens = [1024 * 2**i for i in range(7)]
     names = {"n": np.array(seq_lens, dtype=float), "d_": 128, "MiB": 2**20,
              "itemsize": {"fp16": 2, "fp32": 4, "bf16": 2}, "plt": _NoPlot()}
-    _, ns = _run(_cell(ch1, "a9ff6cf3"), **names)
+    _, ns = _run(cell_source(ch1, "a9ff6cf3"), **names)
     n = 65536
     assert ns["ratio_64k"] == (n * 128 * 2 + n * n * 2) / (n * 128 * 2 + n * 4)
     assert isinstance(ns["ratio_64k"], float)             # myst-nb formats a float, not np.float64(...)
@@ -151,32 +136,33 @@ class _NoPlot:
 # --- chapter 2 ------------------------------------------------------------------------
 
 def test_chapter_2_words_the_explorer_and_the_attribution_right():
-    ch2 = _notebook("02_four_tokens.ipynb")
-    text = _markdown(ch2)
+    ch2 = notebook("02_four_tokens.ipynb")
+    text = markdown(ch2)
     assert "no kernel needed" not in text and "no Python session needed" in text
     assert "the library's `explore`" not in text
     assert "a *kernel* is a function that runs on the GPU" in text
-    tiles = _cell(ch2, "46dbbd47")
+    tiles = cell_source(ch2, "46dbbd47")
     assert "This is FlashAttention's formulation" not in tiles
     assert "FlashAttention-2's" in tiles and "dao2023flashattention2" in tiles
-    assert "never more" not in _cell(ch2, "ba6290ea") and "{glue:text}`paths_max_eps" in _cell(ch2, "ba6290ea")
+    paths = cell_source(ch2, "ba6290ea")
+    assert "never more" not in paths and "{glue:text}`paths_max_eps" in paths
 
 
 # --- chapter 3 ------------------------------------------------------------------------
 
 def test_chapter_3_says_fp16s_running_sum_loses_terms_with_its_own_numbers():
-    ch3 = _notebook("03_online_softmax.ipynb")
-    glued, ns = _run(_cell(ch3, "a869640e"))
-    more, _ = _run(_cell(ch3, "c03-fp16-sum"), **{k: ns[k] for k in ("online_row", "x_bug", "v_bug", "want")})
+    ch3 = notebook("03_online_softmax.ipynb")
+    glued, ns = _run(cell_source(ch3, "a869640e"))
+    more, _ = _run(cell_source(ch3, "c03-fp16-sum"), **{k: ns[k] for k in ("online_row", "x_bug", "v_bug", "want")})
     assert more["l16"] == 8.765625 and f"{more['l16_exact']:.2f}" == "9.07"
     assert 3 < more["l16_low_pct"] < 4 and more["err16_pct"] > 1       # fp16 is percent-level off
     assert more["err32_eps"] < 64                                        # fp32 is at its precision
     assert more["n_tiny16"] > more["n_bug"] // 2
     assert all(isinstance(more[k], float) for k in ("l16_exact", "l16_low_pct", "err16_pct", "err32_eps"))
-    text = _markdown(ch3)
+    text = markdown(ch3)
     assert "every format gets the right output" not in text
     assert "which no format can\nleave" not in text and "no format can leave" not in text
-    prose = _cell(ch3, "298263ec")
+    prose = cell_source(ch3, "298263ec")
     for key in ("l16", "l16_exact", "l16_low_pct", "err16_pct", "lost16", "n_tiny16"):
         assert "{glue:text}`" + key in prose, key
 
@@ -186,17 +172,17 @@ def test_chapter_3_fp16_softmax_table_difference_is_explained():
     exact = softmax.softmax(x.astype(np.float64)).astype(np.float16)
     assert np.array_equal(torch.softmax(torch.from_numpy(x), 0).numpy(), exact)   # rounded once
     assert not np.array_equal(softmax.softmax(x), exact)                          # every step in fp16
-    prose = _cell(_notebook("03_online_softmax.ipynb"), "0329503b")
+    prose = cell_source(notebook("03_online_softmax.ipynb"), "0329503b")
     assert "rounded once" in prose and "`torch.softmax` returns NaN" in prose
 
 
 def test_chapter_3_corrects_the_per_block_softmax_and_the_flash_decoding_wording():
-    ch3 = _notebook("03_online_softmax.ipynb")
-    _, ns = _run(_cell(ch3, "cca4fce9"), scipy=__import__("scipy.special"),
+    ch3 = notebook("03_online_softmax.ipynb")
+    _, ns = _run(cell_source(ch3, "cca4fce9"), scipy=__import__("scipy.special"),
                  rng=np.random.default_rng(), display=lambda *a, **k: None)
-    glued, _ = _run(_cell(ch3, "c03-src-blocks"), **{k: ns[k] for k in ("x", "v", "block", "n_keys", "blocks", "want_o")})
+    glued, _ = _run(cell_source(ch3, "c03-src-blocks"), **{k: ns[k] for k in ("x", "v", "block", "n_keys", "blocks", "want_o")})
     assert glued["src_blocks"] == 16 and glued["src_err"] > 0.1
-    text = _markdown(ch3)
+    text = markdown(ch3)
     assert "as a tree across several\nprocessors, as Flash-Decoding" not in text
     assert "in parallel pieces\ncombined at the end, as Flash-Decoding" in text
     assert "can lose accuracy {cite}`blanchard2021accurate`" in text

@@ -1,6 +1,5 @@
 """Statements of chapters 4, 5, A2 and the notation page that a review found wrong or
 misleading, each pinned to its corrected form, with the numbers behind it."""
-import json
 import math
 import os
 
@@ -9,24 +8,7 @@ import pytest
 
 from conftest import ROOT
 from flashbook import runtime, softmax, tiled
-
-NOTEBOOKS = os.path.join(ROOT, "notebooks")
-
-
-def _notebook(name):
-    with open(os.path.join(NOTEBOOKS, name), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _cell(name, cell_id):
-    nb = _notebook(name)
-    return "".join(next(c for c in nb["cells"] if c.get("id") == cell_id)["source"])
-
-
-def _markdown(name):
-    nb = _notebook(name)
-    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-
+from notebook_text import cell_source
 
 CH4, CH5, A2 = "04_tiled_forward.ipynb", "05_backward_recompute.ipynb", "A2_floating_point.ipynb"
 
@@ -38,15 +20,15 @@ def test_recomputation_saves_less_than_half_the_backward_traffic_and_says_how_mu
     atomic = tiled.io_flash_backward(4096, 4096, 128, 128, 128, dq_strategy="atomic").hbm_total
     second = tiled.io_flash_backward(4096, 4096, 128, 128, 128, dq_strategy="second_pass").hbm_total
     assert 0.35 < 1 - atomic / naive < 0.5 and 0.35 < 1 - second / naive < 0.5   # not "most"
-    summary = _cell(CH5, "6d7c2771")
+    summary = cell_source(CH5, "6d7c2771")
     assert "most of the backward" not in summary
     assert "{glue:text}`t_saved`%" in summary and "{glue:text}`t_saved_sep`%" in summary
-    glue_cell = _cell(CH5, "81e0a147")
+    glue_cell = cell_source(CH5, "81e0a147")
     assert 'g("t_saved", 100 * (1 - traffic["tiled, atomic dQ"].hbm_total / naive_t)' in glue_cell
 
 
 def test_a_row_that_sees_no_key_needs_the_guard_when_p_is_recomputed():
-    prose = _cell(CH5, "63c760ec")
+    prose = cell_source(CH5, "63c760ec")
     assert "the mask needs no other special treatment" not in prose
     assert "the formula needs no other special treatment" in prose and "-\\infty" in prose
     # without the guard exp(-inf - (-inf)) is NaN; with it, P is 0
@@ -74,20 +56,20 @@ def test_the_separate_dq_pass_recomputes_p_twice(monkeypatch):
         calls[strategy] = 0
         tiled.backward(q, k, v, o, lse, do, block_q=16, block_k=16, dq_strategy=strategy)
     assert calls["second_pass"] == 2 * calls["atomic"] == 2 * 16
-    prose = _cell(CH5, "8762dafa")
+    prose = cell_source(CH5, "8762dafa")
     assert "one exponential per\nscore entry, as many as" not in prose
     assert "two with the separate $dQ$ pass" in prose
 
 
 def test_the_original_paper_keeps_m_and_l():
-    prose = _cell(CH5, "416f9ea0")
+    prose = cell_source(CH5, "416f9ea0")
     assert "keeps one number per row" not in prose and "$m_i$ and $l_i$ in" in prose
 
 
 # ---------------------------------------------------------------- chapter 4
 
 def test_fa1_keeping_o_normalised_is_a_choice():
-    prose = _cell(CH4, "5142ffd4")
+    prose = cell_source(CH4, "5142ffd4")
     assert "must be a valid output" not in prose and "a choice, not a" in prose
 
 
@@ -95,7 +77,7 @@ def test_the_summary_gives_both_fit_counts_and_they_disagree_on_a_t4():
     t4 = runtime.chip("T4")
     assert tiled.onchip_bytes(64, 64, 128) > t4.smem_per_block_bytes      # paper's count
     assert tiled.smem_bytes(64, 64, 128, arch=t4.arch) == t4.smem_per_block_bytes  # fits, 0 spare
-    summary = _cell(CH4, "69c17574")
+    summary = cell_source(CH4, "69c17574")
     for name in ("f_total", "f_t4_fits", "k_t4", "k_t4_fits"):
         assert f"{{glue:text}}`{name}`" in summary
     assert "What must fit is" not in summary
@@ -105,16 +87,16 @@ def test_the_t4_has_no_stages_and_the_table_says_which_count():
     t4 = runtime.chip("T4")
     assert (tiled.smem_bytes(64, 64, 128, num_stages=2, arch=t4.arch)
             == tiled.smem_bytes(64, 64, 128, num_stages=3, arch=t4.arch))
-    assert "kernel's count, two stages;" not in _cell(CH4, "002fe647")
-    assert "by a kernel's shared memory" in _cell(CH4, "c67740ca")
+    assert "kernel's count, two stages;" not in cell_source(CH4, "002fe647")
+    assert "by a kernel's shared memory" in cell_source(CH4, "c67740ca")
 
 
 def test_heat_map_crosses_use_the_everything_on_chip_count():
     a100 = runtime.chip("A100")
     assert tiled.onchip_bytes(128, 128, 128) > a100.smem_per_block_bytes   # crossed in the map
     assert tiled.largest_tile(a100, 128, num_stages=2) == 128             # yet a kernel runs it
-    assert "paper's count" in _cell(CH4, "9257cb86")
-    assert "the ones the chip\ncannot hold" not in _cell(CH4, "fe451e51")
+    assert "paper's count" in cell_source(CH4, "9257cb86")
+    assert "the ones the chip\ncannot hold" not in cell_source(CH4, "fe451e51")
 
 
 def test_fa1_with_the_papers_blocks_moves_more_than_naive_on_a_t4():
@@ -122,12 +104,12 @@ def test_fa1_with_the_papers_blocks_moves_more_than_naive_on_a_t4():
     m_t4 = runtime.chip("T4").smem_per_block_bytes // 2
     fa1 = tiled.io_flash(n, n, d, *tiled.paper_blocks(m_t4, d), order="fa1").hbm_total
     assert fa1 / tiled.io_naive(n, n, d).hbm_total == pytest.approx(1.49, abs=0.01)
-    assert "{glue:text}`t4_fa1_x`" in _cell(CH4, "800ac299")
+    assert "{glue:text}`t4_fa1_x`" in cell_source(CH4, "800ac299")
 
 
 def test_d_v_and_program_are_defined_where_first_used():
-    assert "$d_v$ is the width of the value" in _cell(CH4, "541185ed")
-    assert "{term}`program`" in _cell(CH4, "cb9f9cf5")
+    assert "$d_v$ is the width of the value" in cell_source(CH4, "541185ed")
+    assert "{term}`program`" in cell_source(CH4, "cb9f9cf5")
 
 
 def test_explorer_counts_steps_from_zero_in_every_label():
@@ -144,7 +126,7 @@ def test_explorer_counts_steps_from_zero_in_every_label():
 # ---------------------------------------------------------------- A2 and notation
 
 def test_merge_is_not_called_associative_without_qualification():
-    table = _cell(A2, "a6496b8d")
+    table = cell_source(A2, "a6496b8d")
     assert "associative and commutative" not in table and "associative only up to rounding" in table
     rng = np.random.default_rng(1)
     differs = 0
@@ -163,7 +145,7 @@ def test_exp_underflows_to_zero_half_the_smallest_positive_below():
         assert math.log(smallest.item()) - math.log(2) == pytest.approx(edge, abs=0.005)
         assert torch.exp(torch.tensor(edge - 0.02, dtype=dt)) == 0
         assert torch.exp(torch.tensor(edge + 0.02, dtype=dt)) > 0
-    assert "far enough below" not in _cell(A2, "381c58dd")
+    assert "far enough below" not in cell_source(A2, "381c58dd")
 
 
 def test_notation_defines_d_v_and_the_block_b():

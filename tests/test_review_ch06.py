@@ -3,7 +3,6 @@
 Each test pins a corrected statement to what makes it true (Triton's own source or compiler,
 the recorded GPU run, the library's models), so the wrong version cannot come back unnoticed.
 """
-import json
 import os
 import subprocess
 import sys
@@ -12,21 +11,9 @@ import pytest
 
 from conftest import ROOT, compile_cache
 from flashbook import runtime, smem, tiled
+from notebook_text import cell_ids, cell_source, find_cell, markdown, source_text
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "06_gpu_and_triton.ipynb")
-
-
-def _nb():
-    with open(NOTEBOOK, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _cell(cell_id):
-    return "".join(next(c for c in _nb()["cells"] if c["id"] == cell_id)["source"])
-
-
-def _markdown():
-    return "\n".join("".join(c["source"]) for c in _nb()["cells"] if c["cell_type"] == "markdown")
 
 
 def test_triton_reads_triton_interpret_when_a_kernel_is_defined_not_at_import():
@@ -42,9 +29,9 @@ def test_triton_reads_triton_interpret_when_a_kernel_is_defined_not_at_import():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True"
-    text = _markdown()
+    text = markdown(NOTEBOOK)
     assert "once, when first imported" not in text
-    assert "when a kernel is *defined*" in _cell("c06-interpret-md")
+    assert "when a kernel is *defined*" in cell_source(NOTEBOOK, "c06-interpret-md")
 
 
 def test_a_16_bit_tl_dot_needs_only_k_of_16():
@@ -57,10 +44,10 @@ def test_a_16_bit_tl_dot_needs_only_k_of_16():
         check = min_dot_size(GPUTarget("cuda", cc, 32))
         assert check(tl.float16, tl.float16) == (1, 1, 16)
         assert check(tl.bfloat16, tl.bfloat16) == (1, 1, 16)
-    prose = _cell("1284c2c8")
+    prose = cell_source(NOTEBOOK, "1284c2c8")
     assert "Every\ndimension of a `tl.dot`" not in prose and "every dimension" not in prose.lower()
     assert "The other two may be as small as 1" in prose
-    assert "needs every dimension" not in _cell("c1447319")
+    assert "needs every dimension" not in cell_source(NOTEBOOK, "c1447319")
 
 
 @pytest.mark.slow(seconds=20)
@@ -82,17 +69,20 @@ def test_num_stages_copies_are_exact_on_sm90_and_one_fewer_on_sm80():
             continue
         want = model if r["cc"] == 90 else model - one_stage
         assert r["shared"] == want, (r["cc"], s, r["shared"], model)
-    prose = _cell("49527e1d")
-    assert "`num_stages` copies on\n  `sm_90`" in prose and "`num_stages` − 1 on `sm_80`, at 2 stages" in prose
-    assert "at 1 stage\n  both keep one tile fewer" in prose
+    prose = cell_source(NOTEBOOK, "49527e1d")
+    # the prose's table: B_c x d tiles of K and V together, as compiled (the Q tile aside)
+    for cc in (80, 90):
+        tiles = [(r["shared"] - 2 * 64 * 64) // (2 * 64 * 64)
+                 for r in sorted((r for r in results if r["cc"] == cc), key=lambda r: r["config"][3])]
+        assert f"| `sm_{cc}` | " + " | ".join(map(str, tiles)) + " |" in prose, (cc, tiles)
+    assert "| the model below | 2 | 4 | 6 |" in prose
     assert "exact on `sm_90` from 2 stages on and on the safe side otherwise" in prose
 
 
 def test_the_compiled_shared_memory_is_read_in_chapter_9_not_7():
-    prose = _cell("49527e1d")
+    prose = cell_source(NOTEBOOK, "49527e1d")
     assert "chapter 7 reads" not in prose and "[chapter 9](09_benchmarks.ipynb)" in prose
-    with open(os.path.join(ROOT, "notebooks", "09_benchmarks.ipynb"), encoding="utf-8") as f:
-        ch9 = "\n".join("".join(c["source"]) for c in json.load(f)["cells"])
+    ch9 = source_text("09_benchmarks.ipynb")
     assert "From the compiled kernel it also records" in ch9 and "the shared memory" in ch9
 
 
@@ -107,13 +97,13 @@ def test_the_softmax_timing_table_is_read_not_just_shown():
     assert len(fused) > 2
     h200 = runtime.chip("H200").hbm_tb_s * 1e3
     assert fused[min(fused)] / h200 < 0.2 < 0.7 < fused[max(fused)] / h200
-    assert "its speed *is* its memory traffic" not in _markdown()
-    assert "its speed is *bounded* by its memory" in _cell("49dc3d67")
-    read = _cell("c06-softmax-read")
+    assert "its speed *is* its memory traffic" not in markdown(NOTEBOOK)
+    assert "its speed is *bounded* by its memory" in cell_source(NOTEBOOK, "49dc3d67")
+    read = cell_source(NOTEBOOK, "c06-softmax-read")
     for name in ("sm_lo_gbs", "sm_hi_gbs", "sm_hi_pct", "sm_ahead_cols"):
         assert "{glue:text}`" + name + "`" in read
     assert "nothing in this chapter measures them" in read
-    glue_cell = _cell("c06-softmax-glue")
+    glue_cell = cell_source(NOTEBOOK, "c06-softmax-glue")
     assert 'recorded_output("06_gpu_and_triton", "118fcf7e")' in glue_cell
 
 
@@ -123,7 +113,7 @@ def test_the_worst_case_intensity_is_above_the_t4s_ridge():
     worst = flops / (2 * (2 * n * d + 2 * n * d * (n // br)))
     below = [c.name for c in runtime.CHIPS.values() if worst < c.ridge_flop_per_byte]
     assert below == ["A100", "H100", "H200"]
-    prose = _cell("5f5032c5")
+    prose = cell_source(NOTEBOOK, "5f5032c5")
     assert "below the ridges (larger" not in prose
     assert "{glue:text}`rr_mem_chips`" in prose and "{glue:text}`rr_cb_chips`" in prose
 
@@ -133,33 +123,32 @@ def test_the_fit_tables_largest_tiles_are_flagged_as_register_bound():
     assert 256 in fits                                      # the table does show 256s
     regs_per_sm = min(c.regs_per_sm_kib * 1024 // 4 for c in runtime.CHIPS.values())
     assert 256 * 256 + 256 * 64 > regs_per_sm               # S and O alone overflow an SM
-    prose = _cell("3f12ef78")
+    prose = cell_source(NOTEBOOK, "3f12ef78")
     assert "{glue:text}`reg_big_values`" in prose and "not real options" in prose
     assert "would *spill*" in prose and "so values\n*spill*" not in prose
 
 
 def test_the_chip_tables_memory_column_says_datasheet_gb():
-    assert '"memory (datasheet GB)": c.hbm_gib' in _cell("f5a20a5d")
-    assert "memory (GiB)" not in _cell("f5a20a5d")
-    assert "{glue:text}`h200_memory`" in _cell("7296465f")       # the note sits under the table
+    assert '"memory (datasheet GB)": c.hbm_gib' in cell_source(NOTEBOOK, "f5a20a5d")
+    assert "memory (GiB)" not in cell_source(NOTEBOOK, "f5a20a5d")
+    assert "{glue:text}`h200_memory`" in cell_source(NOTEBOOK, "7296465f")       # the note sits under the table
 
 
 def test_triton_is_taught_before_the_tile_sizes_use_it():
-    ids = [c["id"] for c in _nb()["cells"]]
+    ids = cell_ids(NOTEBOOK)
     assert ids.index("8951c53c") < ids.index("49527e1d")          # Triton's model, then the tiles
-    model = _cell("8951c53c")
+    model = cell_source(NOTEBOOK, "8951c53c")
     assert "`num_warps` is how many warps" in model and "`num_stages` is the depth" in model
-    assert "show_between(flashbook.smem.smem_buffers" not in _cell("c1447319")   # a formula instead
-    assert r"4\,\max\bigl(&(B_r + B_c)\,d" in _cell("49527e1d")
+    assert "show_between(flashbook.smem.smem_buffers" not in cell_source(NOTEBOOK, "c1447319")   # a formula instead
+    assert r"4\,\max\bigl(&(B_r + B_c)\,d" in cell_source(NOTEBOOK, "49527e1d")
 
 
 def test_no_build_machine_leftovers():
-    nb = _nb()
-    setup = next(c for c in nb["cells"] if c["id"] == "3b3b44c2")
+    setup = find_cell(NOTEBOOK, "3b3b44c2")
     assert "remove-output" in setup["metadata"]["tags"]          # runtime.describe(): the builder's machine
-    text = _markdown()
+    text = markdown(NOTEBOOK)
     assert "### This machine" not in text
-    assert "B = {fwd['batch']}" not in _cell("28a19756")
+    assert "B = {fwd['batch']}" not in cell_source(NOTEBOOK, "28a19756")
 
 
 def test_the_chapters_helpers_moved_to_the_library_still_check_and_draw():
@@ -184,4 +173,4 @@ def test_the_chapters_helpers_moved_to_the_library_still_check_and_draw():
     roofline(ax, chips, {"naive": 30.0, "fused, ideal": 2000.0})
     assert len(ax.get_lines()) == 2 * len(chips) + 2
     plt.close(fig); plt.close(fig2)
-    assert "from flashbook.bench.chapter6 import check_close" in _cell("dbf51304")
+    assert "from flashbook.bench.chapter6 import check_close" in cell_source(NOTEBOOK, "dbf51304")

@@ -6,7 +6,6 @@ import json
 import os
 import re
 
-import nbformat
 import pandas as pd
 import torch
 
@@ -15,17 +14,10 @@ from flashbook import bench, tiled
 from flashbook.kernels import autograd, configs
 from flashbook.kernels import backward as bwd
 from flashbook.kernels import forward as fwd
+from notebook_text import cell_source, find_cell, markdown, source_of, sources_by_id
 
 CH7 = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
 CH8 = os.path.join(ROOT, "notebooks", "08_triton_backward.ipynb")
-
-
-def _cells(path):
-    return {c.id: c for c in nbformat.read(path, as_version=4).cells}
-
-
-def _markdown(path):
-    return "\n".join(c.source for c in _cells(path).values() if c.cell_type == "markdown")
 
 
 def _glued(path, *cell_ids, **names):
@@ -36,14 +28,14 @@ def _glued(path, *cell_ids, **names):
         glued[name] = "n/a" if value is None else format(value, fmt)
 
     ns = {"g": g, "pd": pd, "bench": bench, "tiled": tiled, "configs": configs, "torch": torch, **names}
-    cells = _cells(path)
+    cells = sources_by_id(path)
     for cell_id in cell_ids:
-        exec(compile(cells[cell_id].source, cell_id, "exec"), ns)
+        exec(compile(cells[cell_id], cell_id, "exec"), ns)
     return glued, ns
 
 
 def test_ch7_fp32_products_are_ieee_unless_torch_says_otherwise():
-    text = _cells(CH7)["f94ee342"].source
+    text = cell_source(CH7, "f94ee342")
     assert "would use TF32 products" not in text
     assert "full IEEE fp32 by default" in text and "set_float32_matmul_precision" in text
     before = torch.get_float32_matmul_precision()
@@ -63,7 +55,7 @@ def test_ch7_exp2_error_is_half_x_ulps_as_measured():
     ulps, half_x, const = (float(glued[k]) for k in ("exp2_ulps", "exp2_half_x", "log2e_ulps"))
     assert half_x == 15 and 3 < const < 4                  # |x|/2 at x = -30, and float32's log2(e)
     assert half_x / 2 < ulps <= half_x + const + 2          # within the two roundings and exp2's own
-    md = _markdown(CH7)
+    md = markdown(CH7)
     assert "$|x|/2$" in md and "about $|x|$ units" not in md and "as the estimate" not in md
     for name in ("exp2_ulps", "exp2_half_x", "exp_ulps", "log2e_ulps", "log2e_delta"):
         assert f"{{glue:text}}`{name}`" in md, name
@@ -77,33 +69,33 @@ def test_ch7_gluon_kernel_profiled_is_warp_specialised_and_the_prose_says_so():
     names = {k["Kernel Name"] for k in profiles.kernel_rows(run)
              if k["impl"] == "gluon" and k["pass_"] == "forward" and k["dim"] == 128 and not k["causal"]}
     assert names == {"_gluon_attn_fwd_ws"}       # the warp-specialised schedule (hopper.py)
-    text = _cells(CH7)["c07-ncu-md"].source
+    text = cell_source(CH7, "c07-ncu-md")
     assert "specialisation" in text and re.search(r"does\s+not\s+separate\s+the\s+two\s+changes", text)
-    assert "DRAM read" not in _cells(CH7)["c07-ncu"].source and "{term}`HBM`" in text
+    assert "DRAM read" not in cell_source(CH7, "c07-ncu") and "{term}`HBM`" in text
 
 
 def test_ch7_accuracy_check_says_sdpa_picks_its_backend():
-    text = _cells(CH7)["f94ee342"].source
+    text = cell_source(CH7, "f94ee342")
     assert "left to pick its own backend" in text and "does not say which one ran" in text
 
 
 def test_ch7_exercise_3_solution_defines_its_tiles():
-    cells = _cells(CH7)
+    cells = sources_by_id(CH7)
     for name in ("cfg90 =", "fb ="):
-        assert name in cells["642dfcab"].source, name
-    spec = cells["8bf94f44"].source
+        assert name in cells["642dfcab"], name
+    spec = cells["8bf94f44"]
     assert all(f"{{glue:text}}`{n}`" in spec for n in ("big_bm", "big_bn", "fb_bm", "fb_bn"))
     # the glued names exist: fb_bm/fb_bn are glued beside the stage-map figure
-    assert 'g("fb_bm", fb.block_m)' in cells["62b5d0d6"].source
+    assert 'g("fb_bm", fb.block_m)' in cells["62b5d0d6"]
 
 
 def test_outlines_name_the_kernels_real_helpers():
-    ch7, ch8 = _cells(CH7), _cells(CH8)
-    outlines = [(ch7["dba5f882"].source, fwd._attn_fwd, ["query_tile_index", "load_tile", "causal_bounds",
-                                                       "attend", "normalised_rows"]),
-                (ch8["05720969"].source, bwd._bwd_dkdv, ["query_bounds", "_bwd_dkdv_inner", "load_tile"]),
-                (ch8["cbe9adff"].source, bwd._bwd_dq, ["query_tile_index", "causal_bounds", "_bwd_dq_inner",
-                                                     "load_lse"])]
+    ch7, ch8 = sources_by_id(CH7), sources_by_id(CH8)
+    outlines = [(ch7["dba5f882"], fwd._attn_fwd, ["query_tile_index", "load_tile", "causal_bounds",
+                                                "attend", "normalised_rows"]),
+                (ch8["05720969"], bwd._bwd_dkdv, ["query_bounds", "_bwd_dkdv_inner", "load_tile"]),
+                (ch8["cbe9adff"], bwd._bwd_dq, ["query_tile_index", "causal_bounds", "_bwd_dq_inner",
+                                              "load_lse"])]
     import inspect
     for text, kernel, helpers in outlines:
         assert "```text" in text
@@ -116,7 +108,7 @@ def test_outlines_name_the_kernels_real_helpers():
 
 def test_line_by_line_tables_carry_no_line_numbers_or_paths():
     for path, cell_id in ((CH7, "9e2bdbb4"), (CH8, "3d2cd161")):
-        src = _cells(path)[cell_id].source
+        src = cell_source(path, cell_id)
         assert 'split("  ", 1)[1]' in src and "flashbook/" not in src.split("columns=")[1]
 
 
@@ -128,7 +120,7 @@ def test_ch8_dq_writes_and_kv_reads_per_mask_with_each_kernels_tiles():
     dq = configs.default("backward_dq", cc=90, block_d=128, elem_bytes=2, causal=False)
     want = tiled.io_flash_backward(4096, 4096, 128, dq.block_m, dq.block_n, dq_strategy="second_pass")
     assert io[("separate", False)][2] == want.reads["K"] + want.reads["V"] == 34_603_008
-    text = _cells(CH8)["1f80d233"].source
+    text = cell_source(CH8, "1f80d233")
     assert "{glue:text}`tr_dq_full`" in text and "{glue:text}`tr_dq`" in text
 
 
@@ -152,24 +144,24 @@ def test_ch8_stagger_is_not_called_noise():
     d128 = [(n, 128, True) for n in (4096, 16384)]
     assert (found["stagger"].loc[d128] > 0).all().all() and (found["stagger_again"].loc[d128] < -0.1).all().all()
     assert (ns["wide"].block_m, ns["wide"].block_n) == (64, 128)   # "64x128" is the library's tile there
-    verdict = _cells(a3)["a3-atomic-stagger-verdict"].source
+    verdict = cell_source(a3, "a3-atomic-stagger-verdict")
     assert "Unresolved" in verdict and "not by noise" in verdict and "{glue" not in verdict
-    md = _markdown(CH8)
+    md = markdown(CH8)
     assert "beyond the runs' own differences" not in md and "unresolved" in md and "appendix A3" in md
     assert "halve the\n  number of adds" not in md and "relaxed 64x128" not in md
 
 
 def test_ch8_bounds_are_defined_and_stale_recordings_are_said():
-    cells = _cells(CH8)
-    bounds = cells["39fdbcbc"].source
+    cells = sources_by_id(CH8)
+    bounds = cells["39fdbcbc"]
     assert "`main_end` = max(`band_end`, `full_end`)" in bounds and "`full_end` is $N_q$ rounded down" in bounds
     record = json.load(open(os.path.join(ROOT, "benchmarks", "results", "gpu_outputs", "08_triton_backward.json")))
     assert record["provenance"]["date"][:10] < "2026-12-02"      # before the relaxed adds (a7927f0)
-    assert "acq_rel" in cells["aacbec1b"].source and "acq_rel" in cells["dad62fc0"].source
-    assert "L2 cache on NVIDIA" not in cells["abd4c066"].source
+    assert "acq_rel" in cells["aacbec1b"] and "acq_rel" in cells["dad62fc0"]
+    assert "L2 cache on NVIDIA" not in cells["abd4c066"]
 
 
 def test_build_machine_line_is_kept_off_the_page():
     for path, cell_id in ((CH7, "6e425e11"), (CH8, "a3996ecb")):
-        cell = _cells(path)[cell_id]
-        assert "runtime.describe()" in cell.source and "remove-output" in cell.metadata.get("tags", [])
+        cell = find_cell(path, cell_id)
+        assert "runtime.describe()" in source_of(cell) and "remove-output" in cell["metadata"].get("tags", [])

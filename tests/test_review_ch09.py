@@ -5,13 +5,11 @@ import os
 
 import pytest
 
+from notebook_text import cell_source
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-
-
-def _cell(cid):
-    nb = json.load(open(os.path.join(ROOT, "notebooks", "09_benchmarks.ipynb"), encoding="utf-8"))
-    return "".join(next(c for c in nb["cells"] if c.get("id") == cid)["source"])
+CH9 = "09_benchmarks.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def test_the_live_table_is_compared_with_the_run_the_page_reads(ch):
     assert round(at["live / this page's run"], 2) == 1.11
     said = " ".join(w for k, w in ch.outputs["live-recorded"] if k == "text")
     assert "before the full run this page reads" in said and "sdpa-cudnn" in said
-    assert 'ch.show("live-recorded")' in _cell("live-recorded")
+    assert 'ch.show("live-recorded")' in cell_source(CH9, "live-recorded")
 
 
 def test_no_verdict_inside_the_noise_and_three_digits(ch):
@@ -57,38 +55,39 @@ def test_no_verdict_inside_the_noise_and_three_digits(ch):
     assert "(0.80)" not in ch.values["t_bwd_cudnn_missed"]
     assert "0.797" in ch.values["t_bwd_cudnn_close"]
     assert "\u2248" in ch.tables["targets"].to_string()
-    assert "In words, straight from the table" not in _cell("seed-measured-md")
+    assert "In words, straight from the table" not in cell_source(CH9, "seed-measured-md")
 
 
 def test_the_roofline_rules_out_bandwidth_only(ch):
     assert "only the tensor cores" not in ch.values["fb_side"]
     assert "HBM bandwidth is not what limits it" in ch.values["fb_side"]
-    assert "moves nothing else" not in _cell("counting-md")
+    assert "moves nothing else" not in cell_source(CH9, "counting-md")
 
 
 def test_the_fastest_forward_is_not_credited_to_a_twin(ch):
     assert "flashbook-atomic" not in ch.values["win_fwd"]
     shown = " ".join(w for k, w in ch.outputs["speed-numbers"] if k == "text")
     assert "flashbook-atomic at" not in shown and "within noise" in shown
-    assert "run-to-run noise" not in _cell("memory-md")
+    assert "run-to-run noise" not in cell_source(CH9, "memory-md")
 
 
 def test_spill_medians_are_per_head_dimension(ch):
     text = ch.values["spill_by_d"]
     assert "at d = 64" in text and "at d = 128" in text
-    assert "{glue:text}`spill_by_d`" in _cell("ex1-md") and "spill_median" not in _cell("ex1-md")
+    ex1 = cell_source(CH9, "ex1-md")
+    assert "{glue:text}`spill_by_d`" in ex1 and "spill_median" not in ex1
     # the stages: not monotone in the sweep, and the prose no longer says they are
     assert int(ch.values["stages_helped"]) < int(ch.values["stages_pairs"])
-    assert "More stages hide more load latency" not in _cell("ex1-md")
+    assert "More stages hide more load latency" not in cell_source(CH9, "ex1-md")
 
 
 def test_naive_backward_counted_as_executed(ch):
     assert int(ch.values["naive_bwd_above_exec"]) <= int(ch.values["naive_bwd_above"])
-    assert "{glue:text}`naive_bwd_above_exec`" in _cell("backward-credit-md")
+    assert "{glue:text}`naive_bwd_above_exec`" in cell_source(CH9, "backward-credit-md")
 
 
 def test_exercise_2_solution_rests_on_measurements(ch):
-    text = _cell("ex2-explain")
+    text = cell_source(CH9, "ex2-explain")
     assert "fuses more" not in text and "registers per element" not in text
     for name in ("ncu_fb_ops", "ncu_cudnn_ops", "ncu_rate", "ncu_tc_fb_fwd", "ncu_tc_cudnn_fwd"):
         assert f"{{glue:text}}`{name}`" in text, name
@@ -97,13 +96,14 @@ def test_exercise_2_solution_rests_on_measurements(ch):
 
 
 def test_targets_are_not_said_to_be_set_before_the_measurements():
-    text = _cell("targets-md")
+    text = cell_source(CH9, "targets-md")
     assert "set before the measurements" not in text and "not set blind" in text
-    assert "fixed\nin advance" not in _cell("title") and "targets fixed" not in _cell("title")
+    title = cell_source(CH9, "title")
+    assert "fixed\nin advance" not in title and "targets fixed" not in title
 
 
 def test_atomic_backward_rows_are_said_to_be_the_fenced_version(ch):
-    text = _cell("seed-measured-after")
+    text = cell_source(CH9, "seed-measured-after")
     assert "acq_rel" in text and "{glue:text}`seed_atomic_bwd`" in text
     assert float(ch.values["seed_atomic_bwd"]) > 1
 
@@ -126,5 +126,5 @@ def test_the_causal_cost_figure_stacks_the_three_parts_of_each_measure(ch):
         assert abs(shares["unexplained"]) < 0.002
         assert label == f"{100 * (at[m]['ratio_to_half'] - 1):.1f}% measured"
         assert abs(sum(shares.values()) - (at[m]["ratio_to_half"] - 1)) < 1e-9
-    assert 'ch.show("fig-causal-cost")' in _cell("fig-causal-cost")
-    assert "each bar adds up to the causal forward's excess" in _cell("memory-md")
+    assert 'ch.show("fig-causal-cost")' in cell_source(CH9, "fig-causal-cost")
+    assert "each bar adds up to the causal forward's excess" in cell_source(CH9, "memory-md")

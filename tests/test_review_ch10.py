@@ -5,20 +5,17 @@ compiler) say: the exp2 count read from sm_90 machine code, the rung-1 and rung-
 now agree, the host-timing rule and exercise 5's outlier, the live table's provenance, the
 noise verdicts next to the goals and the lab notes' FMA and 192-row entries.
 """
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
+from notebook_text import cell_ids, sources_by_id
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "10_making_it_fast.ipynb")
 LAB = os.path.join(ROOT, "notebooks", "A3_lab_notes.ipynb")
-
-
-def _cells(path):
-    return {c.get("id"): "".join(c["source"]) for c in json.load(open(path, encoding="utf-8"))["cells"]}
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +82,19 @@ def test_rung_1_and_rung_3_now_agree_on_the_share_of_elementwise_work(ch):
     assert (t["x previous"] < t["bound from the count"]).all()
     assert int(v["exp2_share_lo"]) <= int(v["split_share_hi"]) and int(v["split_share_lo"]) <= int(v["exp2_share_hi"])
     assert int(v["exp2_share_hi"]) < 100
-    text = _cells(NOTEBOOK)
+    text = sources_by_id(NOTEBOOK)
     assert "{glue:text}`exp2_share_lo`" in text["aabe2d27"] and "s = (1 - 1/g)/f" in text["aabe2d27"]
     assert "elementwise instructions do set the pace" not in "".join(text.values())
 
 
 def test_rung_2_does_not_blame_the_diagonal_the_prediction_counts():
-    prose = _cells(NOTEBOOK)["6f4b8582"]
+    prose = sources_by_id(NOTEBOOK)["6f4b8582"]
     assert "already counts the diagonal tiles" in prose
     assert "and the diagonal's tiles, computed whole and masked" not in prose
 
 
 def test_the_host_rule_compares_the_quantities_it_names(ch):
-    prose = _cells(NOTEBOOK)["a9a89247"]
+    prose = sources_by_id(NOTEBOOK)["a9a89247"]
     assert "flush plus kernel" in prose and "{glue:text}`host_lib_agree`" in prose
     assert "than the GPU takes\nto write the flush buffer" not in prose
     assert float(ch.values["host_lib_agree"]) <= float(ch.values["noise"])   # chapter 7's kernel: timer = graph
@@ -106,16 +103,16 @@ def test_the_host_rule_compares_the_quantities_it_names(ch):
 def test_exercise_5_calls_the_graph_outlier_an_outlier(ch):
     v = ch.values
     assert float(v["host_long"]) > 3 * float(v["host_long_rest"])           # one pair, not "the noise"
-    sol = _cells(NOTEBOOK)["70e55642"]
+    sol = sources_by_id(NOTEBOOK)["70e55642"]
     assert "run-to-run noise" not in sol and "only the calls whose CPU side is longest" not in sol
     assert "{glue:text}`host_peer`" in sol and "{glue:text}`host_long_rest`" in sol
     assert float(v["host_peer"]) > float(v["host_gluon"])       # the tutorial's CPU cost is the larger
-    lab = _cells(LAB)["c96171d0"]
+    lab = sources_by_id(LAB)["c96171d0"]
     assert "the run-to-run noise" not in lab and "{glue:text}`host_long_rest`" in lab
 
 
 def test_the_live_table_is_said_to_be_another_run():
-    cells = _cells(NOTEBOOK)
+    cells = sources_by_id(NOTEBOOK)
     glued = {}
     exec(cells["c10-live-note"], {"g": lambda name, value, fmt="": glued.update({name: format(value, fmt)}),
                                   "CPU": True})
@@ -124,13 +121,13 @@ def test_the_live_table_is_said_to_be_another_run():
 
 
 def test_atomic_code_and_timings_are_told_apart():
-    text = _cells(NOTEBOOK)
+    text = sources_by_id(NOTEBOOK)
     assert "`acq_rel`" in text["8f1b0d08"] and "relaxed" in text["8f1b0d08"]
     assert "less than half" in text["6b385699"]
 
 
 def test_no_minus_percent_off_and_goals_judged_against_the_noise(ch):
-    text = "".join(_cells(NOTEBOOK).values())
+    text = "".join(sources_by_id(NOTEBOOK).values())
     assert "% off" not in text and "{glue:text}`xrun_slower`" in text
     assert ch.values["xrun_slower"].endswith("slower than")
     t = ch.tables["goals"]
@@ -144,7 +141,7 @@ def test_largest_gain_reports_ties_within_the_noise(ch):
 
 
 def test_provenance_and_forward_only_claims():
-    text = _cells(NOTEBOOK)
+    text = sources_by_id(NOTEBOOK)
     assert "the chapter's timings used Triton 3.6.0" in text["c10-profile-md"]
     assert "Its DRAM traffic is at the floor" not in text["next-rungs"]
     assert "in advance" not in text["26110378"]
@@ -153,7 +150,7 @@ def test_provenance_and_forward_only_claims():
 
 
 def test_lab_verdicts_carry_their_spread(ch):
-    lab = _cells(LAB)
+    lab = sources_by_id(LAB)
     fma = lab["98a31971"]
     assert "beyond the noise" not in fma and "{glue:text}`fma_noise`" in fma and "{glue:text}`fma_1k_noise`" in fma
     assert float(ch.values["fma2_hi"]) < 1
@@ -172,17 +169,17 @@ def test_the_fma_verdict_rests_on_the_repeat_not_on_the_sign(ch):
     assert len(long) == 16 and (long["again"] < 1).all()
     for poly in ("fma2 deg4", "fma2 deg3"):
         assert (long[poly] < long["again"]).all(), poly
-    text = _cells(LAB)["98a31971"]
+    text = sources_by_id(LAB)["98a31971"]
     assert "sign\nnever changes" not in text and "ran below the repeat at\nevery one of them" in text
 
 
 def test_the_gluon_backward_heading_stands_before_its_own_table():
     """The staggered-start entry sits after the atomic-dQ verdict it belongs to, and the Gluon
     backward's heading and idea directly above the Gluon backward's table."""
-    order = [c.get("id") for c in json.load(open(LAB, encoding="utf-8"))["cells"]]
+    order = cell_ids(LAB)
     i = order.index
     assert i("a3-atomic-verdict") < i("a3-atomic-stagger-md") < i("a3-atomic-stagger-verdict")
     assert i("a3-gluon-bwd-idea") == i("a3-gluon-bwd") - 1 == i("a3-atomic-stagger-verdict") + 1
-    lab = _cells(LAB)
+    lab = sources_by_id(LAB)
     assert "## A Gluon backward" not in lab["a3-atomic-verdict"]
     assert lab["a3-gluon-bwd-idea"].startswith("## A Gluon backward")

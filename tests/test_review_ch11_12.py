@@ -1,25 +1,14 @@
 """Chapters 11 and 12 after the review: the statements a reviewer found wrong or misleading stay
 fixed. Each test reads the recorded runs the prose is glued from, and the notebook's sources."""
 import json
-import os
 import xml.etree.ElementTree as ET
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import ROOT
 from flashbook import bench
-
-
-def _cells(name):
-    nb = json.load(open(os.path.join(ROOT, "notebooks", name), encoding="utf-8"))
-    return {c["id"]: "".join(c["source"]) for c in nb["cells"]}
-
-
-def _prose(name):
-    nb = json.load(open(os.path.join(ROOT, "notebooks", name), encoding="utf-8"))
-    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+from notebook_text import markdown, sources_by_id
 
 
 def _masks_rows():
@@ -53,7 +42,7 @@ def test_flex_wins_are_counted_beyond_each_rows_spread():
         assert max(best[i]["spread"][key] for i in ("flashbook", "flex")) < 0.03
     # the recorded run: some forward + backward rows are ties, so "28 of 28" was wrong
     assert got["fwd_bwd"]["tie"] > 0 and got["fwd_bwd"]["win"] < len(rows)
-    cells = _cells("12_masks.ipynb")
+    cells = sources_by_id("12_masks.ipynb")
     assert "chapter12.flex_verdicts" in cells["588254b7"] and "(fwd > 1).sum()" not in cells["588254b7"]
     prose = cells["448189c1"]
     assert "{glue:text}`mb_fwd_ties`" in prose and "{glue:text}`mb_both_ties`" in prose
@@ -75,7 +64,7 @@ def test_chapter_12_says_the_mask_classes_ran_again_on_the_gpu():
     cases = list(ET.parse(f / "run3_varlen_stress.junit.xml").iter("testcase"))
     again = [c for c in cases if "[varlen-fp16-max17-window3,0-causal]" in c.get("name")]
     assert again and all(c.find("failure") is None and c.find("error") is None for c in again)
-    stress_md = _cells("12_masks.ipynb")["808d4022"]
+    stress_md = sources_by_id("12_masks.ipynb")["808d4022"]
     assert "have not been run again" not in stress_md and "{glue:text}`st_not_rerun`" in stress_md
     assert "Runs 11 and 12" not in stress_md
 
@@ -86,7 +75,7 @@ def test_chapter_12_tells_a_flash_attn_user_the_layout_and_names():
     import flashbook
     from flashbook import masks
 
-    text = _prose("12_masks.ipynb")
+    text = markdown("12_masks.ipynb")
     assert "switches without\n  surprises" not in text and "switches without surprises" not in text
     assert "transpose(1, 2)" in text and "window_size=" in text and "(batch, seq, heads, head_dim)" in text
     # the call the page shows: flash-attn's layout and keyword, transposed in and out
@@ -99,7 +88,7 @@ def test_chapter_12_tells_a_flash_attn_user_the_layout_and_names():
 
 
 def test_chapter_12_dates_its_table_and_names_flexs_backward_rightly():
-    text = _prose("12_masks.ipynb")
+    text = markdown("12_masks.ipynb")
     assert "the table above is the older recording" not in text
     assert "single fused backward" not in text and "one fused backward" not in text
     assert "a delta pass and one fused grid" in text
@@ -114,7 +103,7 @@ def test_chapter_11_states_the_paged_apis_as_they_are():
     vLLM's default page is 16 tokens (16 to 256 is flashbook's own range)."""
     from flashbook.kernels import decode_choices
 
-    text = _cells("11_decoding_and_many_gpus.ipynb")["5a7c24f0"]
+    text = sources_by_id("11_decoding_and_many_gpus.ipynb")["5a7c24f0"]
     assert "FlashInfer and `flash_decode`\ntake the same" not in text
     assert "`indptr`" in text and "`last_page_len`" in text
     assert "16 tokens\nby default in vLLM" in text
@@ -132,13 +121,13 @@ def test_chapter_11_does_not_call_the_ring_overlap_measured():
     last = ring.iloc[-1]
     assert last["overlapped_spread_ms"] > last["comm_ms"]        # what the prose now says
     assert ring.iloc[0]["speedup"] < 1                            # and that the ring loses at 16K
-    code = _cells("11_decoding_and_many_gpus.ipynb")["c11-44"]
+    code = sources_by_id("11_decoding_and_many_gpus.ipynb")["c11-44"]
     assert "was hidden behind compute" not in code and "overlapped_spread_ms" in code
     assert "two GPUs were slower than one" in code
 
 
 def test_chapter_11_counts_zigzag_work_without_calling_it_a_speedup():
-    cells = _cells("11_decoding_and_many_gpus.ipynb")
+    cells = sources_by_id("11_decoding_and_many_gpus.ipynb")
     for cid in ("c11-33", "c11-45"):
         text = " ".join(cells[cid].split())
         assert "times faster than contiguous" not in text and "not a measurement" in text
@@ -152,7 +141,7 @@ def test_chapter_11_explains_copy_shares_over_100_percent():
     assert "read + bytes written" in copy["convention"]
     df = pd.read_csv(path)
     assert (df[df["impl"] == "flash_decode"]["copy_fraction_graph"] > 1).any()   # what needs the word
-    cells = _cells("11_decoding_and_many_gpus.ipynb")
+    cells = sources_by_id("11_decoding_and_many_gpus.ipynb")
     assert "*plus* the bytes written" in cells["c11-26"] and "exceed 100%" in cells["c11-26"]
     assert '"tb_s_read_plus_write"' in cells["c11-28"]
 
@@ -165,7 +154,7 @@ def test_chapter_11_summary_compares_host_times_not_hidden_ones():
         pytest.skip("no recorded host runs")
     after = json.loads((runs[-1] / "host.json").read_text())["2048"]
     assert after["call"]["median_us"] > after["sdpa_cudnn"]["median_us"]
-    cells = _cells("11_decoding_and_many_gpus.ipynb")
+    cells = sources_by_id("11_decoding_and_many_gpus.ipynb")
     summary = cells["c11-45"]
     assert "brought a call to" not in summary and "{glue:text}`short_host_cudnn`" in summary
     assert "# the same benchmark as above, after the short path" not in cells["b6fcf294"]
@@ -173,12 +162,12 @@ def test_chapter_11_summary_compares_host_times_not_hidden_ones():
 
 
 def test_chapter_11_shows_how_to_call_it_from_a_model():
-    cells = _cells("11_decoding_and_many_gpus.ipynb")
+    cells = sources_by_id("11_decoding_and_many_gpus.ipynb")
     call = cells["c11-call"]
     assert "block_table=table" in call and "cache_seqlens=lens" in call and "k_pages[where" in call
     ring = cells["c11-ring-call"]
     assert "ring_attention(q, k, v, causal=True, layout=\"zigzag\")" in ring and "distributed.shard" in ring
-    text = _prose("11_decoding_and_many_gpus.ipynb")
+    text = markdown("11_decoding_and_many_gpus.ipynb")
     assert "not yet recorded" not in text and "as `flash_decode` was written\nthen" not in text
     assert "this computer" not in text and "on this\nmachine" not in text
     assert "{glue:text}`bf16_eps`" in text

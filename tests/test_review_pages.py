@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime
+from notebook_text import cells, source_of
 
 BOOK = os.path.join(ROOT, "book")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -87,8 +88,7 @@ def test_which_kernel_counts_the_flex_wins_as_chapter_12_does():
     assert "> 1 for r in masks_rows" not in page              # not every ratio above 1
     assert "27 of 28" not in page and "faster in {glue:text}`mk_fwd_wins` of" not in page
     assert "beyond the run-to-run noise in {glue:text}`mk_fwd_wins`" in page
-    nb = json.load(open(os.path.join(ROOT, "notebooks", "12_masks.ipynb"), encoding="utf-8"))
-    assert any("flex_verdicts" in "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert any("flex_verdicts" in source_of(c) for c in cells("12_masks.ipynb") if c["cell_type"] == "code")
 
 
 def test_which_kernel_gives_every_ratio_as_a_speed():

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime
+from notebook_text import cell_source, markdown, notebook, source_of
 
 
 def test_seed_table_flash_memory_agrees_with_chapter_5():
@@ -49,19 +50,6 @@ NOTEBOOKS = os.path.join(ROOT, "notebooks")
 BOOK = os.path.join(ROOT, "book")
 
 
-def _notebook(name):
-    with open(os.path.join(NOTEBOOKS, name), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _cell(nb, cell_id):
-    return "".join(next(c for c in nb["cells"] if c.get("id") == cell_id)["source"])
-
-
-def _markdown(nb):
-    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-
-
 def _recorded():
     path = bench.latest_results()
     require(path is not None, "no recorded results.csv under benchmarks/results/")
@@ -97,12 +85,12 @@ def test_the_backward_executes_seven_products_where_the_convention_credits_five(
     assert _dots(funcs["_bwd_dq_inner"]) == 3        # S, dP, dQ
     credited = 2 * bench.attention_flops(1, 1, 1, 1, 1, pass_="bwd") / bench.attention_flops(1, 1, 1, 1, 1)
     assert credited == 5
-    nb = _notebook("09_benchmarks.ipynb")
+    nb = notebook("09_benchmarks.ipynb")
     speed = open(os.path.join(ROOT, "flashbook", "bench", "chapter9_measured.py"), encoding="utf-8").read()
     assert '"executed": 4 + 3' in speed        # chapter 9's speed section counts them so
-    prose = _cell(nb, "memory-md") + _cell(nb, "backward-credit-md")   # both sides of the causal figure
+    prose = cell_source(nb, "memory-md") + cell_source(nb, "backward-credit-md")   # both sides of the causal figure
     assert "more data per FLOP" not in prose and "accumulate $dQ$ across programs" not in prose
-    assert "{glue:text}`fb_bwd_exec`" in prose and "{glue:text}`fb_ai_bwd`" in prose
+    assert "{glue:text}`fb_bwd_exec`" in prose and "{glue:text}`ncu_fb_read_gb`" in prose   # measured bytes, not the floor
     # and measured, not only counted in the source: Nsight Compute's tensor-op count
     # (tests/test_profiles.py checks the recorded 3.5 and 2.5) and the spills
     assert "How much each costs has\n  not been measured" not in prose
@@ -136,7 +124,7 @@ def test_the_causal_diagonal_explains_only_a_few_percent():
     guide = open(os.path.join(BOOK, "teachers_guide.md"), encoding="utf-8").read()
     assert "64 of the 1,056 tiles" in guide and "3.1% more work" in guide and "8.5% fewer" in guide
     assert "cost a full tile each" not in guide
-    prose = _cell(_notebook("09_benchmarks.ipynb"), "memory-md")
+    prose = cell_source(notebook("09_benchmarks.ipynb"), "memory-md")
     assert "half its useful FLOPs" not in prose and "has not been measured" not in prose
     assert "Chapter 9\n  measures the rest with Nsight Compute" in guide   # tests/test_causal_cost.py: the split
 
@@ -149,13 +137,13 @@ def test_chapter_1_splits_the_softmax_as_its_figure_does():
     share = {k: 100 * v / sum(row["ms"].values()) for k, v in row["ms"].items()}
     move, arith = share["softmax: moving S in and P out"], share["softmax: max, exp, sum"]
     assert (round(move), round(arith), round(move + arith)) == (19, 56, 75)
-    nb = _notebook("01_attention_numpy.ipynb")
-    prose = _cell(nb, "37bf9eaf")
+    nb = notebook("01_attention_numpy.ipynb")
+    prose = cell_source(nb, "37bf9eaf")
     assert "{glue:text}`tbg_move_pct`" in prose and "{glue:text}`tbg_arith_pct`" in prose
     assert "runs no faster" not in prose and "On the {glue:text}`tb_device`" not in prose
-    code = _cell(nb, "41cc934a")
+    code = cell_source(nb, "41cc934a")
     assert '"a CPU"' in code and "ran this page" not in code   # no machine the reader cannot see
-    assert 'glue_text("tbg_gpu", gpu_name)' in _cell(nb, "c01-gpu-steps")   # a name, not "(sm_90, 132 SMs)"
+    assert 'glue_text("tbg_gpu", gpu_name)' in cell_source(nb, "c01-gpu-steps")   # a name, not "(sm_90, 132 SMs)"
 
 
 def test_chapter_7_names_the_backend_sdpa_chose():
@@ -178,7 +166,7 @@ def test_chapter_7_names_the_backend_sdpa_chose():
     # each named backend at its chapter 9 speed: the names are right
     assert abs(table["False", "SDPA cuDNN"][1] / best["sdpa-cudnn"] - 1) < 0.1
     assert table["False", "SDPA FlashAttention-2"][1] < 1.1 * best["sdpa-flash"]
-    prose = _cell(_notebook("07_triton_forward.ipynb"), "c07-sdpa-backend-md")
+    prose = cell_source(notebook("07_triton_forward.ipynb"), "c07-sdpa-backend-md")
     assert "{glue:text}`sdpa_choice`" in prose
     # and our forward beats the FlashAttention-2 backend at every recorded shape
     pv = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="fwd_ms")
@@ -193,21 +181,21 @@ def test_flashbook_atomic_is_the_same_forward_within_noise():
     won = pv[pv.idxmin(axis=1) == "flashbook-atomic"]
     others = won.drop(columns=[c for c in won.columns if c.startswith("flashbook")])
     assert ((others.min(axis=1) / won["flashbook-atomic"] - 1) <= same.max()).all()
-    prose = _cell(_notebook("09_benchmarks.ipynb"), "memory-md")
+    prose = cell_source(notebook("09_benchmarks.ipynb"), "memory-md")
     assert "same forward kernel" in prose and "{glue:text}`atomic_fwd_noise`" in prose
-    md = _cell(_notebook("09_benchmarks.ipynb"), "speed-md")
+    md = cell_source(notebook("09_benchmarks.ipynb"), "speed-md")
     for name in ("`naive`", "`sdpa-math`", "`sdpa-efficient`", "`sdpa-flash`", "`sdpa-cudnn`",
                  "`flashbook-atomic`"):
         assert name in md, name
 
 
 def test_atomic_dq_is_said_to_be_this_books_atomics():
-    ch8 = _cell(_notebook("08_triton_backward.ipynb"), "4571a510")
+    ch8 = cell_source(notebook("08_triton_backward.ipynb"), "4571a510")
     assert "acq_rel" in ch8 and "TMA reduce-add" in ch8 and "not atomics in general" in ch8
     # the fence measured against relaxed adds, the numbers glued from the recorded run
     assert 'sem="relaxed"' in ch8 and all(f"{{glue:text}}`at_{k}`" in ch8 for k in
                                           ("fence_lo", "fence_hi", "relaxed_lo", "relaxed_hi"))
-    ch10 = _cell(_notebook("10_making_it_fast.ipynb"), "next-rungs")
+    ch10 = cell_source(notebook("10_making_it_fast.ipynb"), "next-rungs")
     assert "in practice: a separate $dQ$ kernel wins" not in ch10
     assert "acq_rel" in ch10 and "Relaxed adds" in ch10 and "Chapter 8 measured" in ch10
 
@@ -235,12 +223,12 @@ def test_fp16_l_hits_zero_at_the_same_key_in_chapter_3_and_the_appendix():
     ns = {"np": np, "pd": pd, "softmax": softmax, "math": math,
           "glue": lambda name, value, display=True: glued.update({name: value}),
           "g": lambda name, value, fmt="": glued.update({name: value})}
-    exec(_cell(_notebook("03_online_softmax.ipynb"), "a869640e"), ns)
+    exec(cell_source(notebook("03_online_softmax.ipynb"), "a869640e"), ns)
     page = open(os.path.join(BOOK, "sources_checked.md"), encoding="utf-8").read()
     s113 = next(c for c in re.findall(r"```\{code-cell\} ipython3\n(.*?)```", page, re.S) if "s113_key" in c)
     exec("\n".join(line for line in s113.splitlines() if not line.startswith(":tags:")), ns)
     assert glued["broke16"] == glued["s113_key"] == 20
-    ch3 = _markdown(_notebook("03_online_softmax.ipynb"))
+    ch3 = markdown(notebook("03_online_softmax.ipynb"))
     assert "at key {glue:text}`broke16`" in ch3 and "after {glue:text}`broke16` keys" not in ch3
 
 
@@ -254,10 +242,10 @@ def test_how_to_run_counts_the_notebooks_there_are():
 def test_the_h200s_memory_is_the_datasheets_141_or_the_measured_gib():
     _, prov = _recorded()
     assert f"{prov['gpu']['memory_bytes'] / 2**30:.1f}" == "139.8"
-    ch9 = _notebook("09_benchmarks.ipynb")
+    ch9 = notebook("09_benchmarks.ipynb")
     chapter9 = open(os.path.join(ROOT, "flashbook", "bench", "chapter9.py"), encoding="utf-8").read()
     assert "{mem / 2**30:.1f} GiB" in chapter9     # the provenance table chapter 9 shows
-    assert "the GPU has {gpu_gb:.0f} GB" not in _cell(ch9, "c0734511")
+    assert "the GPU has {gpu_gb:.0f} GB" not in cell_source(ch9, "c0734511")
     page = open(os.path.join(BOOK, "sources_checked.md"), encoding="utf-8").read()
     assert "H200's {glue:text}`s11_h200` GiB" in page
 
@@ -282,14 +270,14 @@ def test_the_explorer_shows_notes_whole_and_measured_only_where_measured():
 
 def test_tables_show_whole_cells_in_chapters_6_and_9():
     for name, cell_id in (("06_gpu_and_triton.ipynb", "3b3b44c2"), ("09_benchmarks.ipynb", "imports")):
-        assert 'pd.set_option("display.max_colwidth", None)' in _cell(_notebook(name), cell_id)
+        assert 'pd.set_option("display.max_colwidth", None)' in cell_source(notebook(name), cell_id)
 
 
 def test_no_stray_fragments_and_every_term_is_in_the_glossary():
     glossary = open(os.path.join(BOOK, "glossary.md"), encoding="utf-8").read()
     block = glossary.split("```{glossary}")[1].split("```")[0]
     terms = {line.strip().lower() for line in block.splitlines() if line and not line.startswith(" ")}
-    texts = [_markdown(_notebook(os.path.basename(p))) for p in sorted(glob.glob(os.path.join(NOTEBOOKS, "*.ipynb")))]
+    texts = [markdown(p) for p in sorted(glob.glob(os.path.join(NOTEBOOKS, "*.ipynb")))]
     texts += [open(p, encoding="utf-8").read() for p in glob.glob(os.path.join(BOOK, "*.md"))]
     used = set()
     for text in texts:
@@ -315,11 +303,11 @@ def test_chapter_10_judges_rungs_against_the_larger_noise_sample():
 
     from flashbook.bench import chapter10
 
-    nb = _notebook("10_making_it_fast.ipynb")
-    assert 'ch.show("noise")' in _cell(nb, "37fed133")   # the chapter's numbers: chapter10.build
+    nb = notebook("10_making_it_fast.ipynb")
+    assert 'ch.show("noise")' in cell_source(nb, "37fed133")   # the chapter's numbers: chapter10.build
     assert "NOISE = max(noise_ladder, noise_twin)" in inspect.getsource(chapter10._noise)
     assert chapter10.build().noise == pytest.approx(twin)
-    prose = _cell(nb, "a9a89247")
+    prose = cell_source(nb, "a9a89247")
     assert "{glue:text}`noise_twin`" in prose and "**{glue:text}`noise`%**" in prose
 
 
@@ -327,8 +315,8 @@ def test_chapter_10_says_what_triton_already_does_with_wgmma_and_what_gluon_adds
     """Issue: say that Triton lowers tl.dot to asynchronous wgmma on sm_90, and what exactly
     the Gluon kernel adds. The chapter reads both from PTX it compiles (the compile tests
     hold the forward's waits at 0 and the Gluon kernel's at 1 or more)."""
-    nb = _notebook("10_making_it_fast.ipynb")
-    code, prose = _cell(nb, "c10-ptx-waits"), _cell(nb, "c10-ptx-waits-md")
+    nb = notebook("10_making_it_fast.ipynb")
+    code, prose = cell_source(nb, "c10-ptx-waits"), cell_source(nb, "c10-ptx-waits-md")
     assert "targets.compile_elsewhere" in code and '"wgmma_waits"' in code
     for name in ("ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_waits", "ptx_gl_tma", "ptx_tri_tma"):
         assert "{glue:text}`" + name + "`" in prose, name
@@ -338,19 +326,19 @@ def test_chapter_10_autotuning_sentence_sits_above_its_table():
     """A newcomer found "Autotuning ... was measured the same way:" followed by the heading
     "Lazy rescaling", its table two sections later: the sentence now heads its own section,
     right above the cell that shows the table."""
-    cells = _notebook("A3_lab_notes.ipynb")["cells"]     # autotuning lost: it is a lab note now
+    cells = notebook("A3_lab_notes.ipynb")["cells"]     # autotuning lost: it is a lab note now
     ids = [c.get("id") for c in cells]
     at = ids.index("autotune-md0")
-    assert "".join(cells[at]["source"]).startswith("## Autotuning") and ids[at + 1] == "autotune-code"
-    assert "Autotuning (" not in "".join(cells[ids.index("autotune-md")]["source"])
+    assert source_of(cells[at]).startswith("## Autotuning") and ids[at + 1] == "autotune-code"
+    assert "Autotuning (" not in source_of(cells[ids.index("autotune-md")])
 
 
 def test_chapter_11_says_what_a_negative_hidden_fraction_means():
     """A newcomer met "hidden_fraction -0.118" in the ring table without a word: the prose
     under it gives the range, what below 0 means, and that the runs do not show the overlap."""
-    nb = _notebook("11_decoding_and_many_gpus.ipynb")
-    assert "{glue:text}`ring_hidden`" in _cell(nb, "c11-45")
-    code = _cell(nb, "c11-44")
+    nb = notebook("11_decoding_and_many_gpus.ipynb")
+    assert "{glue:text}`ring_hidden`" in cell_source(nb, "c11-45")
+    code = cell_source(nb, "c11-44")
     assert "below 0: the overlapped ring took longer" in code and "do not show the overlap" in code
 
 
@@ -358,12 +346,12 @@ def test_no_chapter_promises_a_dram_measurement_another_does_not_make():
     """Chapters 1 and 4 once sent the reader to chapters 6 and 9 for a measurement of DRAM
     traffic and L2 hits that neither makes; they now name the profiler's counter, and the
     chapter they cite (11) shows an Nsight Compute reading of DRAM bytes."""
-    ch1 = json.dumps(_notebook("01_attention_numpy.ipynb"))
-    ch4 = json.dumps(_notebook("04_tiled_forward.ipynb"))
+    ch1 = json.dumps(notebook("01_attention_numpy.ipynb"))
+    ch4 = json.dumps(notebook("04_tiled_forward.ipynb"))
     assert "chapter 6 measures" not in ch1 and "mostly hit the" not in ch1
     assert "Chapter 9 measures it" not in ch4
     assert "dram__bytes_read.sum" in ch1 and "dram__bytes_read.sum" in ch4
-    ch11 = json.dumps(_notebook("11_decoding_and_many_gpus.ipynb"))
+    ch11 = json.dumps(notebook("11_decoding_and_many_gpus.ipynb"))
     assert "decoding.ncu_steps" in ch11 and "DRAM (% of peak)" in ch11
 
 
@@ -375,21 +363,21 @@ def test_the_h200s_memory_says_which_number_is_the_driver_and_which_the_datashee
     sheet = runtime.chip("H200").hbm_gib
     # the driver's GiB is neither the datasheet's figure in GB nor in GiB
     assert round(driver / 2**30, 1) < sheet < driver / 1e9
-    ch6 = _notebook("06_gpu_and_triton.ipynb")
+    ch6 = notebook("06_gpu_and_triton.ipynb")
     glued = {}
     ns = {"chips": runtime.CHIPS, "h100": runtime.chip("H100"), "glue": lambda *a, **k: None}
     import flashbook.display
     real = flashbook.display.glue_text
     flashbook.display.glue_text = lambda name, value, fmt="": glued.update({name: value})
     try:
-        exec(next("".join(c["source"]) for c in ch6["cells"]
-                  if c["cell_type"] == "code" and "h200_memory" in "".join(c["source"])), ns)
+        exec(next(source_of(c) for c in ch6["cells"]
+                  if c["cell_type"] == "code" and "h200_memory" in source_of(c)), ns)
     finally:
         flashbook.display.glue_text = real
     assert glued["h200_memory"] == (f"the recorded H200 runs' driver reports {driver / 2**30:.1f} GiB, "
                                     f"{driver / 1e9:.1f} × 10⁹ bytes, for the chip its datasheet "
                                     f'calls "{sheet:g} GB"')
-    text = _markdown(ch6)
+    text = markdown(ch6)
     assert "{glue:text}`h200_memory`" in text and "141 × 10⁹" not in text
     page = open(os.path.join(BOOK, "sources_checked.md"), encoding="utf-8").read()
     assert "{glue:text}`s11_h200_how`" in page and "datasheet says\n\"{glue:text}`s11_h200_sheet` GB\"" in page
@@ -407,13 +395,13 @@ def test_notation_counts_m_in_elements_as_chapter_4_and_the_library_do():
     assert "`smem_elements`" in row and "elements" in row and "`smem_bytes`" not in row
     for f in (tiled.paper_blocks, tiled.io_bound):
         assert "smem_elements" in inspect.signature(f).parameters
-    assert "($M$ in fp16 elements)" in _markdown(_notebook("04_tiled_forward.ipynb"))
+    assert "($M$ in fp16 elements)" in markdown(notebook("04_tiled_forward.ipynb"))
 
 
 def test_pages_do_not_send_a_web_reader_to_files_they_lack():
     page = open(os.path.join(BOOK, "sources_checked.md"), encoding="utf-8").read()
     assert not re.search(r"\b00\d_[0-9a-f]{16}\.txt", page)          # the seeds' file names
     for name in ("08_triton_backward.ipynb", "09_benchmarks.ipynb"):
-        text = _markdown(_notebook(name))
+        text = markdown(notebook(name))
         assert "this checkout" not in text
         assert "the book's source repository's `benchmarks/results/`" in text

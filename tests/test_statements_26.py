@@ -12,8 +12,9 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime, tiled
+from notebook_text import cell_source, markdown, notebook
 
-from test_statements import BOOK, NOTEBOOKS, _cell, _notebook  # noqa: E402  (one copy of the readers)
+from test_statements import BOOK
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
@@ -56,7 +57,7 @@ def test_s14_says_tiling_multiplies_the_traffic_by_d_over_2br():
     ratio = tiled.io_flash(n, n, d, br, br).hbm_total / tiled.io_naive(n, n, d).hbm_total
     assert ratio == pytest.approx(d / (2 * br), rel=0.01) and ratio < 1
     # chapters 4 and 6 say the same thing the other way round: the naive count divided by 2B_r / d
-    assert "divided\nby a constant (about $2B_r/d$)" in _cell(_notebook("06_gpu_and_triton.ipynb"), "5f5032c5")
+    assert "divided\nby a constant (about $2B_r/d$)" in cell_source(notebook("06_gpu_and_triton.ipynb"), "5f5032c5")
 
 
 def test_s114_puts_the_key_blocks_outside_only_in_fa2s_backward():
@@ -73,7 +74,7 @@ def test_chapter_9_says_fa2s_benchmark_holds_half_the_tokens():
 
     glued = dict(chapter9.build().glued())
     assert glued["tokens"] == "32768" and int(glued["tokens"]) == 2 * 16 * 1024
-    prose = _cell(_notebook("09_benchmarks.ipynb"), "speed-md")
+    prose = cell_source(notebook("09_benchmarks.ipynb"), "speed-md")
     assert "(which holds\n16K tokens, half as many)" in prose
     assert "as in FlashAttention-2's own benchmark" not in prose
 
@@ -83,13 +84,13 @@ def test_chapter_6_reserves_a_kib_per_thread_block_with_its_source():
     for c in runtime.CHIPS.values():
         if c.arch != "sm_75":
             assert c.smem_per_sm_kib - c.smem_per_block_kib == 1, c.name
-    nb = _notebook("06_gpu_and_triton.ipynb")
-    prose = _cell(nb, "49527e1d")
+    nb = notebook("06_gpu_and_triton.ipynb")
+    prose = cell_source(nb, "49527e1d")
     assert ("CUDA reserves\n{glue:text}`a100_smem_reserved_kib` KiB of shared memory for each "
             "resident program, a thread block\n{cite}`nvidia_cuda_guide`") in prose
     assert "for itself" not in prose and "1 KiB" not in prose
     assert ('glue("a100_smem_reserved_kib", a100.smem_per_sm_kib - a100.smem_per_block_kib'
-            in _cell(nb, "dc4a6996"))
+            in cell_source(nb, "dc4a6996"))
 
 
 def test_what_real_fa_adds_cites_each_feature_to_its_own_source():
@@ -124,16 +125,16 @@ def test_chapter_11_reads_the_shortest_calls_times_from_the_repeats():
     from the three recorded runs, where the single runs strayed furthest."""
     from flashbook.bench import decoding
 
-    nb = _notebook("11_decoding_and_many_gpus.ipynb")
+    nb = notebook("11_decoding_and_many_gpus.ipynb")
     repeats_paths = bench.run_paths("decode_repeats")
     require(len(repeats_paths) == 3, "no recorded decoding repeats")
-    glued = _glued_by(_cell(nb, "c11-m5") + "\n" + _cell(nb, "c11-m6"), decoding=decoding)
+    glued = _glued_by(cell_source(nb, "c11-m5") + "\n" + cell_source(nb, "c11-m6"), decoding=decoding)
     calls = pd.concat(pd.read_csv(p / "decode.csv") for p in repeats_paths)
     calls = calls[(calls["status"] == "ok") & (calls["batch"] == 1) & (calls["seq"] <= 8192)]
     med = 1000 * calls[calls["impl"].isin(["flash_decode", "flash_decode-paged", "sdpa-cudnn"])] \
         .groupby(["impl", "seq"])["ms"].median()
     assert glued["rep_short_us"] == f"{med.min():.0f} to {med.max():.0f}"
-    prose = _cell(nb, "c11-m7")
+    prose = cell_source(nb, "c11-m7")
     assert "13 to 24" not in prose and "{glue:text}`rep_short_us` µs each" in prose
 
 
@@ -147,8 +148,8 @@ def test_chapter_12_says_what_the_gpu_runs_did_with_alibi_and_the_one_failure():
     assert len(failed) == 1 and "varlen-fp16" in failed[0] and "window3,0" in failed[0]
     replay = open(os.path.join(runs, "15_replay_after_rule.log"), encoding="utf-8").read()
     assert "seed 3060000" in replay and "call 0: right" in replay and "wrong" not in replay
-    nb = _notebook("12_masks.ipynb")
-    alibi_md, stress_md = _cell(nb, "d4610833"), _cell(nb, "808d4022")
+    nb = notebook("12_masks.ipynb")
+    alibi_md, stress_md = cell_source(nb, "d4610833"), cell_source(nb, "808d4022")
     assert "has not been run on a GPU" not in alibi_md and "each ran 60\ntimes" in alibi_md
     assert "run 14" not in alibi_md   # the run's file name is the data's business, not the reader's
     assert "not been replayed" not in stress_md and "Replayed on the H200" in stress_md
@@ -166,8 +167,8 @@ def test_chapters_quote_the_recorded_dram_bytes_and_l2_hits(name, cell_id):
     fwd = _ncu_forward()
     qkv_mb = 3 * fwd["batch"] * fwd["heads"] * fwd["seq"] * fwd["dim"] * 2 / 1e6
     assert abs(fwd["dram_mb"] / qkv_mb - 1) < 0.01          # Q, K and V once: what the prose says
-    nb = _notebook(name)
-    code = _cell(nb, cell_id)
+    nb = notebook(name)
+    code = cell_source(nb, cell_id)
     names = {}
     if name.startswith("06"):        # the rest of chapter 6's cell needs its earlier cells
         code = "# what the L2 cache does" + code.split("# what the L2 cache does")[1]
@@ -179,7 +180,7 @@ def test_chapters_quote_the_recorded_dram_bytes_and_l2_hits(name, cell_id):
     assert glued["ncu_dram"] == f"{fwd['dram_mb']:.1f}" and glued["ncu_l2"] == f"{fwd['l2_hit']:.0f}"
     assert glued["ncu_qkv"] == f"{qkv_mb / 3:.1f}"
     assert float(glued["ncu_l2"]) > 80
-    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    text = markdown(nb)
     for key in ("ncu_shape", "ncu_dram", "ncu_qkv", "ncu_l2"):
         assert "{glue:text}`" + key + "`" in text, key
     assert "chapter 11 shows" not in text          # decoding's profile says nothing about re-reads
@@ -231,7 +232,7 @@ def test_the_glossary_names_the_sdpa_backends_chapter_9_compares():
     for name in ("`sdpa-math`", "`sdpa-efficient`", "`sdpa-flash`", "`sdpa-cudnn`", "`flashbook-atomic`",
                  "MATH", "EFFICIENT_ATTENTION", "FLASH_ATTENTION", "CUDNN_ATTENTION"):
         assert name in sdpa, name
-    assert "({term}`SDPA`)" in _cell(_notebook("09_benchmarks.ipynb"), "speed-md")
+    assert "({term}`SDPA`)" in cell_source(notebook("09_benchmarks.ipynb"), "speed-md")
 
 
 def test_which_kernel_describes_the_runs_it_quotes():

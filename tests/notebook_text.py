@@ -1,0 +1,82 @@
+"""Reading the book's notebooks as stored (the JSON under notebooks/, nothing executed).
+
+The tests that check what a chapter says read it through these few functions::
+
+    from notebook_text import cell_source, markdown, notebook
+
+    nb = notebook("10_making_it_fast")               # or "10_making_it_fast.ipynb", or a path
+    assert "{glue:text}`ladder_best`" in cell_source(nb, "a9a89247")
+    assert "Gluon" in markdown(nb)
+
+Every function that takes ``nb`` takes a notebook as :func:`notebook` returns it (a notebook
+read with ``nbformat.read`` works too: it is a dict whose sources are already joined), or
+anything :func:`notebook` accepts, which it then reads.
+"""
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
+
+
+def notebook_path(name_or_path) -> str:
+    """The file a notebook name stands for: a bare name ("10_making_it_fast.ipynb", or without
+    the ".ipynb") is a notebook under notebooks/; anything with a folder in it is a path."""
+    path = os.fspath(name_or_path)
+    if os.path.dirname(path):
+        return path
+    return os.path.join(NOTEBOOKS, path if path.endswith(".ipynb") else path + ".ipynb")
+
+
+def notebook(name_or_path) -> dict:
+    """The notebook's JSON, as stored (see :func:`notebook_path` for the names it takes)."""
+    with open(notebook_path(name_or_path), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _read(nb) -> dict:
+    return notebook(nb) if isinstance(nb, (str, os.PathLike)) else nb
+
+
+def cells(nb) -> list:
+    """The notebook's cells, in order."""
+    return _read(nb)["cells"]
+
+
+def source_of(cell) -> str:
+    """One cell's source as one string (stored, it is a list of lines)."""
+    return "".join(cell["source"])
+
+
+def find_cell(nb, cell_id: str) -> dict:
+    """The one cell whose id is ``cell_id``; an AssertionError naming the id when there are none
+    or several."""
+    found = [c for c in cells(nb) if c.get("id") == cell_id]
+    assert len(found) == 1, f"{len(found)} cells have the id {cell_id!r}, not one"
+    return found[0]
+
+
+def cell_source(nb, cell_id: str) -> str:
+    """The source of the one cell whose id is ``cell_id`` (see :func:`find_cell`)."""
+    return source_of(find_cell(nb, cell_id))
+
+
+def cell_ids(nb) -> list:
+    """Every cell's id, in order (None for a cell without one)."""
+    return [c.get("id") for c in cells(nb)]
+
+
+def sources_by_id(nb) -> dict:
+    """{cell id: the cell's source} for every cell, in order."""
+    return {c.get("id"): source_of(c) for c in cells(nb)}
+
+
+def source_text(nb, kind=None, sep: str = "\n") -> str:
+    """The sources of the cells of one kind ("markdown", "code"; None: every cell), in order,
+    joined by ``sep``."""
+    return sep.join(source_of(c) for c in cells(nb) if kind is None or c["cell_type"] == kind)
+
+
+def markdown(nb, sep: str = "\n") -> str:
+    """The notebook's prose: its Markdown cells, joined by ``sep``."""
+    return source_text(nb, "markdown", sep)
