@@ -104,7 +104,7 @@ _SUPER = str.maketrans("0123456789+-=()niT", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻�
 
 
 def plain_math(tex: str) -> str:
-    """TeX as plain text, for a search snippet or title: ``\(N\times N\)`` -> ``N × N``,
+    r"""TeX as plain text, for a search snippet or title: ``\(N\times N\)`` -> ``N × N``,
     ``2^{-52}`` -> ``2⁻⁵²``, ``\mathrm{lse}_i`` -> ``lse_i``, ``\frac{d}{2B_r}`` ->
     ``d/(2B_r)``. Symbols become their Unicode characters, styling commands and braces go,
     a superscript of digits and signs becomes superscript characters, an operator's name

@@ -107,7 +107,7 @@ def _lazy(ch, root) -> None:
     lazy = variant_table(LAZY_EXPERIMENT, "lazy", root)
     if lazy is None:
         ch.say("lazy", "No recorded lazy-rescaling run (benchmarks/results/" + LAZY_EXPERIMENT + ").", missing=True)
-        return ch.nothing("lazy_lo", "lazy_hi", "lazy_err_same")
+        return ch.nothing("lazy_lo", "lazy_hi", "lazy_err_same", "lazy_saved_best", "lazy_best_bn")
     shown = lazy.assign(mask=lazy["causal"].map(MASKS),
                         best=lazy["best"].str.replace("lazy", "").str.strip().replace("", "library's tiles"))[
         ["dtype", "seq", "mask", "flashbook", "best", "best_tflops", "best_vs_flashbook", "cudnn",
@@ -118,6 +118,11 @@ def _lazy(ch, root) -> None:
              .format("{:.0f}", subset=["library", "lazy", "cuDNN"])            # TFLOP/s
              .format("{:.1e}", subset=["lazy's error", "library's error"]))   # max |O - float64|, head 0
     ch.put("lazy_lo", lazy["best_vs_flashbook"].min(), ".2f"); ch.put("lazy_hi", lazy["best_vs_flashbook"].max(), ".2f")
+    # the same bound for the key tiles the best lazy variants used ("BN128 s3": B_c = 128)
+    widths = {int(w) for w in lazy["best"].str.extract(r"BN(\d+)")[0].dropna()} or {FIRST_CONFIG.block_n}
+    bn = max(widths)
+    ch.put("lazy_best_bn", bn)
+    ch.put("lazy_saved_best", 100 * 128 / (ops_per_score("main", False, True) * bn + 128), ".0f")
     ch.put("lazy_err_same", "the same" if (lazy["best_err"] <= 1.01 * lazy["flashbook_err"] + 1e-6).all()
            else "not always the same")
 

@@ -269,7 +269,8 @@ def _gluon_bwd_rows(ch) -> None:
 
     folder = run_path("gluon_bwd_rows", ch.root) if ch.root is not None else None
     names = ("gbr_where", "gbr_checks", "gbr_err_hi", "gbr_triton_lo", "gbr_triton_hi", "gbr_cudnn_lo", "gbr_cudnn_hi",
-             "gbr_gain_lo", "gbr_gain_hi", "gbr_gain64_lo", "gbr_gain64_hi", "gbr_spread", "gbr_n", "gbr_slower",
+             "gbr_gain_lo", "gbr_gain_hi", "gbr_gain64_lo", "gbr_gain64_hi", "gbr_triton64_lo", "gbr_triton64_hi",
+             "gbr_spread", "gbr_n", "gbr_slower",
              "gbr_faster", "gbr_wgmma_none", "gbr_wgmma_written", "gbr_wgmma_old", "gbr_ops_none", "gbr_local",
              "gbr_local_old", "gbr_ms", "gbr_old_ms", "gbr_tri_dkdv_ms", "gbr_tri_dq_ms", "gbr_extra_ms", "gbr_tc",
              "gbr_tc_tma", "gbr_tc_dkdv", "gbr_tc_dq", "gbr_bar", "gbr_bar_tma")
@@ -296,7 +297,8 @@ def _gluon_bwd_rows(ch) -> None:
     for key, ratio in (("triton", at128["rows_split_red4"] / at128["triton"]),
                        ("cudnn", at128["rows_split_red4"] / at128["cudnn"]),
                        ("gain", at128["rows_split_red4"] / at128["red4"]),
-                       ("gain64", at64["rows_split_red4"] / at64["red4"])):
+                       ("gain64", at64["rows_split_red4"] / at64["red4"]),
+                       ("triton64", at64["rows_split_red4"] / at64["triton"])):
         ch.put(f"gbr_{key}_lo", ratio.min(), ".2f"); ch.put(f"gbr_{key}_hi", ratio.max(), ".2f")
     vs_triton = best / tf["triton"]
     ch.put("gbr_spread", 100 * spread, ".1f"); ch.put("gbr_n", len(vs_triton))
@@ -449,7 +451,7 @@ def heavy_first(ch) -> None:
     ch.put("heavy_lo", causal["x previous"].min(), ".3f"); ch.put("heavy_hi", causal["x previous"].max(), ".3f")
     ch.put("heavy_sig", int((causal["verdict"] == "beyond noise").sum())); ch.put("heavy_n", len(causal))
     ch.put("heavy_full_dev", 100 * float((table[~gains["causal"].values]["x previous"] - 1).abs().max()), ".1f")
-    ch.put("heavy_slots", " and ".join(f"{s} at d = {d}" for d, s in sorted(slots_used.items())))
+    ch.put("heavy_slots", ", ".join(f"{s} at d = {d} ({s // sms} per SM)" for d, s in sorted(slots_used.items())))
 
 
 def launch_order(ch) -> None:

@@ -53,3 +53,23 @@ def ncu_ops_ratios(d: int, root=None) -> dict:
     ncu = profiles.pass_table(run)
     ops = ncu[(ncu["pass_"] == "backward") & ~ncu["causal"] & (ncu["dim"] == d)].set_index("impl")
     return ops["ops_ratio"].to_dict()
+
+
+def ncu_dkdv_registers(d: int, root=None) -> dict:
+    """The dK/dV kernel's registers per thread and its stores to local memory (MB), without a
+    mask and under the causal mask, at head dimension ``d``, from the recorded Nsight Compute
+    run on an H200: {"regs": ..., "spill_full_mb": ..., "spill_causal_mb": ...}; {} when that
+    run is not recorded."""
+    from . import profiles
+
+    run = run_path("kernel_ncu", root)
+    if run is None:
+        return {}
+    rows = [r for r in profiles.kernel_rows(run) if r["impl"] == "triton" and r["pass_"] == "backward"
+            and r["dim"] == d and "_bwd_dkdv" in r["Kernel Name"]]
+    by_mask = {bool(r["causal"]): r for r in rows}
+    if set(by_mask) != {False, True}:
+        return {}
+    return {"regs": int(by_mask[False][profiles.REGS]),
+            "spill_full_mb": by_mask[False][profiles.SPILL_ST] / 1e6,
+            "spill_causal_mb": by_mask[True][profiles.SPILL_ST] / 1e6}

@@ -104,16 +104,21 @@ def blocks(ch) -> None:
     spilled = ran["n_spills"] > 0
     ch.put("spill_median", ran.loc[spilled, "fwd_tflops"].median() if spilled.any() else None, ".0f")
     ch.put("nospill_median", ran.loc[~spilled, "fwd_tflops"].median() if (~spilled).any() else None, ".0f")
-    # per head dimension: pooled, the two dimensions can hide opposite signs
+    # per head dimension, like with like: a spilling configuration against the same tile and
+    # stages with other warps that does not spill (the spilling ones are the largest tiles,
+    # so a median over all of them would compare tile sizes as much as spills)
     by_d = []
     for d, at in ran.groupby("head_dim"):
         sp = at["n_spills"] > 0
-        if sp.any() and (~sp).any():
-            by_d.append(f"at d = {int(d)}, the {int(sp.sum())} that spilled ran at a median of "
-                        f"{at.loc[sp, 'fwd_tflops'].median():.0f} TFLOP/s and the {int((~sp).sum())} "
-                        f"that did not at {at.loc[~sp, 'fwd_tflops'].median():.0f}")
+        pairs = [(a.fwd_tflops, b.fwd_tflops) for a in at[sp].itertuples() for b in at[~sp].itertuples()
+                 if (a.block_m, a.block_n, a.num_stages) == (b.block_m, b.block_n, b.num_stages)]
+        if pairs:
+            by_d.append(f"at d = {int(d)}, the spilling one was slower at {sum(x < y for x, y in pairs)} "
+                        f"of {len(pairs)} such pairs")
         elif not sp.any():
             by_d.append(f"at d = {int(d)} none spilled")
+        else:
+            by_d.append(f"at d = {int(d)} no spilling configuration has such a twin")
     ch.put("spill_by_d", "; ".join(by_d) or None)
     # one more stage: how often it helped, and the largest loss it caused
     keys = ["head_dim", "block_m", "block_n", "num_warps"]

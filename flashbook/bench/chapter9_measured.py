@@ -250,7 +250,11 @@ def causal_cost(ch) -> None:
 NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb_us", "ncu_cudnn_us",
             "ncu_rate", "ncu_regs", "ncu_spill_full", "ncu_spill_causal", "ncu_cudnn_regs",
             "ncu_cudnn_spill", "ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms",
-            "ncu_tc_fb_fwd", "ncu_tc_cudnn_fwd", "ncu_flash_wgmma", "ncu_fb_dram_bwd")
+            "ncu_tc_fb_fwd", "ncu_tc_cudnn_fwd", "ncu_flash_wgmma", "ncu_fb_dram_bwd",
+            "ncu_fb_read_gb", "ncu_cudnn_read_gb", "ncu_fb_tb_s", "ncu_cudnn_tb_s",
+            "ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
+            "ncu_pair_spill_warps", "ncu_pair_clean_warps", "ncu_flash_copies", "ncu_flash_copy_mb",
+            "ncu_cudnn_launch")
 
 
 def ncu(ch) -> None:
@@ -258,7 +262,9 @@ def ncu(ch) -> None:
     (benchmarks/kernel_ncu.py; ``profiles`` reads ncu's CSV with the passes)."""
     from . import profiles
     from .runs import run_path
+    from .. import runtime
 
+    ch.put("hbm_tb_s", runtime.chip("H200").hbm_tb_s, "g")      # the datasheet's, beside the measured rates
     run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
     if run is None or not run.exists():
         ch.nothing(*NCU_KEYS)
@@ -291,6 +297,47 @@ def ncu(ch) -> None:
         ch.put("ncu_nospill_ms", best["us"] / 1000, ".2f"); ch.put("ncu_spill_ms", spilling["us"].iloc[0] / 1000, ".2f")
     else:
         ch.nothing("ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms")
+    # the same causal tile and stages, spilling (fewer warps) against not spilling (more warps)
+    pairs = [(a, b) for _, a in tiles[tiles["spill_mb"] > 0].iterrows() for _, b in tiles[tiles["spill_mb"] == 0].iterrows()
+             if (a["config_dkdv"][0], a["config_dkdv"][1], a["config_dkdv"][3])
+             == (b["config_dkdv"][0], b["config_dkdv"][1], b["config_dkdv"][3])]
+    if pairs:
+        a, b = pairs[0]
+        ch.put("ncu_pair_tile", f"{a['config_dkdv'][0]} x {a['config_dkdv'][1]}")
+        ch.put("ncu_pair_spill_mb", a["spill_mb"], ".0f")
+        ch.put("ncu_pair_spill_ms", a["us"] / 1000, ".2f"); ch.put("ncu_pair_clean_ms", b["us"] / 1000, ".2f")
+        ch.put("ncu_pair_spill_warps", a["config_dkdv"][2]); ch.put("ncu_pair_clean_warps", b["config_dkdv"][2])
+    else:
+        ch.nothing("ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
+                   "ncu_pair_spill_warps", "ncu_pair_clean_warps")
+    # what each whole backward (every kernel of the pass) read from and wrote to HBM, d = 128, no mask
+    rows = profiles.kernel_rows(run)
+
+    def pass_kernels(impl, pass_="backward"):
+        return [k for k in rows if k["impl"] == impl and k["pass_"] == pass_ and k["dim"] == 128 and not k["causal"]]
+
+    for impl, key in (("triton", "fb"), ("sdpa-cudnn", "cudnn")):
+        ks = pass_kernels(impl)
+        read = sum(k[profiles.DRAM_READ] for k in ks)
+        moved = read + sum(k["dram__bytes_write.sum"] for k in ks)
+        ch.put(f"ncu_{key}_read_gb", read / 1e9, ".2f")
+        ch.put(f"ncu_{key}_tb_s", moved / (sum(k[profiles.TIME] for k in ks) * 1e-9) / 1e12, ".1f")
+    # the shape of cuDNN's forward launch: threads per program (in warpgroups of 128) and programs per SM
+    main = max(pass_kernels("sdpa-cudnn", "forward"), key=lambda k: k[profiles.TIME], default=None)
+    if main is not None:
+        threads = int(str(main["Block Size"]).strip("()").split(",")[0])
+        programs = int(str(main["Grid Size"]).strip("()").split(",")[0])
+        sms = int(main.get("device__attribute_multiprocessor_count") or 0)
+        ch.put("ncu_cudnn_launch", f"{threads // 128} warpgroups ({threads} threads) per program and "
+               f"{programs} programs" + (", one per SM" if programs == sms else f" on {sms} SMs"))
+    else:
+        ch.nothing("ncu_cudnn_launch")
+    # SDPA-flash's backward starts with element-wise kernels (copies, by their traffic)
+    copies = [k for k in pass_kernels("sdpa-flash") if "elementwise_kernel" in k["Kernel Name"]]
+    ch.put("ncu_flash_copies", len(copies))
+    sizes = {f"{k[profiles.DRAM_READ] / 1e6:.0f}" for k in copies}
+    ch.put("ncu_flash_copy_mb", (sizes.pop() if len(sizes) == 1 else _span([float(x) for x in sizes]))
+           if copies else None)
     # which tensor-core instructions SDPA's FlashAttention-2 forward issues (chapter 7 reads the same)
     flash = [k for k in profiles.kernel_rows(run) if k["impl"] == "sdpa-flash" and k["pass_"] == "forward"
              and k["dim"] == 128 and not k["causal"]]
@@ -310,7 +357,8 @@ def memory(ch) -> None:
         ch.say("fig-memory", NO_DATA, missing=True)
         ch.say("memory-status", NO_DATA, missing=True)
         ch.nothing("naive_missing", "naive_max_n", "naive_max_d", "naive_max_gb", "fb_same_gb",
-                   "mem_ratio", "others_ran", "fused_mem_spread")
+                   "mem_ratio", "others_ran", "fused_mem_spread", "fused_mem_text", "mem_dq_gb",
+                   "mem_atomic_bufs", "mem_cudnn_bufs", "mem_flash_bufs", "mem_shape")
         return
     # where a run did not fit, the memory the harness estimated it would need
     frame = df.assign(estimate_bytes=[
@@ -351,6 +399,20 @@ def memory(ch) -> None:
     spread = flat.groupby(["impl", "head_dim", "causal"])["peak_fwd_bwd_bytes"].agg(
         lambda x: x.max() / x.min() - 1)
     ch.put("fused_mem_spread", 100 * float(spread.max()) if len(spread) else None, ".1f")
+    ch.put("fused_mem_text", None if not len(spread) else "is the same at every length"
+           if 100 * float(spread.max()) < 0.05 else
+           f"stays within {100 * float(spread.max()):.1f}% of its value at the shortest length")
+    # the fused backends' peaks over ours, in fp32 buffers of dQ's shape (d = 128, N = 4096, no mask)
+    at = df[(df["status"] == "ok") & (df["head_dim"] == 128) & (df["seq"] == 4096) & ~df["causal"]].set_index("impl")
+    if {"flashbook", "flashbook-atomic", "sdpa-cudnn", "sdpa-flash"} <= set(at.index):
+        r = at.loc["flashbook"]
+        dq32 = r["batch"] * r["heads"] * r["seq"] * r["head_dim"] * 4
+        ch.put("mem_shape", f"B = {int(r['batch'])}, H = {int(r['heads'])}, N = {int(r['seq'])}, d = 128")
+        ch.put("mem_dq_gb", dq32 / GB, ".2f")
+        for impl, key in (("flashbook-atomic", "atomic"), ("sdpa-cudnn", "cudnn"), ("sdpa-flash", "flash")):
+            ch.put(f"mem_{key}_bufs", (at.loc[impl, "peak_fwd_bwd_bytes"] - r["peak_fwd_bwd_bytes"]) / dq32, ".2f")
+    else:
+        ch.nothing("mem_dq_gb", "mem_atomic_bufs", "mem_cudnn_bufs", "mem_flash_bufs", "mem_shape")
 
 
 # ---------------------------------------------------------------- the roofline

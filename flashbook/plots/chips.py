@@ -38,20 +38,26 @@ def hierarchy(ax_cap, ax_bw, chips):
     return ax_cap, ax_bw
 
 
-def roofline(ax, chips, intensity, title=""):
+def roofline(ax, chips, intensity, title="", tensor_roofs=False):
     """Attainable TFLOP/s against FLOP/byte per chip (dots: ridge points); one vertical
     line per entry of ``intensity`` ({label: FLOP per byte}), labelled up to its " (".
+    ``tensor_roofs``: also a dashed roof at the tensor cores' peak for a chip whose
+    ``tl.dot`` does not reach it (the T4, where cuBLAS uses them and Triton does not).
     """
     x = np.logspace(0, 4, 200)
     for c in chips:
         line, = ax.plot(x, np.minimum(c.dot_tflops, x * c.hbm_tb_s), label=c.name)
         ax.plot(c.ridge_flop_per_byte, c.dot_tflops, "o", color=line.get_color())
+        if tensor_roofs and c.fp16_tflops > c.dot_tflops:
+            ax.plot(x, np.minimum(c.fp16_tflops, x * c.hbm_tb_s), ls="--", lw=1, color=line.get_color(),
+                    label=f"{c.name} tensor cores (cuBLAS)")
     for (name, i), style in zip(intensity.items(), [":", "-.", "--"]):
         ax.axvline(i, color="k", ls=style, lw=1)
         ax.text(i * 1.08, 1.3, name.split(" (")[0], rotation=90, fontsize=8, va="bottom")
     ax.set_xscale("log"); ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("attainable TFLOP/s (the rate tl.dot gets)")
+    ax.set_ylabel("attainable TFLOP/s (solid: tl.dot; dashed: cuBLAS)" if tensor_roofs
+                  else "attainable TFLOP/s (the rate tl.dot gets)")
     ax.set_title(title)
     ax.legend(loc="lower right")
     return ax

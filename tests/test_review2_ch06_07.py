@@ -1,0 +1,188 @@
+"""Chapters 6 and 7 after the second review: the corrected statements, pinned to what makes them true.
+
+Naive attention's ridge on a T4 (cuBLAS uses the tensor cores, Triton does not), the
+exponentials' time on Hopper, Triton's wgmma waits (this kernel waits for every product; a
+plain matmul loop does not), exp2's instruction count, the head grouping of small grids on
+sm_90, and a live timing at another batch than the sweeps it is set beside.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pandas as pd
+
+from conftest import ROOT, require
+from flashbook import bench, runtime
+from notebook_text import cell_source, markdown
+
+CH6 = os.path.join(ROOT, "notebooks", "06_gpu_and_triton.ipynb")
+CH7 = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
+RECORDING7 = os.path.join(ROOT, "benchmarks", "results", "gpu_outputs", "07_triton_forward.json")
+
+
+def _glued(notebook, cell_id, **names):
+    """Run one of a chapter's cells with ``names`` defined; what it glued, as strings."""
+    glued = {}
+
+    def g(name, value, fmt=""):
+        glued[name] = format(value, fmt)
+
+    def glue(name, value, display=True):
+        glued[name] = value
+
+    exec(compile(cell_source(notebook, cell_id), cell_id, "exec"),
+         {"g": g, "glue": glue, "bench": bench, "pd": pd, "runtime": runtime, **names})
+    return glued
+
+
+def _recorded7(cell_id):
+    require(os.path.isfile(RECORDING7), "no recorded chapter 7 outputs")
+    cell = next(c for c in json.load(open(RECORDING7))["cells"] if c["id"] == cell_id)
+    return "".join(o.get("text", "") for o in cell["outputs"])
+
+
+# --- chapter 6 -------------------------------------------------------------------------------
+
+def test_naive_attention_is_memory_bound_on_every_chip_the_t4_included():
+    """The book's naive attention is PyTorch's (reference.torch_attention): cuBLAS runs its fp16
+    products on the tensor cores of a T4 too, so its ridge there is the tensor cores', not tl.dot's."""
+    n, d = 4096, 64
+    naive = 4 * n * n * d / (2 * (4 * n * d + 4 * n * n))
+    t4 = runtime.chip("T4")
+    assert t4.ridge_flop_per_byte < naive < t4.fp16_tflops / t4.hbm_tb_s      # the old verdict came from here
+    assert all(naive < c.fp16_tflops / c.hbm_tb_s for c in runtime.CHIPS.values())
+    code = cell_source(CH6, "4e2b8eb3")
+    assert 'chip.fp16_tflops if kernel == "naive" else chip.dot_tflops' in code
+    assert "assert compute_bound == [], compute_bound" in cell_source(CH6, "28a19756")
+    text = markdown(CH6)
+    assert "just right of the low ridge" not in text and "naive_cb_chips" not in text
+    assert "{glue:text}`naive_t4_ridge:.0f`" in cell_source(CH6, "5f5032c5")
+    assert "tensor_roofs=True" in cell_source(CH6, "475c36df")
+
+
+def test_the_exponentials_time_is_not_small_on_hopper():
+    """4d tensor-core FLOPs per score against one exponential at 16 per clock per SM: on an H100
+    about as long at d = 64 and about half at d = 128, as FlashAttention-3 says."""
+    h100 = runtime.chip("H100")
+    share = {d: (1 / h100.exp_per_s) / (4 * d / (h100.fp16_tflops * 1e12)) for d in (64, 128)}
+    assert 0.8 < share[64] < 1.1 and 0.4 < share[128] < 0.55
+    prose = cell_source(CH6, "a45d236a")
+    for name in ("sfu_clock", "exp_share_64:.0f", "exp_share_128:.0f"):
+        assert "{glue:text}`" + name + "`" in prose, name
+    assert "{cite}`shah2024flashattention3`" in prose and "*and* the special-function units" in prose
+    assert "tensor cores and the exponentials' special-function units" in cell_source(CH6, "653d56e1")
+
+
+def test_tl_dot_rate_is_a_ceiling_not_a_claim():
+    prose = cell_source(CH6, "7296465f")
+    assert "at their\n  peak" not in prose and "a ceiling, not what a kernel reaches" in prose
+    assert "roughly binary gigabytes" not in prose
+    assert "GiB of HBM" not in markdown(CH6)
+
+
+def test_exercise_1_spec_matches_its_stub():
+    assert "`add(x, y, z)` writes `x + y` into `z`" in cell_source(CH6, "6eafa2b3")
+    assert "def add(x, y, z, BLOCK=16):" in cell_source(CH6, "f2f7cc33")
+
+
+def test_program_and_block_are_told_apart_from_cuda():
+    assert "A Triton program is what CUDA\ncalls a thread block" in cell_source(CH6, "8951c53c")
+    assert "one program (a CUDA thread block)" not in cell_source(CH6, "a588df3d")
+
+
+# --- chapter 7 -------------------------------------------------------------------------------
+
+def test_a_plain_matmul_loop_keeps_a_wgmma_running_where_the_forward_does_not(tmp_path):
+    """Compiled for sm_90 (no GPU needed): a GEMM K-loop waits with one product still running
+    (wgmma.wait_group 1); the forward waits for all (tests/test_compile_targets.py pins [0])."""
+    code = r'''
+import os, re
+os.environ.pop("TRITON_INTERPRET", None)
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+@triton.jit
+def gemm(a_ptr, b_ptr, c_ptr, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.arange(0, BLOCK_M); rn = tl.arange(0, BLOCK_N); rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptr + rm[:, None] * K + (k0 + rk)[None, :])
+        b = tl.load(b_ptr + (k0 + rk)[:, None] * BLOCK_N + rn[None, :])
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + rm[:, None] * BLOCK_N + rn[None, :], acc)
+
+sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "K": "i32",
+       "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+src = triton.compiler.ASTSource(fn=gemm, signature=sig, constexprs={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64},
+                                attrs=attrs)
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
+print(sorted({int(x) for x in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}))
+'''
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = tmp_path / "gemm_waits.py"            # @triton.jit needs its source in a file
+    script.write_text(code)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    waits = json.loads(r.stdout.strip().splitlines()[-1])
+    assert max(waits) >= 1, waits                  # one product left running: Triton can overlap
+    prose = cell_source(CH7, "c07-ncu-md")
+    assert "but in this kernel\neach wait Triton emits waits until no product is running" in prose
+    assert "In a plain matmul loop Triton does\nleave one running" in prose
+    assert "gains the most consistently" not in prose
+
+
+def test_exp2_saves_instructions_not_one_multiply():
+    from flashbook.bench.score_ops import NATURAL_EXP
+
+    assert 1 + len(NATURAL_EXP) == 5                # tl.exp on sm_90: FMUL, FSETP, 2 predicated FMULs, ex2
+    prose = cell_source(CH7, "36966158")
+    assert "one multiply per score fewer" not in prose and "{glue:text}`exp_instrs`" in prose
+    assert 'g("exp_instrs", 1 + len(NATURAL_EXP))' in cell_source(CH7, "c07-ladder")
+    assert "the fully masked ones, not the masked stage's" in prose
+
+
+def test_the_example_grid_is_dealt_out_by_head_groups_on_sm90():
+    from flashbook.kernels import configs
+
+    cfg = configs.default("forward", cc=90, block_d=configs.block_d(128), elem_bytes=2)
+    programs = -(-4096 // cfg.block_m) * 2 * 16
+    sms = runtime.chip("H100").sms
+    assert runtime.chip("H200").sms == sms
+    assert configs.head_group(programs, sms=sms, cc=90) > 1          # the page's own example
+    prose = cell_source(CH7, "e8ba3340")
+    assert "{glue:text}`big_group`" in prose and "`HEAD_GROUP`" in prose
+    assert "within each (batch, head) only" not in cell_source(CH7, "111fff05")
+    outline = cell_source(CH7, "dba5f882")
+    assert "from tl.program_id(1)" not in outline and "launch_position" in outline
+    assert "`HEAVY_LAST`" in outline
+
+
+def test_the_live_timing_is_not_called_a_draw_of_the_sweeps():
+    """The live cell times batch 2; the sweeps batch 8. The prose says so, with each kernel's
+    own TFLOP/s read from the recording and the sweeps."""
+    text = _recorded7("cd762aa3")
+    batch = int(re.search(r"batch (\d+)", text).group(1))
+    sweeps = [bench.load_results(p)[0] for p in bench.run_paths("sweep")]
+    require(sweeps, "no recorded sweeps")
+    assert {int(s["batch"].iloc[0]) for s in sweeps} != {batch}
+    glued = _glued(CH7, "c07-sdpa-backend", N=4096, D=128, CPU=True, re=re,
+                   recorded_output=lambda notebook, cell_id: _recorded7(cell_id))
+    rows = dict(re.findall(r"^(?:True)?\s*(flashbook|SDPA FlashAttention-2)\s+\S+\s+(\S+)\s*$",
+                           text.split("True", 1)[1], re.M))
+    assert glued["live_ours_causal"] == f"{float(rows['flashbook']):.0f}"
+    assert glued["live_fa2_causal"] == f"{float(rows['SDPA FlashAttention-2']):.0f}"
+    prose = cell_source(CH7, "c07-sdpa-backend-md")
+    assert "One timing is one draw" not in prose
+    for name in ("t_batch", "sw_batch", "live_ours_causal", "sw_ours_causal", "live_fa2_causal", "sw_fa2_causal"):
+        assert "{glue:text}`" + name + "`" in prose, name
+
+
+def test_chapter_7_small_wordings():
+    assert "`tl.dot` must sum over at least 16" in cell_source(CH7, "6cd03bbd")
+    assert "Two masks bridge that gap" in cell_source(CH7, "6e8580cf")
+    assert "sectors the kernel requests" in cell_source(CH7, "c07-ncu-md")
+    assert "sectors requested from it" in cell_source(CH6, "5f5032c5")
+    assert "a grid of the same shape" in cell_source(CH7, "111fff05")
