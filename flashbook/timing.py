@@ -18,7 +18,7 @@ class CudaTimer:
 
     Warm-up first (``warmup_ms`` worth of calls), then at least ``min_reps``
     timed calls (``rep_ms`` worth, at most ``max_reps``), each after writing a
-    256 MB buffer so that no input sits in the L2 cache from the call before.
+    256 MiB buffer so that no input sits in the L2 cache from the call before.
 
     The events time the GPU, but a call whose host side (Python, checks, the launch)
     takes longer than the GPU's flush before it makes the GPU wait, and the wait is

@@ -63,15 +63,24 @@ def test_naive_attention_is_memory_bound_on_every_chip_the_t4_included():
 
 
 def test_the_exponentials_time_is_not_small_on_hopper():
-    """4d tensor-core FLOPs per score against one exponential at 16 per clock per SM: on an H100
-    about as long at d = 64 and about half at d = 128, as FlashAttention-3 says."""
+    """4d tensor-core FLOPs per score against one exponential at 16 per clock per SM, both at the
+    clock behind the datasheet's tensor-core peak: on an H100 as long at d = 64 and half as long at
+    d = 128, as FlashAttention-3 counts (3.9 against 989 TFLOP/s)."""
     h100 = runtime.chip("H100")
-    share = {d: (1 / h100.exp_per_s) / (4 * d / (h100.fp16_tflops * 1e12)) for d in (64, 128)}
-    assert 0.8 < share[64] < 1.1 and 0.4 < share[128] < 0.55
+    clock = h100.fp16_tflops * 1e12 / (h100.sms * 4096)
+    assert 1.8e9 < clock < 1.85e9                                   # H100 SXM: 1.83 GHz for tensor math
+    assert 3.8e12 < h100.sms * runtime.SFU_PER_CLOCK_PER_SM * clock < 3.95e12   # FA3's 3.9 TFLOP/s
+    code = cell_source(CH6, "c064e2b9")
+    assert "tensor_clock_hz = h100.fp16_tflops * 1e12 / (h100.sms * 4096)" in code
+    assert "(1 / exp_per_s)" in code and "h100.exp_per_s" not in code
+    share = {d: (1 / (h100.sms * runtime.SFU_PER_CLOCK_PER_SM * clock)) / (4 * d / (h100.fp16_tflops * 1e12))
+             for d in (64, 128)}
+    assert abs(share[64] - 1.0) < 0.01 and abs(share[128] - 0.5) < 0.01
     prose = cell_source(CH6, "a45d236a")
     for name in ("sfu_clock", "exp_share_64:.0f", "exp_share_128:.0f"):
         assert "{glue:text}`" + name + "`" in prose, name
-    assert "{cite}`shah2024flashattention3`" in prose and "*and* the special-function units" in prose
+    assert "{cite}`shah2024flashattention3`" in prose and "*and* the special-function units" not in prose
+    assert "The ridges below count the tensor cores\nonly." in prose          # the table's ridges
     assert "tensor cores and the exponentials' special-function units" in cell_source(CH6, "653d56e1")
 
 
@@ -79,6 +88,8 @@ def test_tl_dot_rate_is_a_ceiling_not_a_claim():
     prose = cell_source(CH6, "7296465f")
     assert "at their\n  peak" not in prose and "a ceiling, not what a kernel reaches" in prose
     assert "roughly binary gigabytes" not in prose
+    assert "far below every ridge" not in markdown(CH6)            # the T4's tl.dot ridge is lower
+    assert "far below every chip's\n  tensor-core ridge" in cell_source(CH6, "5f5032c5")
     assert "GiB of HBM" not in markdown(CH6)
 
 
@@ -88,6 +99,7 @@ def test_exercise_1_spec_matches_its_stub():
 
 
 def test_program_and_block_are_told_apart_from_cuda():
+    assert "(positions\n  in the block; not CUDA's lanes, which are the threads of a warp)" in cell_source(CH6, "8951c53c")
     assert "A Triton program is what CUDA\ncalls a thread block" in cell_source(CH6, "8951c53c")
     assert "one program (a CUDA thread block)" not in cell_source(CH6, "a588df3d")
 
@@ -130,7 +142,9 @@ print(sorted({int(x) for x in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\
     assert max(waits) >= 1, waits                  # one product left running: Triton can overlap
     prose = cell_source(CH7, "c07-ncu-md")
     assert "but in this kernel\neach wait Triton emits waits until no product is running" in prose
-    assert "In a plain matmul loop Triton does\nleave one running" in prose
+    assert "each product is used in the iteration that made it" not in prose   # PV is used in the next
+    assert "Triton waits for that product too, though nothing reads it before then" in " ".join(prose.split())
+    assert "where only the next product touches the accumulator, Triton does leave one running" in " ".join(prose.split())
     assert "gains the most consistently" not in prose
 
 
@@ -141,7 +155,8 @@ def test_exp2_saves_instructions_not_one_multiply():
     prose = cell_source(CH7, "36966158")
     assert "one multiply per score fewer" not in prose and "{glue:text}`exp_instrs`" in prose
     assert 'g("exp_instrs", 1 + len(NATURAL_EXP))' in cell_source(CH7, "c07-ladder")
-    assert "the fully masked ones, not the masked stage's" in prose
+    assert "the fully masked ones, not the masked stage's" not in prose
+    assert "skipping the tiles that are masked out entirely" in prose
 
 
 def test_the_example_grid_is_dealt_out_by_head_groups_on_sm90():
@@ -152,7 +167,11 @@ def test_the_example_grid_is_dealt_out_by_head_groups_on_sm90():
     sms = runtime.chip("H100").sms
     assert runtime.chip("H200").sms == sms
     assert configs.head_group(programs, sms=sms, cc=90) > 1          # the page's own example
+    assert programs / sms < configs.SMALL_GRID_PROGRAMS_PER_SM
     prose = cell_source(CH7, "e8ba3340")
+    assert "which was faster on the H200" not in prose and "per SM, a small grid" not in prose
+    assert "{glue:text}`big_per_sm` per SM, under the library's threshold" in prose
+    assert 'g("big_per_sm", programs / runtime.chip("H100").sms, ".1f")' in cell_source(CH7, "d13711af")
     assert "{glue:text}`big_group`" in prose and "`HEAD_GROUP`" in prose
     assert "within each (batch, head) only" not in cell_source(CH7, "111fff05")
     outline = cell_source(CH7, "dba5f882")
@@ -176,6 +195,8 @@ def test_the_live_timing_is_not_called_a_draw_of_the_sweeps():
     assert glued["live_fa2_causal"] == f"{float(rows['SDPA FlashAttention-2']):.0f}"
     prose = cell_source(CH7, "c07-sdpa-backend-md")
     assert "One timing is one draw" not in prose
+    assert "by its own amount" not in prose                        # an inference, not a measurement
+    assert "No timing here separates what the batch changes" in " ".join(prose.split())
     for name in ("t_batch", "sw_batch", "live_ours_causal", "sw_ours_causal", "live_fa2_causal", "sw_fa2_causal"):
         assert "{glue:text}`" + name + "`" in prose, name
 

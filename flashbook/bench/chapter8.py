@@ -58,8 +58,9 @@ def ncu_ops_ratios(d: int, root=None) -> dict:
 def ncu_dkdv_registers(d: int, root=None) -> dict:
     """The dK/dV kernel's registers per thread and its stores to local memory (MB), without a
     mask and under the causal mask, at head dimension ``d``, from the recorded Nsight Compute
-    run on an H200: {"regs": ..., "spill_full_mb": ..., "spill_causal_mb": ...}; {} when that
-    run is not recorded."""
+    run on an H200: {"regs": ..., "spill_full_mb": ..., "spill_causal_mb": ..., "warps_full": ...,
+    "warps_causal": ..., "batch": ..., "heads": ..., "seq": ...} (the warps from each launch's
+    block size, the shape the profile ran); {} when that run is not recorded."""
     from . import profiles
 
     run = run_path("kernel_ncu", root)
@@ -70,6 +71,11 @@ def ncu_dkdv_registers(d: int, root=None) -> dict:
     by_mask = {bool(r["causal"]): r for r in rows}
     if set(by_mask) != {False, True}:
         return {}
+    def warps(r):
+        return int(str(r["Block Size"]).strip("()").split(",")[0]) // 32
+
     return {"regs": int(by_mask[False][profiles.REGS]),
             "spill_full_mb": by_mask[False][profiles.SPILL_ST] / 1e6,
-            "spill_causal_mb": by_mask[True][profiles.SPILL_ST] / 1e6}
+            "spill_causal_mb": by_mask[True][profiles.SPILL_ST] / 1e6,
+            "warps_full": warps(by_mask[False]), "warps_causal": warps(by_mask[True]),
+            **{key: int(by_mask[False][key]) for key in ("batch", "heads", "seq")}}

@@ -99,19 +99,20 @@ def blocks(ch) -> None:
         top, gpu_name=(prov.get("gpu") or {}).get("name", "the GPU")))
     tops = top.loc[top.groupby("head_dim")["fwd_tflops"].idxmax()]
     ch.put("heat_best", "; ".join(
-        f"at d = {r.head_dim}, {r.block_m} x {r.block_n} ({r.num_warps} warps, "
+        f"at d = {r.head_dim}, {r.block_m} × {r.block_n} ({r.num_warps} warps, "
         f"{r.num_stages} stages) at {r.fwd_tflops:.0f} TFLOP/s" for r in tops.itertuples()))
     spilled = ran["n_spills"] > 0
     ch.put("spill_median", ran.loc[spilled, "fwd_tflops"].median() if spilled.any() else None, ".0f")
     ch.put("nospill_median", ran.loc[~spilled, "fwd_tflops"].median() if (~spilled).any() else None, ".0f")
     # per head dimension, like with like: a spilling configuration against the same tile and
-    # stages with other warps that does not spill (the spilling ones are the largest tiles,
+    # stages with more warps that does not spill (the spilling ones are the largest tiles,
     # so a median over all of them would compare tile sizes as much as spills)
     by_d = []
     for d, at in ran.groupby("head_dim"):
         sp = at["n_spills"] > 0
         pairs = [(a.fwd_tflops, b.fwd_tflops) for a in at[sp].itertuples() for b in at[~sp].itertuples()
-                 if (a.block_m, a.block_n, a.num_stages) == (b.block_m, b.block_n, b.num_stages)]
+                 if (a.block_m, a.block_n, a.num_stages) == (b.block_m, b.block_n, b.num_stages)
+                 and b.num_warps > a.num_warps]
         if pairs:
             by_d.append(f"at d = {int(d)}, the spilling one was slower at {sum(x < y for x, y in pairs)} "
                         f"of {len(pairs)} such pairs")
@@ -130,7 +131,7 @@ def blocks(ch) -> None:
     if steps:
         worst = min(steps, key=lambda x: x[7] / x[6])
         ch.put("stages_helped", sum(x[7] > x[6] for x in steps)); ch.put("stages_pairs", len(steps))
-        ch.put("stage_drop", f"d = {worst[0]}, {worst[1]} x {worst[2]}, {worst[3]} warps: "
+        ch.put("stage_drop", f"d = {worst[0]}, {worst[1]} × {worst[2]}, {worst[3]} warps: "
                              f"{worst[6]:.0f} TFLOP/s at {worst[4]} stages, {worst[7]:.0f} at {worst[5]}")
     else:
         ch.nothing("stages_helped", "stages_pairs", "stage_drop")

@@ -293,17 +293,18 @@ def ncu(ch) -> None:
     if len(spilling) and len(clean):
         best = clean.loc[clean["us"].idxmin()]
         bm, bn, _, _ = best["config_dkdv"]
-        ch.put("ncu_nospill_tile", f"{bm} x {bn}")
+        ch.put("ncu_nospill_tile", f"{bm} × {bn}")
         ch.put("ncu_nospill_ms", best["us"] / 1000, ".2f"); ch.put("ncu_spill_ms", spilling["us"].iloc[0] / 1000, ".2f")
     else:
         ch.nothing("ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms")
     # the same causal tile and stages, spilling (fewer warps) against not spilling (more warps)
     pairs = [(a, b) for _, a in tiles[tiles["spill_mb"] > 0].iterrows() for _, b in tiles[tiles["spill_mb"] == 0].iterrows()
              if (a["config_dkdv"][0], a["config_dkdv"][1], a["config_dkdv"][3])
-             == (b["config_dkdv"][0], b["config_dkdv"][1], b["config_dkdv"][3])]
+             == (b["config_dkdv"][0], b["config_dkdv"][1], b["config_dkdv"][3])
+             and b["config_dkdv"][2] > a["config_dkdv"][2]]
     if pairs:
         a, b = pairs[0]
-        ch.put("ncu_pair_tile", f"{a['config_dkdv'][0]} x {a['config_dkdv'][1]}")
+        ch.put("ncu_pair_tile", f"{a['config_dkdv'][0]} × {a['config_dkdv'][1]}")
         ch.put("ncu_pair_spill_mb", a["spill_mb"], ".0f")
         ch.put("ncu_pair_spill_ms", a["us"] / 1000, ".2f"); ch.put("ncu_pair_clean_ms", b["us"] / 1000, ".2f")
         ch.put("ncu_pair_spill_warps", a["config_dkdv"][2]); ch.put("ncu_pair_clean_warps", b["config_dkdv"][2])

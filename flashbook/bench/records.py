@@ -190,7 +190,7 @@ def collect_provenance(argv, args=None, program: str = "python -m flashbook.benc
         "source_sha256": source_digest(),
         "settings": settings,
         "timing": {
-            "method": "CUDA events around each call, a 256 MB buffer written before each "
+            "method": "CUDA events around each call, a 256 MiB buffer written before each "
                       "timed call (L2 flushed)",
             "replay": ("a CUDA graph of each forward call, captured once (the GPU's work alone); "
                        "each backward as Python makes it (autograd runs it on its forward's stream)"
