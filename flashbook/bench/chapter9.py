@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from . import chapter9_blocks as block_sweep
 from . import chapter9_live as live
 from . import chapter9_measured as measured
+from . import chapter9_ncu
 from .chapter9_measured import NO_DATA
 from .chapter_data import ChapterData
 from .costs import GB, naive_memory_estimate, tflops
@@ -263,7 +264,7 @@ def build(root=None) -> Chapter9:
     ceilings = measured.ceilings(ch)
     measured.speed(ch, ceilings)
     measured.causal_cost(ch)
-    measured.ncu(ch)
+    chapter9_ncu.ncu(ch)
     measured.memory(ch)
     points = measured.roofline(ch, ceilings)
     measured.roofline_numbers(ch, points, ceilings)

@@ -1,6 +1,6 @@
 """The measured sections of chapter 9 (``chapter9.build`` calls them in the chapter's
-order): speed, Nsight's counts, memory, the roofline, the targets and the seed's shape
-measured (the block-size sweep is ``chapter9_blocks``, the recorded live cell
+order): speed, memory, the roofline, the targets and the seed's shape
+measured (Nsight's counts are ``chapter9_ncu``, the block-size sweep ``chapter9_blocks``, the recorded live cell
 ``chapter9_live``). Each reads the run ``chapter9`` located, records its
 values, tables and figures on the ``Chapter9`` it is given, and says so where the run
 lacks what it needs.
@@ -244,106 +244,6 @@ def causal_cost(ch) -> None:
         f"Where the causal forward's time beyond half goes\n"
         f"(d = {full['dim']}, N = {full['seq_q']}, batch {full['batch']}, {full['heads']} heads"
         + (f", {gpu})" if gpu else ")"))))
-
-
-#: The names of Nsight Compute's readings (``ncu``).
-NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb_us", "ncu_cudnn_us",
-            "ncu_rate", "ncu_regs", "ncu_spill_full", "ncu_spill_causal", "ncu_cudnn_regs",
-            "ncu_cudnn_spill", "ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms",
-            "ncu_tc_fb_fwd", "ncu_tc_cudnn_fwd", "ncu_flash_wgmma", "ncu_fb_dram_bwd",
-            "ncu_fb_read_gb", "ncu_cudnn_read_gb", "ncu_fb_tb_s", "ncu_cudnn_tb_s",
-            "ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
-            "ncu_pair_spill_warps", "ncu_pair_clean_warps", "ncu_flash_copies", "ncu_flash_copy_mb",
-            "ncu_cudnn_launch")
-
-
-def ncu(ch) -> None:
-    """Nsight Compute's count of what the tensor cores did, one pass per kernel on the H200
-    (benchmarks/kernel_ncu.py; ``profiles`` reads ncu's CSV with the passes)."""
-    from . import profiles
-    from .runs import run_path
-    from .. import runtime
-
-    ch.put("hbm_tb_s", runtime.chip("H200").hbm_tb_s, "g")      # the datasheet's, beside the measured rates
-    run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
-    if run is None or not run.exists():
-        ch.nothing(*NCU_KEYS)
-        return
-    table = profiles.pass_table(run)
-    ch.tables["ncu_passes"] = table
-    at = table[table["dim"] == 128].set_index(["impl", "causal", "pass_"])
-    fb, cu, fl = (at.loc[(impl, False, "backward")] for impl in ("triton", "sdpa-cudnn", "sdpa-flash"))
-    ch.put("ncu_shape", f"B = {fb['batch']}, H = {fb['heads']}, N = {fb['seq']}, d = 128, bf16, no mask")
-    ch.put("ncu_fb_ops", fb["ops_ratio"], ".2f"); ch.put("ncu_cudnn_ops", cu["ops_ratio"], ".2f")
-    ch.put("ncu_flash_ops", fl["ops_ratio"], ".2f")
-    ch.put("ncu_fb_us", fb["us"], ",.0f"); ch.put("ncu_cudnn_us", cu["us"], ",.0f")
-    # executed ops per microsecond, ours over cuDNN's
-    ch.put("ncu_rate", (fb["ops_ratio"] / fb["us"]) / (cu["ops_ratio"] / cu["us"]), ".2f")
-    ch.put("ncu_regs", fb["regs"]); ch.put("ncu_spill_full", fb["spill_mb"], ".0f")
-    ch.put("ncu_spill_causal", at.loc[("triton", True, "backward"), "spill_mb"], ".0f")
-    ch.put("ncu_fb_dram_bwd", fb["dram_mb"], ",.0f")
-    ch.put("ncu_cudnn_regs", cu["regs"]); ch.put("ncu_cudnn_spill", cu["spill_mb"], ".0f")
-    # the tensor pipe in the forward, ours against cuDNN's (the share of active cycles it was busy)
-    ch.put("ncu_tc_fb_fwd", at.loc[("triton", False, "forward"), "tensor_pct"], ".0f")
-    ch.put("ncu_tc_cudnn_fwd", at.loc[("sdpa-cudnn", False, "forward"), "tensor_pct"], ".0f")
-    # the causal dK/dV tiles profiled one by one: the default spills; the fastest tile that does not
-    tiles = table[(table["impl"] == "triton-dkdv") & (table["mask"] == "causal") & (table["dim"] == 128)]
-    spilling = tiles[tiles["spill_mb"] == at.loc[("triton", True, "backward"), "spill_mb"]]
-    clean = tiles[tiles["spill_mb"] == 0]
-    if len(spilling) and len(clean):
-        best = clean.loc[clean["us"].idxmin()]
-        bm, bn, _, _ = best["config_dkdv"]
-        ch.put("ncu_nospill_tile", f"{bm} × {bn}")
-        ch.put("ncu_nospill_ms", best["us"] / 1000, ".2f"); ch.put("ncu_spill_ms", spilling["us"].iloc[0] / 1000, ".2f")
-    else:
-        ch.nothing("ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms")
-    # the same causal tile and stages, spilling (fewer warps) against not spilling (more warps)
-    pairs = [(a, b) for _, a in tiles[tiles["spill_mb"] > 0].iterrows() for _, b in tiles[tiles["spill_mb"] == 0].iterrows()
-             if (a["config_dkdv"][0], a["config_dkdv"][1], a["config_dkdv"][3])
-             == (b["config_dkdv"][0], b["config_dkdv"][1], b["config_dkdv"][3])
-             and b["config_dkdv"][2] > a["config_dkdv"][2]]
-    if pairs:
-        a, b = pairs[0]
-        ch.put("ncu_pair_tile", f"{a['config_dkdv'][0]} × {a['config_dkdv'][1]}")
-        ch.put("ncu_pair_spill_mb", a["spill_mb"], ".0f")
-        ch.put("ncu_pair_spill_ms", a["us"] / 1000, ".2f"); ch.put("ncu_pair_clean_ms", b["us"] / 1000, ".2f")
-        ch.put("ncu_pair_spill_warps", a["config_dkdv"][2]); ch.put("ncu_pair_clean_warps", b["config_dkdv"][2])
-    else:
-        ch.nothing("ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
-                   "ncu_pair_spill_warps", "ncu_pair_clean_warps")
-    # what each whole backward (every kernel of the pass) read from and wrote to HBM, d = 128, no mask
-    rows = profiles.kernel_rows(run)
-
-    def pass_kernels(impl, pass_="backward"):
-        return [k for k in rows if k["impl"] == impl and k["pass_"] == pass_ and k["dim"] == 128 and not k["causal"]]
-
-    for impl, key in (("triton", "fb"), ("sdpa-cudnn", "cudnn")):
-        ks = pass_kernels(impl)
-        read = sum(k[profiles.DRAM_READ] for k in ks)
-        moved = read + sum(k["dram__bytes_write.sum"] for k in ks)
-        ch.put(f"ncu_{key}_read_gb", read / 1e9, ".2f")
-        ch.put(f"ncu_{key}_tb_s", moved / (sum(k[profiles.TIME] for k in ks) * 1e-9) / 1e12, ".1f")
-    # the shape of cuDNN's forward launch: threads per program (in warpgroups of 128) and programs per SM
-    main = max(pass_kernels("sdpa-cudnn", "forward"), key=lambda k: k[profiles.TIME], default=None)
-    if main is not None:
-        threads = int(str(main["Block Size"]).strip("()").split(",")[0])
-        programs = int(str(main["Grid Size"]).strip("()").split(",")[0])
-        sms = int(main.get("device__attribute_multiprocessor_count") or 0)
-        ch.put("ncu_cudnn_launch", f"{threads // 128} warpgroups ({threads} threads) per program and "
-               f"{programs} programs" + (", one per SM" if programs == sms else f" on {sms} SMs"))
-    else:
-        ch.nothing("ncu_cudnn_launch")
-    # SDPA-flash's backward starts with element-wise kernels (copies, by their traffic)
-    copies = [k for k in pass_kernels("sdpa-flash") if "elementwise_kernel" in k["Kernel Name"]]
-    ch.put("ncu_flash_copies", len(copies))
-    sizes = {f"{k[profiles.DRAM_READ] / 1e6:.0f}" for k in copies}
-    ch.put("ncu_flash_copy_mb", (sizes.pop() if len(sizes) == 1 else _span([float(x) for x in sizes]))
-           if copies else None)
-    # which tensor-core instructions SDPA's FlashAttention-2 forward issues (chapter 7 reads the same)
-    flash = [k for k in profiles.kernel_rows(run) if k["impl"] == "sdpa-flash" and k["pass_"] == "forward"
-             and k["dim"] == 128 and not k["causal"]]
-    ch.put("ncu_flash_wgmma", int(sum(k["sm__inst_executed_pipe_tensor_op_gmma.sum"] for k in flash))
-           if flash else None, ",")
 
 
 # ---------------------------------------------------------------- memory
