@@ -77,7 +77,7 @@ def repeats(ch) -> None:
 
 def _profile(ch) -> None:
     """Nsight Compute's readings of the library's passes beside cuDNN's (run ``kernel_ncu``)."""
-    from .profiles import kernel_rows, pass_table
+    from .profiles import forward_wgmma, kernel_rows, pass_table
 
     run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
     names = ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma",
@@ -103,11 +103,11 @@ def _profile(ch) -> None:
     ch.put("ncu_l2", f"{ours['l2_hit'].min():.0f} to {ours['l2_hit'].max():.0f}%")
     for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
         ch.put(f"ncu_tc_{key}", at.loc[(impl, "forward", False), "tensor_pct"], ".0f")
-    flash = [k for k in kernel_rows(run) if k["impl"] == "sdpa-flash" and k["pass_"] == "forward" and k["dim"] == 128]
-    ch.put("ncu_flash_wgmma", int(sum(k["sm__inst_executed_pipe_tensor_op_gmma.sum"] for k in flash)))
+    rows = kernel_rows(run)
+    ch.put("ncu_flash_wgmma", forward_wgmma(rows))
     ch.put("ncu_bwd_ops", at.loc[("triton", "backward", False), "ops_ratio"], ".2f")
     ch.put("ncu_cudnn_bwd_ops", at.loc[("sdpa-cudnn", "backward", False), "ops_ratio"], ".2f")
-    kernels = [k for k in kernel_rows(run) if k["impl"] == "triton" and k["pass_"] == "backward" and k["dim"] == 128
+    kernels = [k for k in rows if k["impl"] == "triton" and k["pass_"] == "backward" and k["dim"] == 128
                and not k["causal"] and "mask" not in k and "config_dkdv" not in k]
     credited = at.loc[("triton", "backward", False), "ops_ratio"] / sum(
         sum(k.get(m, 0.0) for m in _ops()) for k in kernels)
@@ -255,7 +255,6 @@ def _gluon_bwd(ch) -> None:
 
 #: The second try's variants (run 'gluon_bwd_rows'): FA3's register plan, the old plan's red4, chapter 8's kernels.
 GLUON_ROWS_SHOWN = ("rows_split_red4", "rows_split_tma", "rows_none", "red4", "triton")
-WGMMA = "sm__inst_executed_pipe_tensor_op_gmma.sum"
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
 
@@ -265,7 +264,7 @@ def _gluon_bwd_rows(ch) -> None:
     wgmma instructions counted (the ``none`` variant drops the dQ products)."""
     import pandas as pd
 
-    from .profiles import SPILL_ST, TENSOR_BUSY, TIME
+    from .profiles import SPILL_ST, TENSOR_BUSY, TIME, WGMMA
 
     folder = run_path("gluon_bwd_rows", ch.root) if ch.root is not None else None
     names = ("gbr_where", "gbr_checks", "gbr_err_hi", "gbr_triton_lo", "gbr_triton_hi", "gbr_cudnn_lo", "gbr_cudnn_hi",

@@ -72,7 +72,7 @@ def ncu_dkdv_registers(d: int, root=None) -> dict:
     if set(by_mask) != {False, True}:
         return {}
     def warps(r):
-        return int(str(r["Block Size"]).strip("()").split(",")[0]) // 32
+        return profiles.launch_extent(r, "Block Size") // 32
 
     return {"regs": int(by_mask[False][profiles.REGS]),
             "spill_full_mb": by_mask[False][profiles.SPILL_ST] / 1e6,

@@ -14,6 +14,11 @@ from .runs import gpu_record, recorded_output, run_paths
 LIVE_CELL = "live-run"
 
 
+def _minute(date: str) -> str:
+    """An ISO date-time to the minute, as the page prints it: "2026-11-30 13:47"."""
+    return date[:16].replace("T", " ")
+
+
 def parse_table(text: str):
     """``format_table``'s printed blocks as rows: (impl, head_dim, seq, causal) and the
     forward and backward TFLOP/s, from a header line such as "d=128  N=1024  not causal ..."
@@ -60,16 +65,16 @@ def live_recorded(ch) -> None:
     before = [r for r in runs if r[0] and when and r[0] < when]
     table = live.set_index(keys)[["fwd_tflops"]].rename(columns={"fwd_tflops": "live"})
     for date, frame in runs:
-        label = f"{date[:16].replace('T', ' ')} UTC" + (" (this page)" if date == page else "")
+        label = f"{_minute(date)} UTC" + (" (this page)" if date == page else "")
         table.insert(len(table.columns) - 1, label,
                      frame.set_index(keys)["fwd_tflops"].reindex(table.index))
     table["live / this page's run"] = table["live"] / ch.results.set_index(keys)["fwd_tflops"].reindex(table.index)
     if before:
         table["live / newest run then"] = table["live"] / before[-1][1].set_index(keys)["fwd_tflops"].reindex(table.index)
     ch.tables["live_recorded"] = table
-    ch.say(cell, f"The live cell above was recorded on {when[:16].replace('T', ' ')} UTC"
-                 + (f", before the full run this page reads ({page[:16].replace('T', ' ')} UTC): its ratio "
-                    f"table divides by the run that was newest then ({before[-1][0][:16].replace('T', ' ')} UTC)."
+    ch.say(cell, f"The live cell above was recorded on {_minute(when)} UTC"
+                 + (f", before the full run this page reads ({_minute(page)} UTC): its ratio "
+                    f"table divides by the run that was newest then ({_minute(before[-1][0])} UTC)."
                     if before and page > when else "."))
     ch.say(cell, "Forward TFLOP/s of each full run, of the live run, and the ratios:")
     ch.table(cell, "live_recorded", table.round(2))

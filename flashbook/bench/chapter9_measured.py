@@ -60,8 +60,9 @@ def ceilings(ch):
 
 # ---------------------------------------------------------------- speed
 
-def speed(ch, ceil) -> None:
-    """TFLOP/s against N (the figure), the fastest implementations and three patterns."""
+def speed(ch, ceil, noise) -> None:
+    """TFLOP/s against N (the figure), the fastest implementations and three patterns;
+    ``noise``: ``twin_spread`` of the run."""
     import pandas as pd
 
     from .. import tiled
@@ -83,7 +84,6 @@ def speed(ch, ceil) -> None:
 
     ok = df[df["status"] == "ok"]
     keys = ["head_dim", "seq", "causal"]
-    noise = twin_spread(df)
     phrases, close = {}, {}
     for p in ("fwd", "bwd"):
         # flashbook-atomic runs flashbook's forward kernel: in the forward the two are one
@@ -401,8 +401,9 @@ def _target_cells(table):
     return wide
 
 
-def targets(ch) -> None:
-    """The targets' thresholds, then each shape's ratio and verdict, and the counts."""
+def targets(ch, noise) -> None:
+    """The targets' thresholds, then each shape's ratio and verdict (``noise``: ``twin_spread``
+    of the run), and the counts."""
     t = {x.label: x for x in PERFORMANCE_TARGETS}
     if set(TARGET_KEYS) != set(t):
         raise ValueError(f"the prose names every target once: {sorted(set(TARGET_KEYS) ^ set(t))}")
@@ -418,7 +419,6 @@ def targets(ch) -> None:
             ch.nothing(key, key + "_missed", key + "_close", key + "_met", key + "_n")
         ch.nothing("t_noise", "t_mem_ratio")
         return
-    noise = twin_spread(df)
     table = target_table(df, impl="flashbook")
     table["verdict"] = [target_verdict(r.ratio, r.threshold, r.met, noise) for r in table.itertuples()]
     summary = target_summary(table)

@@ -86,8 +86,7 @@ def ncu(ch) -> None:
     # the shape of cuDNN's forward launch: threads per program (in warpgroups of 128) and programs per SM
     main = max(pass_kernels("sdpa-cudnn", "forward"), key=lambda k: k[profiles.TIME], default=None)
     if main is not None:
-        threads = int(str(main["Block Size"]).strip("()").split(",")[0])
-        programs = int(str(main["Grid Size"]).strip("()").split(",")[0])
+        threads, programs = profiles.launch_extent(main, "Block Size"), profiles.launch_extent(main, "Grid Size")
         sms = int(main.get("device__attribute_multiprocessor_count") or 0)
         ch.put("ncu_cudnn_launch", f"{threads // 128} warpgroups ({threads} threads) per program and "
                f"{programs} programs" + (", one per SM" if programs == sms else f" on {sms} SMs"))
@@ -100,7 +99,4 @@ def ncu(ch) -> None:
     ch.put("ncu_flash_copy_mb", (sizes.pop() if len(sizes) == 1 else _span([float(x) for x in sizes]))
            if copies else None)
     # which tensor-core instructions SDPA's FlashAttention-2 forward issues (chapter 7 reads the same)
-    flash = [k for k in profiles.kernel_rows(run) if k["impl"] == "sdpa-flash" and k["pass_"] == "forward"
-             and k["dim"] == 128 and not k["causal"]]
-    ch.put("ncu_flash_wgmma", int(sum(k["sm__inst_executed_pipe_tensor_op_gmma.sum"] for k in flash))
-           if flash else None, ",")
+    ch.put("ncu_flash_wgmma", profiles.forward_wgmma(rows) if pass_kernels("sdpa-flash", "forward") else None, ",")

@@ -29,6 +29,8 @@ TENSOR_BUSY = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_a
 TENSOR_OPS = ("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum",
               "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32.sum")
 REGS, SPILL_ST = "launch__registers_per_thread", "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"
+#: Hopper's asynchronous matrix instructions issued (the older mma.sync counts under ..._hmma.sum)
+WGMMA = "sm__inst_executed_pipe_tensor_op_gmma.sum"
 
 
 def number(text: str):
@@ -96,3 +98,16 @@ def pass_table(folder):
                         dram_mb=main[DRAM_READ] / 1e6, l2_hit=main[L2_HIT], tensor_pct=main[TENSOR_BUSY],
                         regs=int(main[REGS]), spill_mb=main[SPILL_ST] / 1e6))
     return pd.DataFrame(out)
+
+
+def forward_wgmma(rows, impl: str = "sdpa-flash", dim: int = 128) -> int:
+    """How many ``wgmma`` instructions ``impl``'s forward issued (no mask, head dimension ``dim``),
+    summed over its kernels among ``rows`` (``kernel_rows``'s): 0 for code of mma.sync only."""
+    return int(sum(k[WGMMA] for k in rows if k["impl"] == impl and k["pass_"] == "forward"
+                   and k["dim"] == dim and not k["causal"]))
+
+
+def launch_extent(row, column: str = "Block Size") -> int:
+    """The first extent of a launch dimension as ncu writes it, "(256, 1, 1)" -> 256
+    (``column``: "Block Size" for threads per program, "Grid Size" for programs)."""
+    return int(str(row[column]).strip("()").split(",")[0])
