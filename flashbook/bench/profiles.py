@@ -18,7 +18,9 @@ The main kernel of a pass is the one that runs longest.
 from __future__ import annotations
 
 import csv
+import functools
 import json
+import os
 from pathlib import Path
 
 from .costs import attention_flops
@@ -44,7 +46,15 @@ def number(text: str):
 
 def ncu_csv(path) -> list[dict]:
     """The kernels of an ``ncu --csv --page raw`` file, in launch order: one dict each with
-    "Kernel Name" and every metric column as a number (as text where the cell holds none)."""
+    "Kernel Name" and every metric column as a number (as text where the cell holds none).
+    A file is parsed once per version (its size and time): ``pass_table`` and ``kernel_rows``
+    both read it, and a chapter calls both; each call gets its own dicts."""
+    stat = os.stat(path)
+    return [dict(row) for row in _parsed(str(path), stat.st_mtime_ns, stat.st_size)]
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: str, _mtime_ns: int, _size: int) -> tuple:
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     try:
@@ -53,7 +63,7 @@ def ncu_csv(path) -> list[dict]:
         raise ValueError(f"{path}: not ncu's raw CSV (no header row starting with ID)") from None
     head = rows[start]
     # the row after the header holds the units
-    return [{h: number(x) if "__" in h else x for h, x in zip(head, r)} for r in rows[start + 2:]]
+    return tuple({h: number(x) if "__" in h else x for h, x in zip(head, r)} for r in rows[start + 2:])
 
 
 def kernel_rows(folder) -> list[dict]:

@@ -57,17 +57,22 @@ def block_maps(fig, n: int, d: int, blocks, limit_bytes: float):
     return fracs
 
 
+def _drawn(chips):
+    """The chips a shared-memory line is drawn for: the H200 has the H100's shared memory, so
+    its line would lie on the H100's (which says "= H200")."""
+    return [c for c in chips if c.name != "H200"]
+
+
 def onchip_vs_tile(ax, chips, sizes, ds=(64, 128, 256)):
     """Everything on chip for one program (fp16 tiles, fp32 accumulators) against the square
     tile size, one line per head dimension, with each chip's shared memory per program."""
     for d, style in zip(ds, ["-", "--", ":"]):
         ax.plot(sizes, [tiled.onchip_bytes(b, b, d, 2) / _KIB for b in sizes], style, color="k",
                 label=f"$B_r$ = $B_c$, d = {d}")
-    for c, color in zip(chips, ["C0", "C1", "C2", "C3"]):
-        if c.name != "H200":                             # same shared memory as the H100
-            ax.axhline(c.smem_per_block_kib, color=color, lw=1)
-            ax.text(sizes[0], c.smem_per_block_kib * 1.03, f"{c.name} per program"
-                    + (" (= H200)" if c.name == "H100" else ""), color=color, fontsize=8)
+    for c, color in zip(_drawn(chips), ["C0", "C1", "C2", "C3"]):
+        ax.axhline(c.smem_per_block_kib, color=color, lw=1)
+        ax.text(sizes[0], c.smem_per_block_kib * 1.03, f"{c.name} per program"
+                + (" (= H200)" if c.name == "H100" else ""), color=color, fontsize=8)
     ax.set_xlabel("tile size $B_r$ = $B_c$"); ax.set_ylabel("everything on chip (KiB)")
     ax.set_ylim(0, 400); ax.legend(fontsize=8, loc="lower right")
     ax.set_title("Everything on chip, one program (fp16 tiles, fp32 accumulators)")
@@ -84,11 +89,10 @@ def against_m(ax, n: int, d: int, ms, chips):
         ax.loglog(ms, t, style, label=f"{ORDER_NAMES[order]}, paper's blocks")
     ax.loglog(ms, [tiled.io_bound(n, d, m) for m in ms], "k--", label="$N^2d^2/M$")
     ax.axhline(tiled.io_naive(n, n, d).hbm_total, color="gray", label="naive")
-    for c in chips:
-        if c.name != "H200":
-            m_el = c.smem_per_block_kib * _KIB // 2
-            ax.axvline(m_el, color="gray", ls=":", lw=0.8)
-            ax.text(m_el, 2e6, c.name, rotation=90, fontsize=8, va="bottom")
+    for c in _drawn(chips):
+        m_el = c.smem_per_block_kib * _KIB // 2
+        ax.axvline(m_el, color="gray", ls=":", lw=0.8)
+        ax.text(m_el, 2e6, c.name, rotation=90, fontsize=8, va="bottom")
     ax.set_xlabel("on-chip memory M (elements)"); ax.set_ylabel("HBM traffic (elements)")
     ax.set_title(f"N = {n}, d = {d}")
     ax.legend(fontsize=8)
