@@ -11,6 +11,11 @@ The tests that check what a chapter says read it through these few functions::
 Every function that takes ``nb`` takes a notebook as :func:`notebook` returns it (a notebook
 read with ``nbformat.read`` works too: it is a dict whose sources are already joined), or
 anything :func:`notebook` accepts, which it then reads.
+
+Hidden cells compute the numbers the prose quotes; :func:`run_glued` runs such cells with the
+chapter's glue functions captured, so a test can compare what a page would show::
+
+    glued, ns = run_glued(cell_source(nb, "1791dcf8"), bench=bench)
 """
 import json
 import os
@@ -80,3 +85,30 @@ def source_text(nb, kind=None, sep: str = "\n") -> str:
 def markdown(nb, sep: str = "\n") -> str:
     """The notebook's prose: its Markdown cells, joined by ``sep``."""
     return source_text(nb, "markdown", sep)
+
+
+def glue_text_value(value, fmt: str = "") -> str:
+    """The text ``flashbook.display.glue_text(name, value, fmt)`` puts in the prose."""
+    return "n/a" if value is None else format(value, fmt)
+
+
+def run_glued(code, quiet: bool = False, **names) -> tuple:
+    """Run notebook code (a cell's source, or a list of them, in order, in one namespace) with
+    ``names`` defined and the glue functions captured: ``g`` and ``glue_text`` as the text the
+    prose shows (:func:`glue_text_value`), ``glue`` as the value itself. ``quiet``: ``print``
+    and ``display`` do nothing. Returns (what was glued, by name; the namespace)."""
+    glued = {}
+
+    def text(name, value, fmt=""):
+        glued[name] = glue_text_value(value, fmt)
+
+    def glue(name, value, display=True):
+        glued[name] = value
+
+    ns = {"g": text, "glue_text": text, "glue": glue}
+    if quiet:
+        ns.update(print=lambda *a, **k: None, display=lambda *a, **k: None)
+    ns.update(names)
+    for i, one in enumerate([code] if isinstance(code, str) else code):
+        exec(compile(one, f"<cell {i}>", "exec"), ns)
+    return glued, ns

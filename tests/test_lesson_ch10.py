@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, require
-from notebook_text import cells, markdown, source_of, sources_by_id
+from notebook_text import cells, markdown, run_glued, source_of, sources_by_id
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "10_making_it_fast.ipynb")
 LAB = os.path.join(ROOT, "notebooks", "A3_lab_notes.ipynb")
@@ -305,9 +305,7 @@ def test_the_prose_under_the_timing_cell_describes_the_recorded_table():
     that run and explains its NaN, instead of saying the cell "only said so"."""
     cells = sources_by_id(NOTEBOOK)
     assert "{glue:text}`live_note`" in cells["26110378"] and "live_phrase" not in cells["26110378"]
-    glued = {}
-    exec(cells["c10-live-note"], {"g": lambda name, value, fmt="": glued.update({name: format(value, fmt)}),
-                                  "CPU": True})
+    glued, _ = run_glued(cells["c10-live-note"], CPU=True)
     recorded = json.load(open(RECORDING))
     table = "".join(o.get("text", "") for c in recorded["cells"] if c["id"] == "6041c7eb" for o in c["outputs"])
     header = table.strip().splitlines()[0]

@@ -9,7 +9,6 @@ recomputes what it glues from that data independently, so the prose cannot drift
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -18,29 +17,23 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench
-from notebook_text import cell_source, cells, source_of, sources_by_id
+from flashbook.bench import runs
+from notebook_text import cell_source, cells, run_glued, source_of, sources_by_id
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
-RECORDING = os.path.join(ROOT, "benchmarks", "results", "gpu_outputs", "07_triton_forward.json")
 CHECK_CELL, TIMING_CELL = "073f60cf", "cd762aa3"
 
 
 def _run(cell_id: str, **names) -> dict:
     """Execute one of the chapter's (hidden) cells with ``names`` defined; return what it glued,
     formatted as the chapter's ``g`` (flashbook.display.glue_text) formats it."""
-    glued = {}
-
-    def g(name, value, fmt=""):
-        glued[name] = "n/a" if value is None else format(value, fmt)
-
-    exec(compile(cell_source(NOTEBOOK, cell_id), cell_id, "exec"), {"g": g, "bench": bench, "pd": pd, **names})
-    return glued
+    return run_glued(cell_source(NOTEBOOK, cell_id), bench=bench, pd=pd, **names)[0]
 
 
 def _recorded_text(cell_id: str) -> str:
-    require(os.path.isfile(RECORDING), "no recorded chapter 7 outputs")
-    cell = next(c for c in json.load(open(RECORDING))["cells"] if c["id"] == cell_id)
-    return "".join(o.get("text", "") for o in cell["outputs"])
+    text = runs.recorded_output("07_triton_forward", cell_id)
+    require(text is not None, "no recorded chapter 7 outputs")
+    return text
 
 
 def test_the_check_prose_quotes_the_recorded_h200_table():

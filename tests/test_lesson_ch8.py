@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT
 from flashbook import bench
-from notebook_text import cell_source, markdown
+from notebook_text import cell_source, markdown, run_glued
 
 sys.path.insert(0, os.path.join(ROOT, "book", "_ext"))
 import gpu_outputs  # noqa: E402
@@ -38,15 +38,8 @@ def _glued_by_cells(nb, *cell_ids):
     from flashbook import tiled
     from flashbook.kernels import configs
 
-    glued = {}
-
-    def g(name, value, fmt=""):
-        glued[name] = "n/a" if value is None else format(value, fmt)
-
-    namespace = {"g": g, "pd": pd, "bench": bench, "tiled": tiled, "configs": configs}
-    for cell_id in cell_ids:
-        exec(cell_source(nb, cell_id), namespace)
-    return glued
+    return run_glued([cell_source(nb, cell_id) for cell_id in cell_ids], pd=pd, bench=bench,
+                     tiled=tiled, configs=configs)[0]
 
 
 def test_prose_quotes_a_gpu_cells_numbers_only_from_its_recording(nb):

@@ -15,32 +15,22 @@ import pandas as pd
 
 from conftest import ROOT, require
 from flashbook import bench, runtime
-from notebook_text import cell_source, markdown
+from flashbook.bench import runs
+from notebook_text import cell_source, markdown, run_glued
 
 CH6 = os.path.join(ROOT, "notebooks", "06_gpu_and_triton.ipynb")
 CH7 = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
-RECORDING7 = os.path.join(ROOT, "benchmarks", "results", "gpu_outputs", "07_triton_forward.json")
 
 
 def _glued(notebook, cell_id, **names):
     """Run one of a chapter's cells with ``names`` defined; what it glued, as strings."""
-    glued = {}
-
-    def g(name, value, fmt=""):
-        glued[name] = format(value, fmt)
-
-    def glue(name, value, display=True):
-        glued[name] = value
-
-    exec(compile(cell_source(notebook, cell_id), cell_id, "exec"),
-         {"g": g, "glue": glue, "bench": bench, "pd": pd, "runtime": runtime, **names})
-    return glued
+    return run_glued(cell_source(notebook, cell_id), bench=bench, pd=pd, runtime=runtime, **names)[0]
 
 
 def _recorded7(cell_id):
-    require(os.path.isfile(RECORDING7), "no recorded chapter 7 outputs")
-    cell = next(c for c in json.load(open(RECORDING7))["cells"] if c["id"] == cell_id)
-    return "".join(o.get("text", "") for o in cell["outputs"])
+    text = runs.recorded_output("07_triton_forward", cell_id)
+    require(text is not None, "no recorded chapter 7 outputs")
+    return text
 
 
 # --- chapter 6 -------------------------------------------------------------------------------

@@ -11,20 +11,12 @@ import torch
 
 from conftest import ROOT, require
 from flashbook import plots, reference, softmax
-from notebook_text import cell_source, markdown, notebook, source_text
+from notebook_text import cell_source, markdown, notebook, run_glued, source_text
 
 
 def _run(code, **names):
     """Run one cell with glue / glue_text captured: the values it glues, by name."""
-    glued = {}
-
-    def capture(name, value, fmt="", display=True):
-        glued[name] = format(value, fmt) if fmt else value
-
-    ns = {"glue": capture, "glue_text": capture, "np": np, "pd": pd, "math": math,
-          "softmax": softmax, "reference": reference, **names}
-    exec(code, ns)
-    return glued, ns
+    return run_glued(code, np=np, pd=pd, math=math, softmax=softmax, reference=reference, **names)
 
 
 # --- chapter 1 ------------------------------------------------------------------------

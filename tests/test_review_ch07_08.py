@@ -14,7 +14,7 @@ from flashbook import bench, tiled
 from flashbook.kernels import autograd, configs
 from flashbook.kernels import backward as bwd
 from flashbook.kernels import forward as fwd
-from notebook_text import cell_source, find_cell, markdown, source_of, sources_by_id
+from notebook_text import cell_source, find_cell, markdown, run_glued, source_of, sources_by_id
 
 CH7 = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
 CH8 = os.path.join(ROOT, "notebooks", "08_triton_backward.ipynb")
@@ -22,16 +22,9 @@ CH8 = os.path.join(ROOT, "notebooks", "08_triton_backward.ipynb")
 
 def _glued(path, *cell_ids, **names):
     """Run cells ``cell_ids`` in one namespace; return what they glue, as the chapter shows it."""
-    glued = {}
-
-    def g(name, value, fmt=""):
-        glued[name] = "n/a" if value is None else format(value, fmt)
-
-    ns = {"g": g, "pd": pd, "bench": bench, "tiled": tiled, "configs": configs, "torch": torch, **names}
     cells = sources_by_id(path)
-    for cell_id in cell_ids:
-        exec(compile(cells[cell_id], cell_id, "exec"), ns)
-    return glued, ns
+    return run_glued([cells[cell_id] for cell_id in cell_ids], pd=pd, bench=bench, tiled=tiled,
+                     configs=configs, torch=torch, **names)
 
 
 def test_ch7_fp32_products_are_ieee_unless_torch_says_otherwise():

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from notebook_text import cell_ids, sources_by_id
+from notebook_text import cell_ids, run_glued, sources_by_id
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "10_making_it_fast.ipynb")
@@ -113,9 +113,7 @@ def test_exercise_5_calls_the_graph_outlier_an_outlier(ch):
 
 def test_the_live_table_is_said_to_be_another_run():
     cells = sources_by_id(NOTEBOOK)
-    glued = {}
-    exec(cells["c10-live-note"], {"g": lambda name, value, fmt="": glued.update({name: format(value, fmt)}),
-                                  "CPU": True})
+    glued, _ = run_glued(cells["c10-live-note"], CPU=True)
     note = glued["live_note"]
     assert "same staircase" not in note and "not the ladder's" in note and "relaxed" in note
 

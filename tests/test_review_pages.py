@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime
-from notebook_text import cells, source_of
+from notebook_text import cells, glue_text_value, source_of
 
 BOOK = os.path.join(ROOT, "book")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -35,7 +35,7 @@ def _glued(name):
     glued = {}
 
     def capture(key, value, fmt=""):
-        glued[key] = format(value, fmt) if fmt else str(value)
+        glued[key] = glue_text_value(value, fmt)
 
     real = flashbook.display.glue_text
     flashbook.display.glue_text = capture

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime, tiled
-from notebook_text import cell_source, markdown, notebook
+from notebook_text import cell_source, markdown, notebook, run_glued
 
 from test_statements import BOOK
 
@@ -25,15 +25,7 @@ def _page(name):
 
 def _glued_by(code, **names):
     """Run one hidden cell with glue_text / g captured: the values it glues, by name."""
-    glued = {}
-
-    def capture(name, value, fmt=""):
-        glued[name] = format(value, fmt) if fmt else str(value)
-
-    ns = {"glue_text": capture, "g": capture, "pd": pd, "np": np, "math": math, "bench": bench,
-          "display": lambda *a, **k: None, "print": lambda *a, **k: None, **names}
-    exec(code, ns)
-    return glued
+    return run_glued(code, quiet=True, pd=pd, np=np, math=math, bench=bench, **names)[0]
 
 
 def _ncu_forward():
