@@ -257,3 +257,32 @@ def test_the_document_order_the_chapter_quotes():
     # the chapter: the backward is still the slower half, the forward makes up for it
     assert prof["backward"][0] > prof["backward"][1]
     assert prof["forward"][0] < prof["forward"][1] and prof["busy"][0] < prof["busy"][1]
+
+
+def test_every_rule_written_as_flexattention_is_the_same_function():
+    """Chapter 12's side-by-side: each mask_mod / score_mod, run by torch's FlexAttention (eager,
+    float64, CPU), equals masks.attention under the keywords beside it, on fresh random inputs."""
+    import pandas as pd
+    import torch
+    from notebook_text import cell_source, run_glued
+
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    nb = "12_masks.ipynb"
+    shown = []
+    _, ns = run_glued(cell_source(nb, "c12-flex-table"), torch=torch, np=np, pd=pd, masks=masks,
+                      display=shown.append)
+    table = ns["flex_df"]
+    assert len(shown) == 1 and len(table) == 7
+    assert (table["max |difference|"] < 1e-12).all() and (table["max |difference|"] > 0).any()
+    # every rule of the chapter, each through the keyword the chapter's kernels take
+    keywords = " ".join(table["flashbook keywords"])
+    for name in ("causal=True", "window=(5, 0)", "doc_ids_q=doc", "prefix=8", "softcap=5.0", "alibi_slopes=slopes"):
+        assert name in keywords
+    # the check would catch a wrong rule: ALiBi with the opposite sign differs
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 24, 16)) for _ in range(3))
+    wrong = ns["flex"](*map(torch.tensor, (q, k, v)), "kv_idx <= q_idx", "score + slopes[h] * (q_idx - kv_idx)")
+    right = masks.attention(q, k, v, causal=True, alibi_slopes=ns["slopes"].numpy())
+    assert np.abs(wrong.numpy() - right).max() > 1e-3
+    prose = cell_source(nb, "c12-flex")
+    assert "bottom-right" in prose and "already multiplied by the scale" in prose and "torch.abs(q_idx - kv_idx)" in prose
