@@ -106,7 +106,7 @@ class Chip:
     sms: int                   # streaming multiprocessors
     smem_per_sm_kib: int       # shared memory per SM (the on-chip "SRAM", M)
     smem_per_block_kib: int    # largest shared memory one program may use (opt-in)
-    hbm_gib: float             # device memory, GiB (datasheets say "GB" but mean 2**30 bytes)
+    hbm_gib: float             # device memory, the datasheet's "GB" (rounded: neither 1e9 nor 2**30)
     hbm_tb_s: float            # HBM bandwidth, TB/s (vendor datasheet)
     fp16_tflops: float         # dense fp16 tensor-core peak, TFLOP/s
     bf16_tflops: float | None  # dense bf16 tensor-core peak; None: no bf16 tensor cores
@@ -130,8 +130,9 @@ class Chip:
 
     @property
     def hbm_bytes(self) -> int:
-        """Device memory in bytes. The datasheets' "80 GB" and "141 GB" are binary: the
-        H200's driver reports 150.1e9 bytes, more than 141e9 but less than 141 * 2**30."""
+        """Device memory in bytes, reading the datasheet's "GB" as GiB: an upper bound. The
+        datasheets' "80 GB" and "141 GB" are rounded, neither exactly 1e9 nor 2**30 bytes: the
+        H200's driver reports 150.1e9 bytes (139.8 GiB), more than 141e9, less than 141 * 2**30."""
         return int(self.hbm_gib * 2**30)
 
     @property

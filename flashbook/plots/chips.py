@@ -6,6 +6,8 @@ pass in. A level whose bandwidth the sources do not publish is left out, not gue
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
@@ -53,11 +55,12 @@ def roofline(ax, chips, intensity, title="", tensor_roofs=False):
                     label=f"{c.name} tensor cores (cuBLAS)")
     for (name, i), style in zip(intensity.items(), [":", "-.", "--"]):
         ax.axvline(i, color="k", ls=style, lw=1)
-        ax.text(i * 1.08, 1.3, name.split(" (")[0], rotation=90, fontsize=8, va="bottom")
+        label = re.sub(r"(\S+_\S+)", r"$\1$", name.split(" (")[0])    # N/B_r as math: N/B with r below
+        ax.text(i * 1.08, 1.3, label, rotation=90, fontsize=8, va="bottom")
     ax.set_xscale("log"); ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable TFLOP/s (solid: tl.dot; dashed: cuBLAS)" if tensor_roofs
                   else "attainable TFLOP/s (the rate tl.dot gets)")
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize=8)
     return ax
