@@ -264,8 +264,9 @@ def test_the_explorer_shows_notes_whole_and_measured_only_where_measured():
     assert view["fits"]["H200"]["how"] == "measured"
     assert view["fits"]["H100"]["how"] == "measured on the H200 (same sm_90 code)"
     assert labelled_fits(state.fits) == state.fits             # no GPU named: nothing relabelled
-    assert not any(os.path.isdir(p) and "h100" in p.lower()    # there is no H100 run to call measured
-                   for p in glob.glob(os.path.join(ROOT, "benchmarks", "results", "*")))
+    # there is no H100 block sweep to call measured (stress_h100 checks correctness, times nothing)
+    assert not glob.glob(os.path.join(ROOT, "benchmarks", "results", "*[hH]100*", "**", "blocks.csv"), recursive=True)
+    assert not any("h100" in str(p).lower() for p in bench.run_paths("blocks"))
 
 
 def test_tables_show_whole_cells_in_chapters_6_and_9():

@@ -51,9 +51,9 @@ def _tutorial(ch, root) -> None:
     both = both.merge(early[keys + ["flashbook_over_peer"]], on=keys, how="left", suffixes=("", "_earlier"))
     d128 = both[both["head_dim"] == 128]
     shown = d128.assign(mask=d128["causal"].map(MASKS))[
-        ["seq", "mask", "pass", "peer", "peer_check", "flashbook", "flashbook_over_peer",
-         "flashbook_over_peer_earlier", "peer_cudnn", "flashbook_over_peer_cudnn"]]
-    shown.columns = ["N", "mask", "pass", "tutorial", "its check", "ours", "x tutorial (run 2)", "x tutorial (run 1)",
+        ["seq", "mask", "pass", "peer", "peer_check", "flashbook", "flashbook_over_peer_earlier",
+         "flashbook_over_peer", "peer_cudnn", "flashbook_over_peer_cudnn"]]
+    shown.columns = ["N", "mask", "pass", "tutorial", "its check", "ours", "x tutorial (run 1)", "x tutorial (run 2)",
                      "cuDNN", "x cuDNN"]
     ch.table("tutorial", "tutorial", shown, lambda s: s.hide(axis="index").format(precision=2, na_rep="-")
              .format("{:.0f}", subset=["tutorial", "ours", "cuDNN"]))   # TFLOP/s; "-": the tutorial failed its check
@@ -89,8 +89,8 @@ def _descriptors(ch, root) -> None:
                                "best_tma": "best descriptor variant", "tma_vs_flashbook": "x library",
                                "best_tma_ws": "best with warp spec.", "tma_ws_vs_flashbook": "x library (ws)",
                                "failed": "did not compile", "tried": "variants"})
-    ch.table("descriptors", "descriptors", shown.drop(columns=["head_dim", "best_tma_tflops", "best_tma_ws_tflops"])
-             .round(3), max_colwidth=40)
+    ch.table("descriptors", "descriptors", shown.drop(columns=["head_dim", "best_tma_tflops", "best_tma_ws_tflops"]),
+             lambda s: s.hide(axis="index").format(precision=3))
     ch.put("tma_mean", ht["tma_vs_flashbook"].mean(), ".2f")
     ch.put("tma_lo", ht["tma_vs_flashbook"].min(), ".2f"); ch.put("tma_hi", ht["tma_vs_flashbook"].max(), ".2f")
     ch.put("tma_ws_lo", ht["tma_ws_vs_flashbook"].min(), ".2f")
@@ -153,6 +153,11 @@ def _static(ch, root) -> None:
 def _autotune(ch, root) -> None:
     import pandas as pd
 
+    from ..kernels import configs
+
+    for mask in MASKS.values():   # the dK/dV kernel's first fitting preference at d = 128, per mask
+        c = configs.default("backward_dkdv", cc=90, block_d=128, elem_bytes=2, causal=mask == "causal")
+        ch.put(f"dkdv_{mask}", f"{c.block_m} x {c.block_n}, {c.num_warps} warps, {c.num_stages} stages")
     tune = load_recorded_json(AUTOTUNE_RUN, root)
     runs = [r for r in (tune or {}).get("autotune", []) if "error" not in r]
     if not runs:
@@ -163,7 +168,7 @@ def _autotune(ch, root) -> None:
         {"mask": MASKS[r["causal"]], "tuning s": r["tuned_first_call_s"],
          "default fwd": r["default_fwd_tflops"], "tuned fwd": r["tuned_fwd_tflops"],
          "default bwd": r["default_bwd_tflops"], "tuned bwd": r["tuned_bwd_tflops"],
-         "same results": r["agree"]} for r in runs]).set_index("mask"))
+         "same results": r["agree"]} for r in runs]).set_index("mask").rename_axis(index=None, columns="mask"))
     full = next(r for r in runs if not r["causal"])
     ch.put("tune_s_lo", min(r["tuned_first_call_s"] for r in runs), ".0f")
     ch.put("tune_s_hi", max(r["tuned_first_call_s"] for r in runs), ".0f")
@@ -265,7 +270,8 @@ def _host(ch, root) -> None:
     if overhead is None:
         ch.say("host", "No recorded host-overhead run (nothing under benchmarks/results/).", missing=True)
         return ch.nothing("host_where", "host_lib", "host_gluon", "host_peer", "host_parts", "host_infl",
-                          "host_infl_peer", "host_long", "host_long_impl", "host_long_rest", "host_lib_agree")
+                          "host_infl_peer", "host_long", "host_long_impl", "host_long_rest", "host_lib_agree",
+                          "host_long_graph", "host_long_ratio")
     host, timed = overhead
     calls = host[host["requires_grad"].eq(False)].set_index("impl")["host_us"]
     parts = host[host["requires_grad"].isna()].set_index("impl")["host_us"]
@@ -275,7 +281,8 @@ def _host(ch, root) -> None:
         lambda s: s.hide(axis="index").format("{:.0f}", subset=["CPU microseconds per call"]))
     short = timed.assign(shape=("d=" + timed["head_dim"].astype(str) + " N=" + (timed["seq"] // 1024).astype(str)
                                 + "K " + timed["causal"].map(MASKS)))
-    ch.table("host", "host_inflation", short.pivot(index="impl", columns="shape", values="inflation").round(2),
+    ch.table("host", "host_inflation", short.pivot(index="impl", columns="shape", values="inflation").round(2)
+             .rename_axis(index=None, columns="impl"),
              lambda s: s.format("{:.2f}").set_caption("timer over CUDA graph (1.00: the host did not show)"))
     ch.put("host_where", _where(load_recorded_json(HOST_OVERHEAD_RUN, root)["environment"]))
     ch.put("host_lib", calls["flashbook forward"], ".0f"); ch.put("host_gluon", calls["gluon forward"], ".0f")
@@ -288,6 +295,8 @@ def _host(ch, root) -> None:
     ch.put("host_long", 100 * off.max(), ".0f")
     ch.put("host_long_impl", long.loc[off.idxmax(), "impl"])                 # the one outlier
     ch.put("host_long_rest", 100 * off.drop(off.idxmax()).max(), ".1f")       # every other 16K pair
+    outlier = long.loc[off.idxmax(), "inflation"]                            # timer over graph
+    ch.put("host_long_ratio", outlier, ".2f"); ch.put("host_long_graph", 100 * (1 / outlier - 1), ".0f")
     lib = short[short["impl"] == "flashbook forward"]
     ch.put("host_lib_agree", 100 * (lib["inflation"] - 1).abs().max(), ".1f")  # chapter 7's kernel, four shapes
 
@@ -429,14 +438,17 @@ def _persistent(ch, root) -> None:
     if pairs is None:
         ch.say("persistent", "No recorded persistent run "
                              "(nothing under benchmarks/results/).", missing=True)
-        return ch.nothing("pers_lo", "pers_hi", "pers_full_lo", "pers_full_hi", "pers_causal_lo", "pers_causal_hi")
+        return ch.nothing("pers_lo", "pers_hi", "pers_full_lo", "pers_full_hi", "pers_causal_lo", "pers_causal_hi",
+                          "pers_full_n64")
     shape = (pairs["seq"] // 1024).astype(str) + "K " + pairs["causal"].map(MASKS)
     ch.table("persistent", "persistent", pairs.assign(shape=shape).pivot(
-        index="tiles", columns="shape", values="first_over_second"), lambda s: s.format("{:.2f}"))
+        index="tiles", columns="shape", values="first_over_second").rename_axis(index=None, columns="tiles"),
+        lambda s: s.format("{:.2f}"))
     ratio = pairs["first_over_second"]
     ch.put("pers_lo", ratio.min(), ".2f"); ch.put("pers_hi", ratio.max(), ".2f")
     old_tiles = ratio[~pairs["causal"] & (pairs["tiles"] == "m64 n128 s2")]   # the old default's, full
     ch.put("pers_full_lo", old_tiles.min(), ".2f"); ch.put("pers_full_hi", old_tiles.max(), ".2f")
+    ch.put("pers_full_n64", ratio[~pairs["causal"] & pairs["tiles"].str.contains(" n64 ")].min(), ".2f")
     ch.put("pers_causal_lo", ratio[pairs["causal"]].min(), ".2f")
     ch.put("pers_causal_hi", ratio[pairs["causal"]].max(), ".2f")
 

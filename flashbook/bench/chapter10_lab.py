@@ -56,11 +56,13 @@ def repeats(ch) -> None:
         for topic in ("noise", "lab_noise"):
             ch.say(topic, "No recorded repeated runs (benchmarks/results/).", missing=True)
         return ch.nothing("noise_runs", "noop_lo", "noop_hi", "twin_lo", "twin_hi", "n_ladders", "n_sweeps",
-                          "rerun_median", "rerun_max", "ladder_min_ms")
+                          "rerun_median", "rerun_max", "ladder_min_ms", "noise_read")
     table = pd.DataFrame(rows, columns=["what is compared", "run", "pairs", "median %", "largest %"])
     ch.table("noise", "repeats", table.set_index(["what is compared", "run"]).round(1))
     ch.outputs.setdefault("lab_noise", []).append(("table", "repeats"))
     ch.noise_runs = max(r[4] for r in within) / 100
+    read = [find_runs(ch.root, name) for name in ("ladder.csv", "results.csv")]   # newest first
+    ch.put("noise_read", " and ".join(runs[0].parent.name for runs in read if runs))   # the runs chapter 10 reads
     ch.put("noise_runs", 100 * ch.noise_runs, ".1f")
     noop = [r[4] for r in rows if r[0] == "no-op rungs"]
     twin = [r[4] for r in rows if r[0] == "twin forward"]
@@ -165,7 +167,7 @@ def _atomic_dq(ch) -> None:
     frames = [_atomic_frame(r) for r in runs]
     spans = pd.concat([f[f["variant"] != "separate"].groupby("variant", sort=False)["x"].agg(
         lambda s: f"{s.min():.2f} to {s.max():.2f}").rename(f"run {i + 1}") for i, f in enumerate(frames)], axis=1)
-    ch.table("atomic_dq", "atomic_dq", spans.rename_axis("dQ variant (time over the separate kernel's)"))
+    ch.table("atomic_dq", "atomic_dq", spans.rename_axis(index=None, columns="dQ variant (time over the separate kernel's)"))
     both = pd.concat(frames)
     fence = both[both["variant"].str.startswith("atomic")]["x"]
     relaxed = both[both["variant"].str.startswith("relaxed")]["x"]
@@ -232,7 +234,7 @@ def _gluon_bwd(ch) -> None:
                      for v, t in r["tflops"].items() if v in GLUON_BWD_SHOWN]
     df = pd.DataFrame(rows)
     span = df.groupby(["variant", "d"], sort=False)["x cuDNN"].agg(lambda s: f"{s.min():.2f} to {s.max():.2f}")
-    ch.table("gluon_bwd", "gluon_bwd", span.unstack("d").rename_axis(columns="d"))
+    ch.table("gluon_bwd", "gluon_bwd", _by_d(span))
     at = df.groupby(["variant", "d"])["x cuDNN"].agg(["min", "max"])
     written = at.drop(index=["triton", "none"], level="variant").xs(128, level="d")
     ch.put("gb_triton_lo", at.loc[("triton", 128), "min"], ".2f"); ch.put("gb_triton_hi", at.loc[("triton", 128), "max"], ".2f")
@@ -242,7 +244,7 @@ def _gluon_bwd(ch) -> None:
     ncu = pd.DataFrame([{"kernel": name, "time (ms)": k[TIME] / 1e6, "local-memory loads (GB)": k[local] / 1e9,
                          "local stores (GB)": k[SPILL_ST] / 1e9, "tensor pipe busy (%)": k[TENSOR_BUSY],
                          "registers": int(k[REGS])} for name, k in _profiled_mains(folder)[0]]).set_index("kernel")
-    ch.table("gluon_bwd_ncu", "gluon_bwd_ncu", ncu.round(2))
+    ch.table("gluon_bwd_ncu", "gluon_bwd_ncu", ncu.round(2).rename_axis(index=None, columns="kernel"))
     spilled = ncu.drop(index=["none", "triton dK/dV", "triton dQ"])["local-memory loads (GB)"]
     ch.put("gb_local_lo", spilled.min(), ".1f"); ch.put("gb_local_hi", spilled.max(), ".1f")
     ch.put("gb_tc_none", ncu.loc["none", "tensor pipe busy (%)"], ".0f")
@@ -251,6 +253,12 @@ def _gluon_bwd(ch) -> None:
     ch.put("gb_regs", int(ncu["registers"].max()))
     prov = json.loads((folder / f"{GLUON_BWD_RUNS[-1]}.json").read_text())["provenance"]
     ch.put("gb_where", f"{prov['gpu']['name']}, {prov['date_utc'][:10]}")
+
+
+def _by_d(span):
+    """A (variant, d) series as a table: a row per variant, a column per head_dim."""
+    table = span.unstack("d")
+    return table.set_axis([f"d = {d}" for d in table.columns], axis=1).rename_axis(index=None, columns="variant")
 
 
 #: The second try's variants (run 'gluon_bwd_rows'): FA3's register plan, the old plan's red4, chapter 8's kernels.
@@ -288,9 +296,9 @@ def _gluon_bwd_rows(ch) -> None:
     best = tf["rows_split_red4"]
     span = lambda s: f"{s.min():.2f} to {s.max():.2f}"          # noqa: E731
     shown = df[df["variant"].isin(GLUON_ROWS_SHOWN)]
-    speed = shown.groupby(["variant", "d"], sort=False)["x cuDNN"].agg(span).unstack("d")
+    speed = _by_d(shown.groupby(["variant", "d"], sort=False)["x cuDNN"].agg(span))
     ch.markdown("gluon_bwd_rows", "**Speed over SDPA cuDNN's backward** (bf16, min to max over the shapes)")
-    ch.table("gluon_bwd_rows", "gluon_bwd_rows", speed.reindex(list(GLUON_ROWS_SHOWN)).rename_axis(columns="d"))
+    ch.table("gluon_bwd_rows", "gluon_bwd_rows", speed.reindex(list(GLUON_ROWS_SHOWN)))
     spread = float(df["spread"].max())
     at128, at64 = tf.xs(128, level="d"), tf.xs(64, level="d")
     for key, ratio in (("triton", at128["rows_split_red4"] / at128["triton"]),
@@ -314,7 +322,7 @@ def _gluon_bwd_rows(ch) -> None:
                          "long-scoreboard stalls": k[STALL.format("long_scoreboard")],
                          "barrier stalls": k[STALL.format("barrier")]} for label, k in mains]).set_index("kernel")
     ch.markdown("gluon_bwd_rows", "**Nsight Compute, one call each** (stalls: per issued instruction)")
-    ch.table("gluon_bwd_rows", "gluon_bwd_rows_ncu", ncu.round(2))
+    ch.table("gluon_bwd_rows", "gluon_bwd_rows_ncu", ncu.round(2).rename_axis(index=None, columns="kernel"))
     ch.put("gbr_wgmma_none", ncu.loc["rows_none", "wgmma instructions (M)"], ".1f")
     ch.put("gbr_wgmma_written", ncu.loc["rows_split_red4", "wgmma instructions (M)"], ".1f")
     ch.put("gbr_wgmma_old", ncu.loc["red4", "wgmma instructions (M)"], ".1f")
@@ -461,7 +469,7 @@ def launch_order(ch) -> None:
     from ..kernels import configs
 
     names = ("lo_group", "lo_per_sm", "lo_small_fwd", "lo_small_fb", "lo_large_lo", "lo_large_hi", "lo_n_large",
-             "lo_fwd_worst_shape", "lo_fwd_worst", "lo_fwd_worst_fb")
+             "lo_fwd_worst_shape", "lo_fwd_worst", "lo_fwd_worst_fb", "lo_small", "lo_small_programs")
     run = load_recorded_json("launch_order", ch.root) if ch.root is not None else None
     if not run:
         ch.say("launch_order", "No recorded launch-order run (run 'launch_order' in benchmarks/results/index.json).",
@@ -480,13 +488,14 @@ def launch_order(ch) -> None:
                      "x plain, fwd+bwd": t["G=1"]["fwd_bwd_ms"] / t[group]["fwd_bwd_ms"],
                      "bitwise equal": all(r["exact"].values())})
     table = pd.DataFrame(rows).set_index("shape")
-    ch.table("launch_order", "launch_order", table.round(3))
+    ch.table("launch_order", "launch_order", table.round(3).rename_axis(index=None, columns="shape"))
     small = table.loc[table["programs"].idxmin()]
     # the page's split at 2,048 programs: the library groups heads up to 8 programs an SM (1,056 on
     # the H200), so in this run every row below 2,048 was grouped and none from 2,048 on
     grouped = table[table["programs"] < 2048]
     large = table.drop(grouped.index)["x plain, fwd+bwd"]
     ch.put("lo_group", configs.SMALL_GRID_HEAD_GROUP); ch.put("lo_per_sm", configs.SMALL_GRID_PROGRAMS_PER_SM)
+    ch.put("lo_small", small.name); ch.put("lo_small_programs", int(small["programs"]))
     ch.put("lo_small_fwd", small["x plain, fwd"], ".2f"); ch.put("lo_small_fb", small["x plain, fwd+bwd"], ".2f")
     ch.put("lo_large_lo", large.min(), ".2f"); ch.put("lo_large_hi", large.max(), ".2f")
     ch.put("lo_n_large", len(large))
