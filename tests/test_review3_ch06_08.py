@@ -206,3 +206,19 @@ def test_the_first_floor_is_8_sqrt_d_ulps_not_a_few():
     prose = _flat(cell_source(CH8, "d562dda1"))
     assert "$8\\sqrt{d}$ fp32 ulps of $1 + \\max|\\text{want}|$, for values the yardstick" in prose
     assert "a few fp32 ulps" not in prose
+
+
+def test_ch8_says_how_the_gradient_cell_changed_since_its_recording():
+    """The page's note "recorded with an earlier version of this cell": the one change is the
+    call's backend="triton" (the recorded source hash is the current source without it)."""
+    import hashlib
+
+    record = runs.gpu_record("08_triton_backward")
+    require(record is not None, "no recorded chapter 8 outputs")
+    recorded = {c["id"]: c["source_sha256"] for c in record["cells"]}
+    source = cell_source("08_triton_backward.ipynb", "ed1bb987")
+    assert source.count(', backend="triton"') == 1
+    before = source.replace(', backend="triton"', "")
+    assert hashlib.sha256(before.encode("utf-8")).hexdigest() == recorded["ed1bb987"]
+    assert hashlib.sha256(source.encode("utf-8")).hexdigest() != recorded["ed1bb987"]
+    assert 'only by `backend="triton"`' in cell_source("08_triton_backward.ipynb", "aacbec1b")
