@@ -154,6 +154,9 @@ def _seed(ch: Chapter9):
         for c in claims.values()]).set_index("claim")
     verdicts = claim_table["verdict"].value_counts()
     ch.put("seed_n_claims", len(claim_table))
+    # the claims beyond the table's six figures come from the article's text
+    in_table = {f"{i}_{x}" for i in names for x in ("memory", "fwd_time", "bwd_time")}
+    ch.put("seed_n_text_claims", len(set(claims) - in_table))
     ch.put("seed_n_consistent", int(verdicts.get("consistent", 0)))
     ch.put("seed_n_impossible", int(verdicts.get("impossible", 0)))
     ch.put("seed_s_all_gb", check.memory_bytes["score_matrices_all_heads"] / GB, ".1f")
@@ -189,6 +192,16 @@ def _locate(ch: Chapter9, root) -> None:
     ch.say("locate", f"block sweep: {where(blocks) + f' ({len(ch.blocks)} rows)' if blocks else 'none recorded'}")
 
 
+def cudnn_version(code):
+    """cuDNN's version as torch reports it, an integer, written as a version: 91900 ->
+    "9.19.0 (91900)" (major·10000 + minor·100 + patch from cuDNN 9 on, major·1000 +
+    minor·100 + patch before); anything else as it was recorded."""
+    if not isinstance(code, int) or isinstance(code, bool) or code < 1000:
+        return code
+    major, rest = divmod(code, 10000) if code >= 90000 else divmod(code, 1000)
+    return f"{major}.{rest // 100}.{rest % 100} ({code})"
+
+
 def _provenance_column(p: dict) -> dict:
     if not p:
         return {"recorded": "no provenance"}
@@ -197,7 +210,7 @@ def _provenance_column(p: dict) -> dict:
     return {
         "GPU": (f"{gpu.get('name')} ({gpu.get('capability')}, {gpu.get('sms')} SMs"
                 + (f", {mem / 2**30:.1f} GiB)" if mem else ")")),
-        "driver": p.get("driver"), "CUDA": p.get("cuda"), "cuDNN": p.get("cudnn"),
+        "driver": p.get("driver"), "CUDA": p.get("cuda"), "cuDNN": cudnn_version(p.get("cudnn")),
         "torch": p.get("torch"), "triton": p.get("triton"), "Python": p.get("python"),
         "flashbook": p.get("flashbook"), "date (UTC)": p.get("date_utc"),
         "command": p.get("command"), "git commit": p.get("git_commit"),
@@ -253,6 +266,25 @@ def _provenance(ch: Chapter9) -> None:
                        f"{n_checked} results checked against float64, {n_failed} failed")
 
 
+def _sweep_against_run(ch: Chapter9) -> None:
+    """The heatmap's wide tiles against the narrower ones, and the sweep (an older flashbook)
+    against the full run at the library's default forward configuration."""
+    top = ch.tables.get("best_blocks")
+    if top is None or ch.results is None:
+        ch.nothing("heat_wide", "heat_rows", "sweep_version", "sweep_default_run")
+        return
+    # per head dimension and B_r: the widest B_c against the next narrower one
+    rows = [at.sort_values("block_n").tail(2)["fwd_tflops"].tolist()
+            for _, at in top.groupby(["head_dim", "block_m"]) if at["block_n"].nunique() > 1]
+    ch.put("heat_wide", sum(wide < narrow for narrow, wide in rows)); ch.put("heat_rows", len(rows))
+    ch.put("sweep_version", ch.blocks_provenance.get("flashbook"))
+    ok = ch.results[(ch.results["impl"] == "flashbook") & (ch.results["status"] == "ok")]
+    sweep = ch.blocks[(ch.blocks["status"] == "ok") & (ch.blocks["head_dim"] == int(ch.values["default_d"]))]
+    at = ok[(ok["head_dim"] == int(ch.values["default_d"])) & (ok["seq"] == int(sweep["seq"].iloc[0]))
+            & ~ok["causal"]] if len(sweep) else ok.iloc[:0]
+    ch.put("sweep_default_run", at["fwd_tflops"].iloc[0] if len(at) else None, ".0f")
+
+
 def build(root=None) -> Chapter9:
     """Chapter 9's numbers, tables and figures from the results root ``root`` (default:
     ``bench.results_root()``, as the chapter finds it). Raises ValueError where the
@@ -272,5 +304,6 @@ def build(root=None) -> Chapter9:
     measured.targets(ch, noise)
     measured.seed_measured(ch, check, ceilings)
     block_sweep.blocks(ch)
+    _sweep_against_run(ch)
     live.live_recorded(ch)
     return ch

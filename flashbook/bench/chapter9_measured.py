@@ -351,7 +351,7 @@ def roofline_numbers(ch, points, ceil) -> None:
     ours_pts = points[points["impl"] == "flashbook"]
     ch.put("ridge", ceil["ridge"], ".0f"); ch.put("roof_source", ceil["peak_source"])
     ch.put("bw_source", ceil["hbm_source"]); ch.put("roof_chip", ceil["chip"])
-    ch.put("naive_ai", _span(naive_pts["intensity"])); ch.put("fb_ai", _span(ours_pts["intensity"]))
+    ch.put("naive_ai", _span(naive_pts["intensity"], ",.0f")); ch.put("fb_ai", _span(ours_pts["intensity"], ",.0f"))
     per_pass = ours_pts.groupby("pass")["intensity"].median()
     ch.put("fb_ai_fwd", per_pass.get("fwd"), ".0f"); ch.put("fb_ai_bwd", per_pass.get("bwd"), ".0f")
     ch.put("naive_roof_pct", _span(100 * naive_pts["of roof"]))
@@ -417,8 +417,13 @@ def targets(ch, noise) -> None:
         ch.say("target-summary", NO_DATA, missing=True)
         for key in TARGET_KEYS.values():
             ch.nothing(key, key + "_missed", key + "_close", key + "_met", key + "_n")
-        ch.nothing("t_noise", "t_mem_ratio")
+        ch.nothing("t_noise", "t_mem_ratio", "cudnn_bwd_span")
         return
+    # exercise 2's backward: cuDNN's time over ours at the goals' head dimension, every length
+    bwd = df[(df["status"] == "ok") & (df["head_dim"] == goal.head_dims[0])].pivot_table(
+        index=["seq", "causal"], columns="impl", values="bwd_ms")
+    ch.put("cudnn_bwd_span", _span(list((bwd["sdpa-cudnn"] / bwd["flashbook"]).dropna()), ".2f")
+           if {"flashbook", "sdpa-cudnn"} <= set(bwd.columns) else None)
     table = target_table(df, impl="flashbook")
     table["verdict"] = [target_verdict(r.ratio, r.threshold, r.met, noise) for r in table.itertuples()]
     summary = target_summary(table)
@@ -442,7 +447,7 @@ def targets(ch, noise) -> None:
         for name, which in (("_missed", "missed"), ("_close", "within noise"), ("_met", "met")):
             ch.put(key + name, "; ".join(f"{shape_label(r.head_dim, r.seq, r.causal)} ({r.ratio:.3f})"
                                          for r in rows[rows["verdict"] == which].itertuples()) or "none")
-        ch.put(key + "_n", "; ".join(f"{which} at {int(counts.loc[label, which])}"
+        ch.put(key + "_n", ", ".join(f"{which} at {int(counts.loc[label, which])}"
                                     for which in counts.columns if counts.loc[label, which]))
 
 
@@ -466,10 +471,10 @@ def seed_measured(ch, check, ceil) -> None:
     if df is None:
         ch.say("seed-measured", NO_DATA, missing=True)
         ch.nothing("seed_why", "seed_why_128", "seed_naive", "seed_fb", "seed_floor_ms", "seed_floor_ok",
-                   "seed_near", "seed_near_128", "seed_atomic_bwd")
+                   "seed_near", "seed_near_128", "seed_atomic_bwd", "atomic_bwd_span")
         return
     seed_rows, seed_why = seed_shape_rows(df)
-    ch.say("seed-measured", f"Closest to the seed's shape: {seed_why}")
+    ch.say("seed-measured", f"Closest measured shape: {_near(seed_why)}")
     ch.table("seed-measured", "seed_measured", _seed_rows_table(seed_rows).round(3))
     ch.put("seed_why", seed_why)
     ch.put("seed_near", _near(seed_why))
@@ -501,7 +506,7 @@ def seed_measured(ch, check, ceil) -> None:
     d128 = df[df["head_dim"] == check.d]
     if len(d128) and seed_rows["head_dim"].iloc[0] != check.d:
         rows128, why128 = seed_shape_rows(d128)
-        ch.say("seed-measured", f"With the seed's d = {check.d}: {why128}")
+        ch.say("seed-measured", f"With the seed's d = {check.d}: {_near(why128)}")
         ch.table("seed-measured", "seed_measured_d", _seed_rows_table(rows128).round(3))
         ch.put("seed_why_128", why128)
         ch.put("seed_near_128", _near(why128))
@@ -512,6 +517,9 @@ def seed_measured(ch, check, ceil) -> None:
         ch.put("seed_atomic_bwd", by.loc["flashbook-atomic", "bwd_ms"] / by.loc["flashbook", "bwd_ms"], ".1f")
     else:
         ch.put("seed_atomic_bwd", None)
+    bwd = df[df["status"] == "ok"].pivot_table(index=list(SHAPE_KEYS), columns="impl", values="bwd_ms")
+    ch.put("atomic_bwd_span", _span(list((bwd["flashbook-atomic"] / bwd["flashbook"]).dropna()), ".1f")
+           if {"flashbook", "flashbook-atomic"} <= set(bwd.columns) else None)
 
 
 def _near(why: str) -> str:

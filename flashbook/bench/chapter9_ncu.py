@@ -14,7 +14,8 @@ NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb
             "ncu_fb_read_gb", "ncu_cudnn_read_gb", "ncu_fb_tb_s", "ncu_cudnn_tb_s",
             "ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
             "ncu_pair_spill_warps", "ncu_pair_clean_warps", "ncu_flash_copies", "ncu_flash_copy_mb",
-            "ncu_cudnn_launch")
+            "ncu_cudnn_launch", "ncu_cfg_full", "ncu_cfg_causal", "ncu_pair_spill_ops", "ncu_pair_clean_ops",
+            "ncu_tc_flash_fwd", "ncu_flash_fwd_x", "ncu_flash_spill_gb", "ncu_flash_regs", "ncu_cudnn_threads")
 
 
 def ncu(ch) -> None:
@@ -41,6 +42,15 @@ def ncu(ch) -> None:
     ch.put("ncu_rate", (fb["ops_ratio"] / fb["us"]) / (cu["ops_ratio"] / cu["us"]), ".2f")
     ch.put("ncu_regs", fb["regs"]); ch.put("ncu_spill_full", fb["spill_mb"], ".0f")
     ch.put("ncu_spill_causal", at.loc[("triton", True, "backward"), "spill_mb"], ".0f")
+    # which dK/dV tile spilled those: the library's defaults, with the warps each launch had
+    from .chapter8 import ncu_dkdv_registers
+    from ..kernels import configs
+
+    launched = ncu_dkdv_registers(128, ch.root)
+    for causal, key in ((False, "full"), (True, "causal")):
+        cfg = configs.default("backward_dkdv", cc=90, block_d=128, elem_bytes=2, causal=causal)
+        warps = launched.get(f"warps_{key}")
+        ch.put(f"ncu_cfg_{key}", f"{cfg.block_m} × {cfg.block_n}, {warps} warps" if warps else None)
     ch.put("ncu_fb_dram_bwd", fb["dram_mb"], ",.0f")
     ch.put("ncu_cudnn_regs", cu["regs"]); ch.put("ncu_cudnn_spill", cu["spill_mb"], ".0f")
     # the tensor pipe in the forward, ours against cuDNN's (the share of active cycles it was busy)
@@ -68,9 +78,11 @@ def ncu(ch) -> None:
         ch.put("ncu_pair_spill_mb", a["spill_mb"], ".0f")
         ch.put("ncu_pair_spill_ms", a["us"] / 1000, ".2f"); ch.put("ncu_pair_clean_ms", b["us"] / 1000, ".2f")
         ch.put("ncu_pair_spill_warps", a["config_dkdv"][2]); ch.put("ncu_pair_clean_warps", b["config_dkdv"][2])
+        # what the pair does not hold equal: the tensor ops each executed (more warps may recompute)
+        ch.put("ncu_pair_spill_ops", a["ops_ratio"], ".2f"); ch.put("ncu_pair_clean_ops", b["ops_ratio"], ".2f")
     else:
         ch.nothing("ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
-                   "ncu_pair_spill_warps", "ncu_pair_clean_warps")
+                   "ncu_pair_spill_warps", "ncu_pair_clean_warps", "ncu_pair_spill_ops", "ncu_pair_clean_ops")
     # what each whole backward (every kernel of the pass) read from and wrote to HBM, d = 128, no mask
     rows = profiles.kernel_rows(run)
 
@@ -92,6 +104,13 @@ def ncu(ch) -> None:
                f"{programs} programs" + (", one per SM" if programs == sms else f" on {sms} SMs"))
     else:
         ch.nothing("ncu_cudnn_launch")
+    # the registers ncu reads are a launch figure: per thread, for the whole program's threads
+    bwd = max(pass_kernels("sdpa-cudnn"), key=lambda k: k[profiles.TIME], default=None)
+    ch.put("ncu_cudnn_threads", profiles.launch_extent(bwd, "Block Size") if bwd is not None else None)
+    # SDPA-flash's forward against ours: the tensor pipe's busy share, the time, and its spill
+    ours, flash = at.loc[("triton", False, "forward")], at.loc[("sdpa-flash", False, "forward")]
+    ch.put("ncu_tc_flash_fwd", flash["tensor_pct"], ".0f"); ch.put("ncu_flash_fwd_x", flash["us"] / ours["us"], ".2f")
+    ch.put("ncu_flash_spill_gb", flash["spill_mb"] / 1e3, ".1f"); ch.put("ncu_flash_regs", flash["regs"])
     # SDPA-flash's backward starts with element-wise kernels (copies, by their traffic)
     copies = [k for k in pass_kernels("sdpa-flash") if "elementwise_kernel" in k["Kernel Name"]]
     ch.put("ncu_flash_copies", len(copies))
