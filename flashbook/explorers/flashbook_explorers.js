@@ -633,7 +633,7 @@ function sweepView(root, cfg, store) {
       head.append(el("div", {}, "shared memory ", num("shared", v.shared_bytes, v.shared_bytes === null ? "?" : humanBytes(v.shared_bytes))));
     }
     const kib = (b) => (b / 1024).toFixed(1);
-    const fits = el("table", { "data-fb-table": "fits" }, el("caption", { text: "the kernel's shared memory (Q, and K and V per stage: chapter 4's second bar): fits one program?" }),
+    const fits = el("table", { "data-fb-table": "fits" }, el("caption", { text: "the kernel's shared memory (Q, and K and V per stage: chapter 4's second bar; on the T4, one fp32 copy of a product's operands, as chapter 6 counts it): fits one program?" }),
       el("tr", {}, ...["chip", "needs (KiB)", "limit (KiB)", "fits", "from"].map((t) => el("th", { text: t }))));
     if (v) for (const name of cfg.chips) {
       const f = v.fits[name];
