@@ -12,10 +12,9 @@ tests call ``build(root)`` on a results root of their own. ``Chapter10`` holds
 - ``outputs``:  topic -> what that cell shows, in order (``Chapter10.show(topic)``);
 - ``frames``:   the recorded frames the chapter's teaching cells and exercises read.
 
-Missing data are handled here, once: with no results every quoted name still has a value,
-and every cell that would show a measurement says why it cannot. This module has the
-ladder, its predictions and the goals; ``chapter10_beyond`` has the rest (the tutorial, what
-did not help, the Gluon kernel).
+Missing data are handled here, once: with no results every quoted name still has a value, and
+every cell that would show a measurement says why it cannot. This module has the ladder, its
+predictions and the goals; ``chapter10_beyond`` the rest (the tutorial, the lab, Gluon).
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .. import tiled
+from .. import runtime, tiled
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
@@ -33,15 +32,15 @@ from .harness import TOLERANCE, shape_label
 from .readback import (PERFORMANCE_TARGETS, ladder_speedups, latest_blocks, latest_ladder,
                        latest_results, load_results, provenance_summary, target_table, target_verdict)
 from .records import results_root
+from .cli import DEFAULT_HEAD_DIMS
 from .sweeps import LADDER_SEQS
 
 #: What a cell that shows the measured ladder says when none is recorded.
 NO_DATA = ("No recorded ladder was found (no benchmarks/results/ directory with a "
            "ladder.csv), so there is nothing measured to show here.")
 #: What ``Chapter10.show`` shows, one topic per cell of the chapter, in its order.
-TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip", "split_prediction",
-          "split", "tuning_prediction", "tuning", "heavy", "dq_bytes", "ladder", "ladder_figure", "backward_figure", "goals", "profile",
-          "schedules")
+TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip", "split_prediction", "split", "tuning_prediction",
+          "tuning", "heavy", "dq_bytes", "ladder", "ladder_figure", "backward_figure", "goals", "profile", "schedules")
 #: The names of ``Features``, in order: one switch each.
 FEATURES = [f.name for f in dataclasses.fields(Features)]
 #: The columns that name one shape of the ladder (a pass aside).
@@ -62,7 +61,7 @@ GLUED_BY_NOTEBOOK = {
                       "ptx_tri_tma", "ptx_gl_waits"),
 }
 
-from .score_ops import CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, exp2_bound, ops_per_score  # noqa: E402,F401
+from .score_ops import CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, below_rescaled, exp2_bound, ops_per_score, with_rescale  # noqa: E402,F401,E501
 
 
 @dataclass
@@ -197,6 +196,7 @@ def _recorded(ch: Chapter10, root) -> None:
     gpu = ch.ladder_provenance.get("gpu") or {}
     ch.gpu_name = gpu.get("name", "the GPU")
     ch.put("gpu_name", ch.gpu_name)
+    ch.put("hbm_tb_s", runtime.chip(gpu.get("datasheet", {}).get("chip", "H200")).hbm_tb_s, "g")   # as dq_bytes reads it
     ch.arch = gpu.get("capability")
     ch.cc = int(ch.arch.split("_")[1]) if ch.arch else 90
 
@@ -251,9 +251,13 @@ def _noise(ch: Chapter10) -> None:
 def _exp2(ch: Chapter10) -> None:
     import pandas as pd
 
+    # the bound with the rescale of O, which the count leaves out (d / B_c per score, every rung alike)
+    rescaled = {(d, c): with_rescale(ops_per_score("masked", c, False), ops_per_score("masked", c, True), d,
+                                     FIRST_CONFIG.block_n) for d in _seqs(ch, "head_dim") for c in (False, True)}
+    ch.put("exp2_bound_rescale_lo", min(rescaled.values()), ".2f"); ch.put("exp2_bound_rescale_hi", max(rescaled.values()), ".2f")
     if ch.frames["steps"] is None:
         return ch.nothing("exp2_lo", "exp2_hi", "exp2_above", "exp2_n", "exp2_noise", "exp2_verdict",
-                          "exp2_share_lo", "exp2_share_hi")
+                          "exp2_share_lo", "exp2_share_hi", "exp2_rescale_below")
     bounds = exp2_bound()
     gains = ch.rung_gains("exp2")
     bound = gains["causal"].map(lambda c: bounds["causal" if c else "full"])
@@ -267,6 +271,7 @@ def _exp2(ch: Chapter10) -> None:
     ch.put("exp2_lo", gains["vs_prev"].min(), ".2f"); ch.put("exp2_hi", gains["vs_prev"].max(), ".2f")
     n_above = int((gains["vs_prev"] > bound).sum())
     ch.put("exp2_above", n_above); ch.put("exp2_n", len(gains))
+    ch.put("exp2_rescale_below", below_rescaled(gains["vs_prev"], map(rescaled.get, zip(gains["head_dim"], gains["causal"]))))
     low = gains["vs_prev"].min() - 1
     ch.put("exp2_noise", "far beyond the noise" if low > 2 * ch.noise
            else "beyond the noise" if low > ch.noise else "partly within the noise")
@@ -276,9 +281,10 @@ def _exp2(ch: Chapter10) -> None:
            "not a proof)")
 
 
-def _seqs(ch: Chapter10) -> list:
+def _seqs(ch: Chapter10, column="seq") -> list:
+    """The ladder's lengths (``column`` "head_dim": its head sizes), recorded or by default."""
     ladder = ch.frames["ladder"]
-    return sorted(ladder["seq"].unique()) if ladder is not None else list(LADDER_SEQS)
+    return sorted(ladder[column].unique()) if ladder is not None else list(LADDER_SEQS if column == "seq" else DEFAULT_HEAD_DIMS)
 
 
 def _skip(ch: Chapter10) -> None:
@@ -336,11 +342,14 @@ def _split(ch: Chapter10) -> None:
     ch.put("split_masked_pct", 100 * split_pred[split_pred["causal"]]["masked tiles after the split"].max(), ".1f")
     ch.put("split_bound_lo", split_pred["bound x"].min(), ".2f")
     ch.put("split_bound_hi", split_pred["bound x"].max(), ".2f")
-    ch.table("split_prediction", "split_prediction", split_pred.round(3))
+    rescaled = {(d, r["N"], r["causal"]): with_rescale(r["instructions per score before"], r["after"], d,
+                                                       FIRST_CONFIG.block_n) for r in rows for d in _seqs(ch, "head_dim")}
+    ch.put("split_bound_rescale_lo", min(rescaled.values()), ".2f"); ch.put("split_bound_rescale_hi", max(rescaled.values()), ".2f")
+    ch.table("split_prediction", "split_prediction", split_pred.set_index(["N", "causal"]).round(3))
 
     if ch.frames["steps"] is None:
         return ch.nothing("split_full_lo", "split_full_hi", "split_causal_lo", "split_causal_hi", "split_share_lo",
-                          "split_share_hi", "split_below")
+                          "split_share_hi", "split_below", "split_rescale_below")
     gains = ch.rung_gains("unmasked main loop")
     saved = [saved_by[(n, c)] for n, c in zip(gains["seq"], gains["causal"])]
     table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "instructions saved": saved})
@@ -360,11 +369,11 @@ def _split(ch: Chapter10) -> None:
                                         for n, c in zip(gains["seq"], gains["causal"])]).sum())
     ch.put("split_below", "smaller than the bound at every shape" if below == len(table)
            else f"smaller than the bound at {below} of {len(table)} shapes")
+    ch.put("split_rescale_below", below_rescaled(table["x previous"], map(rescaled.get, zip(gains["head_dim"], gains["seq"], gains["causal"]))))
 
 
 def _as_text(cfg):
-    bm, bn, w, s = cfg
-    return f"{bm} x {bn}, {w} warps, {s} stages"
+    return "{} x {}, {} warps, {} stages".format(*cfg)
 
 
 def _tuning(ch: Chapter10) -> None:
@@ -385,8 +394,8 @@ def _tuning(ch: Chapter10) -> None:
             (best_cfg, best), (worst_cfg, worst) = mine.ranking[0], mine.ranking[-1]
             pred_tune[int(d)] = mine.tflops / first.tflops
             rows.append({"d": int(d), "N": mine.seq, "configs that ran": f"{mine.n_ran} of {mine.n_configs}",
-                         "first kernel's": f"{_as_text(first.config)}: {first.tflops:.0f} (#{first.rank})",
-                         "library's": f"{_as_text(mine.config)}: {mine.tflops:.0f} (#{mine.rank})",
+                         "first kernel's": f"{_as_text(first.config)}: {first.tflops:.0f} TFLOP/s (#{first.rank})",
+                         "library's": f"{_as_text(mine.config)}: {mine.tflops:.0f} TFLOP/s (#{mine.rank})",
                          "predicted x": pred_tune[int(d)]})
             ch.put(f"tune_best_{d}", f"{_as_text(best_cfg)} at {best:.0f} TFLOP/s")
             ch.put(f"tune_worst_{d}", f"{_as_text(worst_cfg)} at {worst:.0f}")

@@ -1,5 +1,6 @@
 """Chapter 10's instruction count per score (its "Prediction" for exp2 and lazy rescaling):
-elementwise instructions per score in one tile of the forward's inner loop. The chapter shows
+elementwise instructions per score in one tile of the forward's inner loop, and the bounds
+with the one step every rung shares added (the rescale of O). The chapter shows
 the same model as code the reader can change; a test holds the two to the same counts.
 ``chapter10`` and ``chapter10_beyond`` both read it from here."""
 from __future__ import annotations
@@ -33,3 +34,25 @@ def exp2_bound() -> dict:
     """mask ("full", "causal") -> the most ``exp2`` can gain if those instructions set the pace."""
     return {("causal" if c else "full"): ops_per_score("masked", c, False) / ops_per_score("masked", c, True)
             for c in (False, True)}
+
+
+def rescale_per_score(head_dim: int, block_n: int) -> float:
+    """What the count leaves out: each tile, every rung rescales its output, ``acc * alpha[:, None]``
+    (``forward.fold_values``), B_r x d multiplies, so d / B_c per score. The same in every rung, it
+    dilutes each saving (the lab notes' lazy-rescaling bound counts it too)."""
+    return head_dim / block_n
+
+
+def with_rescale(before: float, after: float, head_dim: int, block_n: int) -> float:
+    """A bound from the count, ``before / after`` instructions per score, with the rescale of O
+    added to both sides: lower than the count's own bound."""
+    extra = rescale_per_score(head_dim, block_n)
+    return (before + extra) / (after + extra)
+
+
+def below_rescaled(gains, bounds) -> str:
+    """How measured gains stand against their bounds with the rescale, as chapter 10 says it."""
+    pairs = list(zip(gains, bounds))
+    above = sum(float(g) >= float(b) for g, b in pairs)
+    return ("and below it with the rescale too" if not above
+            else f"but at or above it with the rescale at {above} of {len(pairs)} shapes")
