@@ -113,6 +113,13 @@ def ring_runs(root=None):
     return ring_df, ring_df[RING_COLUMNS].set_index("n").round(3)
 
 
+def ring_settings(root=None) -> dict:
+    """The settings the newest ``ring.csv`` was run with (its provenance's ``settings``: the
+    lengths, heads, head_dim, repeats ...), or {} where none are recorded."""
+    runs = find_runs(root, "ring.csv")
+    return provenance_for(runs[0]).get("settings", {}) if runs else {}
+
+
 def plot_ring(ax, ring_df):
     """Milliseconds per training step (forward + backward) against N, on one GPU and on the ring."""
     ax.plot(ring_df["n"], ring_df["single_ms"], "o-", label="one GPU")
@@ -134,3 +141,27 @@ def ncu_table(before, after, batch=64, seq=32768):
                              "SMs busy (%)": 100 * s["sm_busy"], "DRAM (% of peak)": s["dram_pct"]})
     table = pd.DataFrame(rows).set_index(["run", "kernel"])
     return table.round({"µs": 0, "waves": 2, "SMs busy (%)": 0, "DRAM (% of peak)": 0})
+
+
+def paged_stages(root=None):
+    """The paged cache's pipeline stages in the tile sweep of the newest ``decode_splits`` run
+    (``decode_tiles.csv`` beside it), as the chapter quotes them: {"dense", "paged": each cache's
+    default number of stages in that run, "timed": the stage counts timed on the paged cache,
+    "spread": the largest (slowest / fastest - 1) over those stage counts at one shape, with the
+    paged cache's default key tile and warps, in per cent}, or None where no sweep is recorded."""
+    runs = run_paths("decode_splits", root)
+    path = runs[-1] / "decode_tiles.csv" if runs else None
+    if path is None or not path.is_file():
+        return None
+    tiles = pd.read_csv(path)
+    tiles = tiles[tiles["error"].isna()]
+    default = tiles[tiles["default"]]
+    stages = {cache: sorted(set(default[default["cache"] == cache]["num_stages"])) for cache in ("dense", "paged")}
+    assert all(len(s) == 1 for s in stages.values()), stages     # one default per cache
+    spread, timed = 0.0, set()
+    for _, row in default[default["cache"] == "paged"].iterrows():
+        same = tiles[(tiles["cache"] == "paged") & (tiles["batch"] == row["batch"]) & (tiles["seq"] == row["seq"])
+                     & (tiles["block_n"] == row["block_n"]) & (tiles["num_warps"] == row["num_warps"])]
+        spread = max(spread, same["graph_ms"].max() / same["graph_ms"].min() - 1)
+        timed |= set(same["num_stages"])
+    return {"dense": stages["dense"][0], "paged": stages["paged"][0], "timed": sorted(timed), "spread": 100 * spread}
