@@ -22,7 +22,7 @@ One module per idea, in the order the book teaches them:
 from . import runtime  # first: it decides TRITON_INTERPRET before triton is imported
 from .display import show_source
 
-__version__ = "0.23.0"  # the one version: pyproject reads it; releases are tagged v<version>
+__version__ = "0.24.0"  # the one version: pyproject reads it; releases are tagged v<version>
 __all__ = ["runtime", "show_source", "flash_attention", "flash_attention_varlen", "last_backend"]
 
 
