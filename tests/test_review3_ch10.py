@@ -137,7 +137,7 @@ def test_the_roofline_reading_is_chapter_9s(text):
 def test_the_free_wgmma_paragraph_draws_its_conclusion_from_the_data(ch, text):
     """Without a mask even rung 0 beats SDPA's flash backend; with the causal mask rung 2 is the
     first rung that does."""
-    from flashbook.bench.chapter10 import _baseline
+    from flashbook.bench.chapter10_ladder import _baseline
 
     fsteps, df = ch.frames["fsteps"], ch.frames["results"]
     for _, r in fsteps.iterrows():

@@ -13,8 +13,9 @@ tests call ``build(root)`` on a results root of their own. ``Chapter10`` holds
 - ``frames``:   the recorded frames the chapter's teaching cells and exercises read.
 
 Missing data are handled here, once: with no results every quoted name still has a value, and
-every cell that would show a measurement says why it cannot. This module has the ladder, its
-predictions and the goals; ``chapter10_beyond`` the rest (the tutorial, the lab, Gluon).
+every cell that would show a measurement says why it cannot. This module has the ladder and its
+predictions, ``chapter10_ladder`` the whole ladder beside SDPA and the goals, ``chapter10_beyond``
+the rest (the tutorial, the lab, Gluon).
 """
 from __future__ import annotations
 
@@ -27,24 +28,20 @@ from .. import runtime, tiled
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
+from .chapter10_ladder import NO_DATA, SHAPE, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
 from .chapter_data import ChapterData
 from .harness import TOLERANCE, shape_label
-from .readback import (PERFORMANCE_TARGETS, ladder_speedups, latest_blocks, latest_ladder,
-                       latest_results, load_results, provenance_summary, target_table, target_verdict)
+from .readback import (ladder_speedups, latest_blocks, latest_ladder, latest_results, load_results,
+                       provenance_summary)
 from .records import results_root
 from .cli import DEFAULT_HEAD_DIMS
 from .sweeps import LADDER_SEQS
 
-#: What a cell that shows the measured ladder says when none is recorded.
-NO_DATA = ("No recorded ladder was found (no benchmarks/results/ directory with a "
-           "ladder.csv), so there is nothing measured to show here.")
 #: What ``Chapter10.show`` shows, one topic per cell of the chapter, in its order.
 TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip", "split_prediction", "split", "tuning_prediction",
           "tuning", "heavy", "dq_bytes", "ladder", "ladder_figure", "backward_figure", "goals", "profile", "schedules")
 #: The names of ``Features``, in order: one switch each.
 FEATURES = [f.name for f in dataclasses.fields(Features)]
-#: The columns that name one shape of the ladder (a pass aside).
-SHAPE = ["head_dim", "seq", "causal"]
 #: The rungs that, without a mask, run the same kernel as the rung before them.
 NO_OPS_UNMASKED = ("skip masked tiles", "heaviest first")
 #: Names the prose quotes that the notebook glues itself, not ``values``: its teaching cells
@@ -427,146 +424,6 @@ def _tuning(ch: Chapter10) -> None:
     ch.put("tune_beyond", int((gains["vs_prev"].map(ch.verdict) == "beyond noise").sum())); ch.put("tune_n", len(gains))
 
 
-# ---------------------------------------------------------------- the whole ladder
-
-#: The full comparison's implementations drawn beside the ladder.
-BASELINES = ("sdpa-flash", "sdpa-cudnn")
-
-
-def _baseline(df, impl, r, column="fwd_tflops"):
-    """``column`` of ``impl`` at row ``r``'s shape (batch, heads, seq, head_dim, mask) in the
-    full comparison, or None."""
-    if df is None:
-        return None
-    hit = df[(df["impl"] == impl) & (df["status"] == "ok") & (df["batch"] == r["batch"])
-             & (df["heads"] == r["heads"]) & (df["seq"] == r["seq"])
-             & (df["head_dim"] == r["head_dim"]) & (df["causal"] == r["causal"])]
-    return float(hit[column].iloc[0]) if len(hit) else None
-
-
-def _baselines(df, frame, column):
-    """One row per shape of ``frame`` and baseline the full comparison measured there."""
-    import pandas as pd
-
-    rows = []
-    for _, r in frame.sort_values("rung").drop_duplicates(SHAPE).iterrows():
-        for impl in BASELINES:
-            value = _baseline(df, impl, r, column)
-            if value is not None:
-                rows.append({"impl": impl, **{k: r[k] for k in SHAPE}, "tflops": value})
-    return pd.DataFrame(rows, columns=["impl", *SHAPE, "tflops"])
-
-
-def _whole_ladder(ch: Chapter10) -> None:
-    import pandas as pd
-
-    from ..plots import ladder as figures
-
-    fsteps, bsteps, df = ch.frames["fsteps"], ch.frames["bsteps"], ch.frames["results"]
-    if fsteps is None:
-        for topic in ("ladder", "ladder_figure", "backward_figure"):
-            ch.say(topic, NO_DATA, missing=True)
-        return ch.nothing("best_rung_by_shape", "first_to_last_lo", "first_to_last_hi", "flash_beaten",
-                          "flash_pairs", "cudnn_below", "cudnn_pairs", "cudnn_above_shapes", "cudnn_above_within")
-    shapes = [shape_label(d, n, c) for d, n, c in zip(fsteps["head_dim"], fsteps["seq"], fsteps["causal"])]
-    by_rung = fsteps.assign(shape=shapes).pivot_table(index=["rung", "name"], columns="shape", values="tflops",
-                                                     sort=False)
-    last = fsteps[fsteps["rung"] == fsteps["rung"].max()]
-    by_rung.loc[("", "x first kernel"), :] = last.assign(shape=[shape_label(d, n, c) for d, n, c in zip(
-        last["head_dim"], last["seq"], last["causal"])]).set_index("shape")["vs_first"]
-    r0 = fsteps.iloc[0]
-    ch.markdown("ladder", f"**Forward, TFLOP/s** (batch x heads as recorded, e.g. B={r0['batch']} H={r0['heads']} "
-                          f"at {shape_label(r0['head_dim'], r0['seq'], r0['causal'])})")
-    ch.table("ladder", "ladder_forward", by_rung.droplevel("rung").round(2), lambda st: st.format(precision=0)
-             .format("{:.2f}", subset=pd.IndexSlice[["x first kernel"], :]))
-    ch.markdown("ladder", "**Backward** (dQ strategies; `x previous` is separate over atomic, "
-                          "so the atomic rows have none: -)")
-    bview = bsteps.assign(shape=[shape_label(d, n, c) for d, n, c in
-                                 zip(bsteps["head_dim"], bsteps["seq"], bsteps["causal"])])
-    ch.table("ladder", "ladder_backward", bview.set_index(["shape", "name"])[["ms", "tflops", "vs_prev"]]
-             .rename(columns={"tflops": "TFLOP/s", "vs_prev": "x previous"}).round(2),
-             lambda st: st.format(precision=2, na_rep="-"))
-
-    names = [r.name for r in RUNGS]
-    forward_refs, backward_refs = _baselines(df, fsteps, "fwd_tflops"), _baselines(df, bsteps, "bwd_tflops")
-    ceiling = max(fsteps["tflops"].max(), df["fwd_tflops"].max() if df is not None else 0)
-    ch.figure("ladder_figure", "ladder", lambda: figures.ladder_figure(
-        fsteps, forward_refs, rung_names=names, gpu_name=ch.gpu_name, ceiling=ceiling))
-    labelled = bsteps.assign(label=[shape_label(d, n, c) for d, n, c in
-                                    zip(bsteps["head_dim"], bsteps["seq"], bsteps["causal"])])
-    ch.figure("backward_figure", "backward", lambda: figures.backward_figure(
-        labelled, backward_refs, gpu_name=ch.gpu_name))
-
-    winners = []            # per shape: the rung with the largest gain, or a tie within the noise
-    for shape, rows in fsteps.groupby(SHAPE):
-        ranked = rows.sort_values("vs_prev", ascending=False)
-        close = ranked[ranked["vs_prev"] >= ranked["vs_prev"].iloc[0] / (1 + ch.noise)]
-        winners.append((ranked["name"].iloc[0] if len(close) == 1 else None, shape, list(close["name"])))
-    counts = pd.Series([w for w, _, _ in winners if w is not None], dtype=object).value_counts()
-    tied = [names for w, _, names in winners if w is None]
-    ch.put("best_rung_by_shape", "; ".join([f"{name} at {k} shapes" for name, k in counts.items()] + (
-        [f"a tie within the noise at {len(tied)} shapes (between "
-         f"{', '.join(sorted({n for names in tied for n in names}))})"] if tied else [])))
-    last = fsteps[fsteps["name"] == RUNGS[-1].name]
-    ch.put("first_to_last_lo", last["vs_first"].min(), ".2f"); ch.put("first_to_last_hi", last["vs_first"].max(), ".2f")
-    beats = [(t, b) for t, b in ((r["tflops"], _baseline(df, "sdpa-flash", r)) for _, r in last.iterrows())
-             if b is not None]
-    ch.put("flash_beaten", sum(t > b for t, b in beats)); ch.put("flash_pairs", len(beats))
-    below = [(t, b) for t, b in ((r["tflops"], _baseline(df, "sdpa-cudnn", r)) for _, r in last.iterrows())
-             if b is not None]
-    ch.put("cudnn_below", sum(t < b for t, b in below)); ch.put("cudnn_pairs", len(below))
-    above = [shape_label(r["head_dim"], r["seq"], r["causal"]) for _, r in last.iterrows()
-             if (b := _baseline(df, "sdpa-cudnn", r)) is not None and r["tflops"] >= b]
-    ch.put("cudnn_above_shapes", " and ".join(above) if above else "none")
-    # those shapes within the full comparison alone: the same kernel over cuDNN, one run
-    within = [(_baseline(df, "flashbook", r), _baseline(df, "sdpa-cudnn", r)) for _, r in last.iterrows()
-              if shape_label(r["head_dim"], r["seq"], r["causal"]) in above]
-    ratios = [a / b for a, b in within if a and b]
-    ch.put("cudnn_above_within", "n/a" if not ratios else " and ".join(f"{x:.2f}" for x in ratios)
-           + " times cuDNN's speed there" + (": ties within the noise" if all(abs(x - 1) <= ch.noise for x in ratios)
-                                             else ""))
-
-
-def _goals(ch: Chapter10) -> None:
-    """The kernel against cuDNN, judged by the book's goals, within the full comparison."""
-    df = ch.frames["results"]
-    goals = [t for t in PERFORMANCE_TARGETS if t.kind == "goal"]
-    for t in goals:
-        ch.put(f"goal_{t.metric}", t.threshold, "g")
-    if df is None:
-        return ch.nothing("goal_fwd_met", "goal_bwd_met", "goal_fwd_n", "goal_bwd_n", "goal_fwd_lo", "goal_fwd_hi",
-                          "goal_bwd_lo", "goal_bwd_hi", "goal_fwd_gap", "goal_bwd_gap", "goal_fwd_need",
-                          "goal_bwd_need", "goal_verdict", "goal_fwd_vs_noise", "goal_bwd_vs_noise")
-    table = target_table(df, targets=goals)
-    # within this run's noise of the goal: neither met nor missed, by the measurement
-    table["vs noise"] = [target_verdict(r.ratio, r.threshold, r.met, ch.noise) or "n/a" for r in table.itertuples()]
-    # d = 128 at every row (the goals' shapes); "vs noise" says met, missed or within noise
-    table["goal met"] = table["met"].map({True: "yes", False: "no"}).fillna("n/a")
-    ch.table("goals", "goals", table.set_index(["target", "seq", "causal"])[["ratio", "goal met", "vs noise"]].round(3))
-    for t in goals:
-        rows = table[(table["target"] == t.label) & table["met"].notna()]
-        ch.put(f"goal_{t.metric}_met", int((rows["met"] == True).sum()))        # noqa: E712
-        ch.put(f"goal_{t.metric}_n", len(rows))
-        ch.put(f"goal_{t.metric}_lo", rows["ratio"].min(), ".2f")
-        ch.put(f"goal_{t.metric}_hi", rows["ratio"].max(), ".2f")
-        best = rows["ratio"].max()
-        ch.put(f"goal_{t.metric}_gap", f"short by at least {t.threshold - best:.2f}" if best < t.threshold
-               else f"its best shape clears it by {best - t.threshold:.2f}")
-        # the speed-up still needed at the worst shape to reach the goal
-        ch.put(f"goal_{t.metric}_need", 100 * (t.threshold / rows["ratio"].min() - 1), ".0f")
-        said = rows["vs noise"].value_counts()
-        ch.put(f"goal_{t.metric}_vs_noise", ", ".join(f"{word} at {said[word]}" for word in
-                                                      ("missed", "within noise", "met") if word in said))
-    judged = table[table["met"].notna()]
-    met = int((judged["met"] == True).sum())                                   # noqa: E712
-    met_rows = judged[judged["met"] == True]                                  # noqa: E712
-    close = met > 0 and (met_rows["vs noise"] == "within noise").all()       # met, but by less than the noise
-    ch.put("goal_verdict", "not met" if met == 0 else "met" if met == len(judged)
-           else f"met at only {met} of {len(judged)} shape-goal pairs" + (
-               (", and that one by less than the noise" if met == 1 else ", each by less than the noise")
-               if close else ""))
-
-
 def build(root=None) -> Chapter10:
     """Chapter 10's numbers, tables and figures from the results root ``root`` (default:
     ``bench.results_root()``, as the chapter finds it). Raises ValueError where the
@@ -582,8 +439,8 @@ def build(root=None) -> Chapter10:
     _skip(ch)
     _split(ch)
     _tuning(ch)
-    _whole_ladder(ch)
-    _goals(ch)
+    whole_ladder(ch)
+    goals(ch)
     chapter10_beyond.build_into(ch)
     chapter10_lab.build_into(ch)
     _host_vs_ladder(ch)
