@@ -59,12 +59,18 @@ def test_taller_tiles_win_but_wider_ones_do_not(ch):
     text = _flat(cell_source(CH9, "ex1-md"))
     assert "Larger tiles tend to win" not in text
     assert "but not the largest $B_c$" in text
+    # two of the gaps are within the noise, and the cause was not measured (no spills there)
+    assert "costing registers" not in text and "at some by less than the noise; the sweep did not profile why" in text
     assert _glue("heat_wide") in text and _glue("heat_rows") in text
     sweep = ch.blocks[ch.blocks["status"] == "ok"]
     best = sweep.groupby(["head_dim", "block_m", "block_n"])["fwd_tflops"].max().unstack("block_n")
     widest, next_ = sorted(best.columns)[-1], sorted(best.columns)[-2]
     assert int(ch.values["heat_wide"]) == int((best[widest] < best[next_]).sum()) == len(best) == 4
     assert int(ch.values["heat_rows"]) == len(best)
+    from flashbook.bench import chapter9_measured
+    noise = chapter9_measured.twin_spread(ch.results)            # the run's identical-kernel spread
+    gaps = best[next_] / best[widest] - 1
+    assert (gaps <= noise).any() and (gaps > 0).all()            # "at some by less than the noise"
     # the best cell at each head dimension has the larger B_r and not the widest B_c
     for d, at in best.stack().groupby(level="head_dim"):
         _, bm, bn = at.idxmax()

@@ -93,7 +93,7 @@ def test_the_instruction_count_says_it_leaves_out_the_rescale_and_bounds_with_it
         gains = ch.rung_gains(name)
         assert all(r.vs_prev < bounds(r) for r in gains.itertuples()), name
     assert v["exp2_rescale_below"] == v["split_rescale_below"] == "and below it with the rescale too"
-    assert "elementwise work, nearly all of it on the $B_r \\times B_c$ scores" in text
+    assert "elementwise work, most of it on the $B_r \\times B_c$ scores" in text and "nearly all of it" not in text
     assert "everything else in the loop is elementwise work on the" not in text
     assert "rescaling $O$, the same in every rung ($B_r \\times d$ multiplies per tile, $d/B_c$ per score)" in text
     for name in ("exp2_bound_rescale_lo", "split_bound_rescale_hi", "exp2_rescale_below", "split_rescale_below"):
@@ -135,21 +135,28 @@ def test_the_roofline_reading_is_chapter_9s(text):
 
 
 def test_the_free_wgmma_paragraph_draws_its_conclusion_from_the_data(ch, text):
-    """Without a mask even rung 0 beats SDPA's flash backend; with the causal mask rung 2 is the
-    first rung that does."""
+    """Without a mask rung 0 is about level with SDPA's flash backend (the two come from two runs,
+    so "beats" would claim more than the noise between runs allows); with the causal mask rung 2
+    is the first rung that passes it by more than that noise."""
     from flashbook.bench.chapter10_ladder import _baseline
 
     fsteps, df = ch.frames["fsteps"], ch.frames["results"]
+    level = []
     for _, r in fsteps.iterrows():
         flash = _baseline(df, "sdpa-flash", r)
         assert flash is not None
-        if not r["causal"]:
-            assert r["rung"] > 0 or r["tflops"] > flash, (r["head_dim"], r["seq"])
-        elif r["rung"] in (0, 1):
-            assert r["tflops"] < flash
-        elif r["rung"] == 2:
-            assert r["tflops"] > flash
-    assert "Without a mask, even rung 0 beats SDPA's flash backend (figure below); with the causal mask, rung 2 does." in text
+        ratio = r["tflops"] / flash
+        if not r["causal"] and r["rung"] == 0:
+            level.append(ratio)
+            assert 1 - ch.noise_runs <= ratio < 1 + 2 * ch.noise_runs, (r["head_dim"], r["seq"])
+        elif r["causal"] and r["rung"] in (0, 1):
+            assert ratio < 1
+        elif r["causal"] and r["rung"] == 2:
+            assert ratio > 1 + ch.noise_runs
+    assert level and any(abs(x - 1) <= ch.noise_runs for x in level)     # some within the noise: not "beats"
+    assert "even rung 0 beats" not in text
+    assert ("Without a mask, rung 0 is already about level with SDPA's flash backend (figure below); with the "
+            "causal mask, rung 2 is the first rung to pass it by more than the noise.") in text
 
 
 def test_the_preference_list_is_read_as_the_library_reads_it(text):
