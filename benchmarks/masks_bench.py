@@ -80,16 +80,8 @@ def flex_score(softcap):
     return _SCORES[cap]
 
 
-def documents(n: int, seed: int, shortest: int = 256) -> np.ndarray:
-    """cu_seqlens of documents of mixed lengths that fill n tokens: lengths drawn log-uniform
-    between ``shortest`` and n / 2, the last one cut to fit."""
-    rng = np.random.default_rng(seed)
-    cuts, total = [0], 0
-    while total < n:
-        length = int(np.exp(rng.uniform(np.log(shortest), np.log(max(shortest, n // 2)))))
-        total = min(n, total + length)
-        cuts.append(total)
-    return np.array(cuts, dtype=np.int32)
+#: cu_seqlens of documents of mixed lengths that fill n tokens (``flashbook.masks.random_documents``)
+documents = masks.random_documents
 
 
 def allowed_pairs(n: int, causal: bool, window, cu) -> int:

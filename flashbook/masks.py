@@ -174,6 +174,19 @@ def doc_ids_from_cu_seqlens(cu_seqlens, name: str = "cu_seqlens") -> np.ndarray:
     return np.repeat(np.arange(cu.size - 1), np.diff(cu))
 
 
+def random_documents(n: int, seed: int, shortest: int = 256) -> np.ndarray:
+    """cu_seqlens of documents of mixed lengths that fill ``n`` tokens: lengths drawn
+    log-uniform between ``shortest`` and n / 2 from ``numpy.random.default_rng(seed)``, the last
+    one cut to fit (the packed documents of ``benchmarks/masks_bench.py`` and the lab notes)."""
+    rng = np.random.default_rng(seed)
+    cuts, total = [0], 0
+    while total < n:
+        length = int(np.exp(rng.uniform(np.log(shortest), np.log(max(shortest, n // 2)))))
+        total = min(n, total + length)
+        cuts.append(total)
+    return np.array(cuts, dtype=np.int32)
+
+
 def _check_doc_ids(doc_ids, name: str, n: int) -> np.ndarray:
     ids = _int_vector(doc_ids, name)
     if ids.size != n:

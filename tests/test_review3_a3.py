@@ -67,8 +67,8 @@ def test_the_barrier_stalls_name_the_rows_they_come_from(ch):
     assert "in `red4`\n{glue:text}`gbr_bar`" not in text and "per issue cycle" not in text
     assert "In `rows_split_tma` an average of" in text and "in `rows_split_red4`\n{glue:text}`gbr_bar`" in text
     assert "per issued instruction" in text
-    assert ("markdown", "**Nsight Compute, one call each** (stalls: per issued instruction)") \
-        in ch.outputs["gluon_bwd_rows"]
+    assert ("markdown", "**Nsight Compute, one call each** (tensor ops (T): tensor-core operations, in "
+            "trillions; stalls: per issued instruction)") in ch.outputs["gluon_bwd_rows"]
 
 
 def test_the_noise_floor_names_the_runs_it_comes_from(ch):
@@ -129,3 +129,151 @@ def test_the_lab_tables_say_their_names_and_signs():
     text = markdown(nb)
     assert "$2^8$ in the weights" not in text and "more than 8 (scores are in base 2" in text
     assert "On the {glue:text}`hopper_where` run" not in text and "today's" not in text
+
+
+# --- the re-check of the third round (recheck_clarity_a3.md): U-A, U-B, N-A, N-B -----------------
+
+LAUNCH = os.path.join(RESULTS, "launch_order_h200", "run1_groups.json")
+
+
+def _launch_run():
+    with open(LAUNCH) as f:
+        return json.load(f)
+
+
+def _benchmark_module(name):
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def _experiment_shapes():
+    """launch_order_experiment.SHAPES, read from the script's text (it imports torch on a GPU path)."""
+    import ast
+
+    tree = ast.parse(open(os.path.join(ROOT, "benchmarks", "launch_order_experiment.py")).read())
+    (node,) = [n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "SHAPES"]
+    return [shape[0] for shape in ast.literal_eval(node.value)]
+
+
+def test_the_small_grid_bound_is_given_in_programs(ch):
+    """U-A: "8 programs per SM" is 1,056 programs on the run's H200 (132 SMs), as
+    configs.head_group computes it, and the rule counts the programs a grid launches."""
+    from flashbook.kernels import configs
+
+    sms = _launch_run()["provenance"]["gpu"]["sms"]
+    bound = configs.SMALL_GRID_PROGRAMS_PER_SM * sms
+    assert configs.head_group(bound, sms=sms, cc=90) > 1 and configs.head_group(bound + 1, sms=sms, cc=90) == 1
+    v = ch.values
+    assert (v["lo_sms"], v["lo_small_max"]) == (str(sms), f"{bound:,}") == ("132", "1,056")
+    assert v["lo_rounds"] == "3"
+    idea = cell_source(notebook(A3), "a3-heads-md")
+    assert "({glue:text}`lo_small_max` on the\nH200's {glue:text}`lo_sms` SMs; `configs.head_group`)" in idea
+    assert "counting the programs it launches" in idea and "{glue:text}`lo_rounds` rounds" in idea
+
+
+def test_the_documents_rows_are_judged_by_the_grid_they_launch(ch):
+    """U-A: packed documents launch tiles of the longest document x documents x heads
+    (autograd.launch_shape). With the documents the run drew (masks_bench.documents, seeded by
+    the shape's place in the script's SHAPES) the forward launches 880 programs at 4K (grouped),
+    2,976 at 8K and 4,320 at 16K (the plain order), not the table's 512, 1,024 and 2,048."""
+    import torch
+
+    from flashbook.bench import chapter10_lab
+    from flashbook.kernels import autograd, configs
+    from flashbook.kernels.varlen import Packed
+
+    from flashbook import masks
+
+    masks_bench = _benchmark_module("masks_bench")
+    assert masks_bench.documents is masks.random_documents           # the run's generator is the library's
+    run, shapes = _launch_run(), _experiment_shapes()
+    sms = run["provenance"]["gpu"]["sms"]
+    launched, table = {}, ch.tables["launch_order"]
+    for seed, r in enumerate(run["rows"]):
+        assert shapes[seed] == r["shape"]                                  # the row's seed is its place in SHAPES
+        assert chapter10_lab.launched_today(r, seed) >= table.loc[r["shape"], "programs"]
+        if r["mask"] != "documents":
+            continue
+        cu = torch.as_tensor(masks_bench.documents(r["seq"], seed))
+        longest = int((cu[1:] - cu[:-1]).max())
+        block = configs.default("forward", cc=90, block_d=128, elem_bytes=2, causal=True).block_m
+        grid, _ = autograd.launch_shape(Packed(cu, cu, longest, longest), "q", r["heads"], r["batch"], r["seq"],
+                                        block, {})
+        launched[r["shape"]] = grid[0] * grid[1]
+        assert chapter10_lab.launched_today(r, seed) == launched[r["shape"]]
+    assert launched == {"documents 4K": 880, "documents 8K": 2976, "documents 16K": 4320}
+    grouped = {s: configs.head_group(p, sms=sms, cc=90) > 1 for s, p in launched.items()}
+    assert grouped == {"documents 4K": True, "documents 8K": False, "documents 16K": False}
+    assert table.loc["documents 8K", "programs"] == 1024                # what the page read as a small grid
+    v = ch.values
+    assert v["lo_docs_grouped"] == "documents 4K (880 programs launched)"
+    assert v["lo_docs_plain"] == "documents 8K and 16K (2,976 and 4,320)"
+    assert v["lo_rule_grouped"] == "causal 4K B1, window 4K at 4K and documents 4K"
+    verdict = cell_source(notebook(A3), "c10-heads-after")
+    assert "their grid launches more programs, most of them idle.)" not in verdict
+    assert "The rule counts the programs the library launches, not the table's `programs`" in verdict
+    assert "groups {glue:text}`lo_docs_grouped`\nbut not {glue:text}`lo_docs_plain`" in verdict
+    assert "it groups {glue:text}`lo_rule_grouped`" in verdict
+
+
+def test_the_short_window_at_8k_launches_more_than_the_bound():
+    """U-A, the same check for the one other row under 2,048 in the table: a 1K window takes
+    its own tiles (configs.tiles_for), so its forward launches twice the table's 1,024."""
+    from flashbook.bench import chapter10_lab
+    from flashbook.kernels import configs
+
+    run = _launch_run()
+    ((seed, row),) = [(i, r) for i, r in enumerate(run["rows"]) if r["shape"] == "window 1K at 8K"]
+    assert chapter10_lab.launched_today(row, seed) == 2048
+    assert configs.head_group(2048, sms=run["provenance"]["gpu"]["sms"], cc=90) == 1
+    assert "a 1K window has smaller tiles of its own, so\ntwice the programs" in cell_source(
+        notebook(A3), "c10-heads-after")
+
+
+def test_the_host_bound_documents_row_gives_its_spread(ch):
+    """U-B: documents 4K's rounds spread by up to 39% (plain order, forward + backward:
+    0.641, 0.891, 0.651 ms), so its 0.85 forward and 1.08 forward + backward are no result."""
+    (row,) = [r for r in _launch_run()["rows"] if r["shape"] == "documents 4K"]
+    t = row["times"]
+    spread = max(max(t[g][m]) / min(t[g][m]) - 1 for g in ("G=1", "G=4") for m in ("fwd", "fwd_bwd"))
+    v = ch.values
+    assert v["lo_fwd_worst_shape"] == "documents 4K"
+    assert v["lo_fwd_worst_spread"] == f"{100 * spread:.0f}" == "39"
+    assert 100 * spread > 100 * abs(1 - float(v["lo_fwd_worst"])) > 100 * ch.noise_runs
+    verdict = cell_source(notebook(A3), "c10-heads-after")
+    assert "the\nmeasure the policy is judged on" not in verdict and "yet gained" not in verdict
+    assert "spread by up to {glue:text}`lo_fwd_worst_spread`%" in verdict
+    assert "so neither number is a measured effect" in verdict
+
+
+def test_the_atomic_table_names_are_said_before_the_table(ch):
+    """N-A: `relaxed`, `+stagger` and `64x128` are defined in the entry's idea, above the table
+    whose rows use them; 64 x 128 is the wide tile the script times."""
+    experiment = open(os.path.join(ROOT, "benchmarks", "atomic_dq_experiment.py")).read()
+    assert "WIDE = Config(64, 128," in experiment
+    rows = list(ch.tables["atomic_dq"].index)
+    assert {"atomic 64x128", "relaxed", "relaxed+stagger 64x128"} <= set(rows)
+    idea = cell_source(notebook(A3), "d2b5605d")
+    for name in ("`atomic` adds with Triton's default ordering", "`relaxed` without it", "`+stagger`",
+                 "`64x128` takes dK/dV tiles of 64\nqueries by 128 keys"):
+        assert name in idea
+    assert "widen the dK/dV tile to halve the adds" not in cell_source(notebook(A3), "a3-atomic-stagger-verdict")
+
+
+def test_tensor_ops_are_defined_where_the_verdict_reads_them(ch):
+    """N-B: the column "tensor ops (T)" is tensor-core operations in units of 10^12, and the
+    verdict's 0.80 is that column's rows_none over rows_split_red4."""
+    ops = ch.tables["gluon_bwd_rows_ncu"]["tensor ops (T)"]
+    assert ch.values["gbr_ops_none"] == f"{ops['rows_none'] / ops['rows_split_red4']:.2f}"
+    verdict = cell_source(notebook(A3), "a3-gluon-bwd-rows-verdict")
+    assert "of the tensor math of" not in verdict
+    assert "{glue:text}`gbr_ops_none` of the tensor-core operations (tensor ops) of `rows_split_red4`" in verdict

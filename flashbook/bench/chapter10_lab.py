@@ -321,7 +321,8 @@ def _gluon_bwd_rows(ch) -> None:
                          "tensor pipe busy (%)": k[TENSOR_BUSY],
                          "long-scoreboard stalls": k[STALL.format("long_scoreboard")],
                          "barrier stalls": k[STALL.format("barrier")]} for label, k in mains]).set_index("kernel")
-    ch.markdown("gluon_bwd_rows", "**Nsight Compute, one call each** (stalls: per issued instruction)")
+    ch.markdown("gluon_bwd_rows", "**Nsight Compute, one call each** (tensor ops (T): tensor-core "
+                "operations, in trillions; stalls: per issued instruction)")
     ch.table("gluon_bwd_rows", "gluon_bwd_rows_ncu", ncu.round(2).rename_axis(index=None, columns="kernel"))
     ch.put("gbr_wgmma_none", ncu.loc["rows_none", "wgmma instructions (M)"], ".1f")
     ch.put("gbr_wgmma_written", ncu.loc["rows_split_red4", "wgmma instructions (M)"], ".1f")
@@ -461,6 +462,40 @@ def heavy_first(ch) -> None:
     ch.put("heavy_slots", ", ".join(f"{s} at d = {d} ({s // sms} per SM)" for d, s in sorted(slots_used.items())))
 
 
+def _listed(items) -> str:
+    """["a", "b", "c"] as "a, b and c"."""
+    items = list(items)
+    return "none" if not items else items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _documents_listed(rows, unit: str = "") -> str:
+    """[(shape, programs)] of packed documents as "documents 8K and 16K (2,976 and 4,320)"."""
+    if not rows:
+        return "no documents row"
+    sizes = _listed(shape.removeprefix("documents ") for shape, _ in rows)
+    return f"documents {sizes} ({_listed(f'{n:,}' for _, n in rows)}{unit})"
+
+
+def launched_today(row: dict, seed: int) -> int:
+    """The programs the library's forward launches today at a row of run ``launch_order``, the
+    count ``configs.head_group`` judges (``autograd.launch_shape``): its own tiles (a short
+    window has its own, ``configs.tiles_for``), and for packed documents the tiles of the
+    longest document x documents x heads, from the documents the run drew (its ``seed``)."""
+    import numpy as np
+
+    from ..kernels import configs
+    from ..masks import random_documents
+
+    block_d = configs.block_d(row["head_dim"])
+    keys = None if row["mask"] != "window" else row["window"] + 1   # mask_args.window_keys: (window, 0), causal
+    causal, window = configs.tiles_for(row["mask"] != "full", keys, block_d)
+    tile = configs.default("forward", cc=90, block_d=block_d, elem_bytes=2, causal=causal, window=window).block_m
+    if row["mask"] != "documents":
+        return -(-row["seq"] // tile) * row["batch"] * row["heads"]
+    lengths = np.diff(random_documents(row["seq"], seed))
+    return -(-int(lengths.max()) // tile) * len(lengths) * row["heads"]
+
+
 def launch_order(ch) -> None:
     """Rung 5 across heads: the programs dealt out a few heads at a time (run ``launch_order``;
     ``forward.launch_position``, ``configs.head_group``)."""
@@ -469,15 +504,20 @@ def launch_order(ch) -> None:
     from ..kernels import configs
 
     names = ("lo_group", "lo_per_sm", "lo_small_fwd", "lo_small_fb", "lo_large_lo", "lo_large_hi", "lo_n_large",
-             "lo_fwd_worst_shape", "lo_fwd_worst", "lo_fwd_worst_fb", "lo_small", "lo_small_programs")
+             "lo_fwd_worst_shape", "lo_fwd_worst", "lo_fwd_worst_fb", "lo_small", "lo_small_programs", "lo_sms",
+             "lo_small_max", "lo_rounds", "lo_docs_grouped", "lo_docs_plain", "lo_rule_grouped",
+             "lo_fwd_worst_spread")
     run = load_recorded_json("launch_order", ch.root) if ch.root is not None else None
     if not run:
         ch.say("launch_order", "No recorded launch-order run (run 'launch_order' in benchmarks/results/index.json).",
                missing=True)
         return ch.nothing(*names)
     group = f"G={configs.SMALL_GRID_HEAD_GROUP}"
-    rows = []
-    for r in run["rows"]:
+    gpu = run["provenance"]["gpu"]
+    sms, cc = gpu["sms"], int(gpu["capability"].removeprefix("sm_"))
+    rows, launched, spread = [], {}, {}
+    # launch_order_experiment.py seeds each shape by its place in its SHAPES, the order of the rows
+    for seed, r in enumerate(run["rows"]):
         tile = configs.default("forward", cc=90, block_d=configs.block_d(r["head_dim"]), elem_bytes=2,
                                causal=r["mask"] != "full").block_m
         t = r["times"]
@@ -487,14 +527,24 @@ def launch_order(ch) -> None:
                      "x plain, fwd": t["G=1"]["fwd_ms"] / t[group]["fwd_ms"],
                      "x plain, fwd+bwd": t["G=1"]["fwd_bwd_ms"] / t[group]["fwd_bwd_ms"],
                      "bitwise equal": all(r["exact"].values())})
+        spread[r["shape"]] = max(max(t[g][m]) / min(t[g][m]) - 1 for g in ("G=1", group) for m in ("fwd", "fwd_bwd"))
+        launched[r["shape"]] = launched_today(r, seed)
     table = pd.DataFrame(rows).set_index("shape")
     ch.table("launch_order", "launch_order", table.round(3).rename_axis(index=None, columns="shape"))
     small = table.loc[table["programs"].idxmin()]
-    # the page's split at 2,048 programs: the library groups heads up to 8 programs an SM (1,056 on
-    # the H200), so in this run every row below 2,048 was grouped and none from 2,048 on
+    # the page's split at 2,048 programs (tokens / tile x heads, every order forced); which rows
+    # the library groups (the rule, on the grid it launches today) is said after it
     grouped = table[table["programs"] < 2048]
     large = table.drop(grouped.index)["x plain, fwd+bwd"]
     ch.put("lo_group", configs.SMALL_GRID_HEAD_GROUP); ch.put("lo_per_sm", configs.SMALL_GRID_PROGRAMS_PER_SM)
+    ch.put("lo_sms", sms); ch.put("lo_small_max", configs.SMALL_GRID_PROGRAMS_PER_SM * sms, ",")
+    rounds = sorted({len(t[m]) for r in run["rows"] for t in r["times"].values() for m in ("fwd", "fwd_bwd")})
+    ch.put("lo_rounds", rounds[0] if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}")
+    by_rule = [s for s, n in launched.items() if configs.head_group(n, sms=sms, cc=cc) != 1]
+    docs = [(s, n) for s, n in launched.items() if s.startswith("documents")]
+    ch.put("lo_docs_grouped", _documents_listed([x for x in docs if x[0] in by_rule], " programs launched"))
+    ch.put("lo_docs_plain", _documents_listed([x for x in docs if x[0] not in by_rule]))
+    ch.put("lo_rule_grouped", _listed(by_rule))
     ch.put("lo_small", small.name); ch.put("lo_small_programs", int(small["programs"]))
     ch.put("lo_small_fwd", small["x plain, fwd"], ".2f"); ch.put("lo_small_fb", small["x plain, fwd+bwd"], ".2f")
     ch.put("lo_large_lo", large.min(), ".2f"); ch.put("lo_large_hi", large.max(), ".2f")
@@ -502,6 +552,7 @@ def launch_order(ch) -> None:
     worst = grouped["x plain, fwd"].idxmin()
     ch.put("lo_fwd_worst_shape", worst); ch.put("lo_fwd_worst", grouped.loc[worst, "x plain, fwd"], ".2f")
     ch.put("lo_fwd_worst_fb", grouped.loc[worst, "x plain, fwd+bwd"], ".2f")
+    ch.put("lo_fwd_worst_spread", 100 * spread[worst], ".0f")   # its rounds, both orders, fwd and fwd+bwd
 
 
 def build_into(ch) -> None:
