@@ -222,3 +222,13 @@ def test_ch8_says_how_the_gradient_cell_changed_since_its_recording():
     assert hashlib.sha256(before.encode("utf-8")).hexdigest() == recorded["ed1bb987"]
     assert hashlib.sha256(source.encode("utf-8")).hexdigest() != recorded["ed1bb987"]
     assert 'only by `backend="triton"`' in cell_source("08_triton_backward.ipynb", "aacbec1b")
+
+
+def test_recheck_tf32_is_described_as_truncation_and_the_note_sits_above_the_table():
+    """TF32 products cut each fp32 operand to 10 bits (no cvt.rna in the PTX), up to 2^-10 of it,
+    in both products, not "u = 2^-11 in the scores"; the recorded cell's note is above it."""
+    text = cell_source("07_triton_forward.ipynb", "f94ee342")
+    assert "$u = 2^{-11}$ in the scores" not in text
+    assert "cut, not rounded, to 10 bits: up to $2^{-10}$" in text and "in both products" in text
+    ch8 = cell_source("08_triton_backward.ipynb", "aacbec1b")
+    assert "The note above the" in ch8 and "note under the" not in ch8

@@ -60,7 +60,7 @@ def test_ch11_the_paged_kernels_extra_stages_were_in_the_runs_shown():
                for p in [sweep, *bench.run_paths("decode_repeats")]}
     assert len(commits) == 1                                   # the sweep and the table: one tree
     glued, _ = run_glued(cell_source(CH11, "c11-stages"), chapter11=chapter11, decode=decode)
-    assert glued["stages_spread"] == f"{stages['spread']:.0f}" and glued["stages_timed"] == "2 to 5"
+    assert glued["stages_spread"] == f"{stages['spread']:.1f}" and glued["stages_timed"] == "2 to 5"
     assert glued["paged_extra"] == str(decode.PAGED_EXTRA_STAGES)
     text = _joined(markdown(CH11))
     assert "That change came after the GPU runs above" not in text
@@ -192,7 +192,7 @@ def test_ch12_the_tile_table_says_whose_tiles_and_what_the_window_takes():
     assert glued["frac_w1k_own"] == f"{w1k['tiles']['work_fraction']:.3f}" == "0.125"
     text = _joined(markdown(CH12))
     assert "with the H200 forward's $128 \\times 64$ tiles" not in text
-    assert "the H200 forward's for the causal mask at $d$ = 128" in text
+    assert "the H200 Triton forward's for the causal mask at $d$ = 128" in text
     assert "a 1K window then visits {glue:text}`frac_w1k_own` of them" in text
 
 
@@ -259,7 +259,7 @@ def test_which_kernel_names_the_lengths_gluon_loses_at_and_what_flex_was_timed_o
     masks_rows = json.load(open(bench.run_path("masks") / "masks.json"))["rows"]
     assert {r["mask"] for r in masks_rows} == {"window", "window-softcap", "softcap", "causal", "documents"}
     assert glued["mk_kinds"] == ("sliding windows, windows with a soft cap, soft caps, the plain causal mask "
-                                 "and packed documents")
+                                 "(flashbook's Triton kernel there too) and packed documents")
     assert glued["mk_losses"] == "in no shape, forward or with the backward"
     text = _joined(_page("which_kernel.md"))
     assert "short sequences" not in text and "{glue:text}`gl_left_cases`" in text
@@ -336,3 +336,22 @@ def test_what_real_fa_adds_says_triton_splits_only_pv_at_64_rows_and_8_warps(tmp
     assert "it splits the columns among the warpgroups instead" not in text
     assert "it splits only the columns of $PV$ between the two warpgroups" in text
     assert "both warpgroups compute the same score tile" in text
+
+
+def test_recheck_the_tile_table_names_the_triton_kernel_and_the_flex_rows_are_triton():
+    """Chapter 12's 128 x 64 tiles are the Triton forward's (the Gluon forward that auto takes on
+    an H200 at d = 128 uses 128 x 128); every row timed against FlexAttention ran backend="triton"."""
+    from flashbook.kernels import configs, hopper_choices
+
+    text = cell_source("12_masks.ipynb", "29e6aa0d")
+    assert "the H200 Triton forward's for the causal mask" in text and "$128 \\times 128$" in text
+    assert configs.default("forward", cc=90, block_d=128, elem_bytes=2, causal=True).block_m == 128
+    assert hopper_choices.default_config(128, 8192, True)[:2] == (128, 128)
+    assert not hopper_choices.slower_than_triton(128, 8192, 8192, True)
+    path = bench.run_path("masks")
+    require(path is not None, "no recorded masks run")
+    rows = json.load(open(path / "masks.json"))["rows"]
+    assert {r["backend"] for r in rows} == {"triton"}
+    page = open(os.path.join(ROOT, "book", "which_kernel.md"), encoding="utf-8").read()
+    assert "the plain causal mask (flashbook's Triton kernel there too)" in page
+    assert 'g("stages_spread", stages["spread"], ".1f")' in cell_source("11_decoding_and_many_gpus.ipynb", "c11-stages")
