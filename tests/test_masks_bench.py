@@ -46,6 +46,8 @@ def test_flex_document_masks_and_the_pair_count():
     assert len(ids) == 4096
 
 
+# eager FlexAttention warns that it is not compiled: here that is the point (float64 on the CPU)
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_with_these_mods_is_the_float64_truth():
     """FlexAttention itself (eager, on the CPU) with the window, the soft cap and GQA as the
     benchmark builds them: the same function as flashbook.masks.attention."""
