@@ -58,7 +58,7 @@ def repeats(ch) -> None:
         return ch.nothing("noise_runs", "noop_lo", "noop_hi", "twin_lo", "twin_hi", "n_ladders", "n_sweeps",
                           "rerun_median", "rerun_max", "ladder_min_ms", "noise_read")
     table = pd.DataFrame(rows, columns=["what is compared", "run", "pairs", "median %", "largest %"])
-    ch.table("noise", "repeats", table.set_index(["what is compared", "run"]).round(1))
+    ch.table("noise", "repeats", table.round(1), lambda s: s.hide(axis="index").format(precision=1))
     ch.outputs.setdefault("lab_noise", []).append(("table", "repeats"))
     ch.noise_runs = max(r[4] for r in within) / 100
     read = [find_runs(ch.root, name) for name in ("ladder.csv", "results.csv")]   # newest first
