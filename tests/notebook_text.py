@@ -22,6 +22,7 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
+BOOK = os.path.join(ROOT, "book")
 
 
 def notebook_path(name_or_path) -> str:
@@ -112,3 +113,15 @@ def run_glued(code, quiet: bool = False, **names) -> tuple:
     for i, one in enumerate([code] if isinstance(code, str) else code):
         exec(compile(one, f"<cell {i}>", "exec"), ns)
     return glued, ns
+
+
+def flat(text: str) -> str:
+    """Prose with its line breaks and indents folded to single spaces: what a sentence check
+    compares, wherever the source happens to wrap."""
+    return " ".join(text.split())
+
+
+def book_page(name: str) -> str:
+    """The source of a book page that is not a notebook (``book/NAME``, e.g. "which_kernel.md")."""
+    with open(os.path.join(BOOK, name), encoding="utf-8") as f:
+        return f.read()

@@ -5,15 +5,11 @@ import os
 
 import pytest
 
-from notebook_text import cell_source, cells, markdown, notebook
+from notebook_text import cell_source, cells, flat, markdown, notebook
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 CH8, CH9 = notebook("08_triton_backward"), notebook("09_benchmarks")
-
-
-def _flat(text):
-    return " ".join(text.split())
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +23,7 @@ def ch():
 
 
 def test_ch8_exercise_1_asks_for_a_contiguous_last_dimension():
-    spec = _flat(cell_source(CH8, "0f869d97"))
+    spec = flat(cell_source(CH8, "0f869d97"))
     assert "except a contiguous last dimension" not in spec
     assert "as long as the last dimension is contiguous" in spec
     # the solution addresses columns without a stride: it needs exactly that
@@ -37,7 +33,7 @@ def test_ch8_exercise_1_asks_for_a_contiguous_last_dimension():
 def test_ch8_dkdv_registers_and_spills_are_said_and_measured():
     from flashbook.bench import chapter8
 
-    text = _flat(cell_source(CH8, "05720969"))
+    text = flat(cell_source(CH8, "05720969"))
     assert "in fp32 registers." not in text
     for name in ("dkdv_regs", "dkdv_spill_full", "dkdv_spill_causal"):
         assert f"{{glue:text}}`{name}`" in text
@@ -55,14 +51,14 @@ def test_ch8_dkdv_registers_and_spills_are_said_and_measured():
 
 
 def test_ch8_programs_run_concurrently_not_all_at_once():
-    text = _flat(markdown(CH8))
+    text = flat(markdown(CH8))
     assert "they all run at once" not in text and "in no fixed order" in text
     assert "which zeroes the fp32 buffer" not in text                 # the counted extra write is the final one
     assert "plus the final write that the separate mode also makes" in text
 
 
 def test_ch9_not_the_bytes_rests_on_measured_bytes(ch):
-    text = _flat(cell_source(CH9, "backward-credit-md"))
+    text = flat(cell_source(CH9, "backward-credit-md"))
     assert "the roofline below puts our backward" not in text
     for name in ("ncu_fb_read_gb", "ncu_cudnn_read_gb", "ncu_fb_tb_s", "ncu_cudnn_tb_s"):
         assert f"{{glue:text}}`{name}`" in text
@@ -74,14 +70,14 @@ def test_ch9_not_the_bytes_rests_on_measured_bytes(ch):
 
 
 def test_ch9_spill_is_judged_like_with_like(ch):
-    text = _flat(cell_source(CH9, "backward-credit-md"))
+    text = flat(cell_source(CH9, "backward-credit-md"))
     assert "spills too" not in text and "ncu_nospill_tile" not in text
     assert "{glue:text}`ncu_pair_tile`" in text
     if ch.values["ncu_pair_tile"] != "n/a":
         assert ch.values["ncu_pair_tile"] == "64 × 64"
         assert int(ch.values["ncu_pair_clean_warps"]) > int(ch.values["ncu_pair_spill_warps"])
         assert float(ch.values["ncu_pair_spill_ms"]) < float(ch.values["ncu_pair_clean_ms"])
-    sweep = _flat(cell_source(CH9, "ex1-md"))
+    sweep = flat(cell_source(CH9, "ex1-md"))
     assert "as long as they fit and do not spill" not in sweep and "{glue:text}`spill_by_d`" in sweep
     if ch.values["spill_by_d"] != "n/a":
         assert "slower at 1 of 3 such pairs" in ch.values["spill_by_d"]     # d = 64
@@ -89,7 +85,7 @@ def test_ch9_spill_is_judged_like_with_like(ch):
 
 
 def test_ch9_memory_gap_is_explained_in_fp32_dq_buffers(ch):
-    text = _flat(cell_source(CH9, "seed-measured-md"))
+    text = flat(cell_source(CH9, "seed-measured-md"))
     assert "did not profile" not in text
     if ch.values["mem_dq_gb"] == "n/a":
         pytest.skip("no recorded results at d = 128, N = 4096")
@@ -100,7 +96,7 @@ def test_ch9_memory_gap_is_explained_in_fp32_dq_buffers(ch):
 
 
 def test_ch9_hedges_what_the_profile_cannot_show(ch):
-    text = _flat(cell_source(CH9, "seed-measured-md"))
+    text = flat(cell_source(CH9, "seed-measured-md"))
     assert "Triton also issues `wgmma`, but waits" not in text
     assert "the profile cannot show" in text and "{glue:text}`ncu_cudnn_launch`" in text
     if ch.values["ncu_cudnn_launch"] != "n/a":
@@ -108,7 +104,7 @@ def test_ch9_hedges_what_the_profile_cannot_show(ch):
 
 
 def test_ch9_reader_fixes():
-    text = _flat(markdown(CH9))
+    text = flat(markdown(CH9))
     assert "../book/sources_checked.md" in cell_source(CH9, "seed-md")
     assert "the harness run's" in text                      # 9.3 % and 10.2-12.2 % are two runs
     assert "within {glue:text}`fused_mem_spread`%" not in text

@@ -9,18 +9,9 @@ import pandas as pd
 import pytest
 
 from flashbook import bench
-from notebook_text import cell_source, markdown
+from notebook_text import book_page, cell_source, flat, markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _page(name: str) -> str:
-    with open(os.path.join(ROOT, "book", name), encoding="utf-8") as f:
-        return f.read()
-
-
-def _joined(text: str) -> str:
-    return " ".join(text.split())
 
 
 # --- which_kernel ----------------------------------------------------------------------------
@@ -35,7 +26,7 @@ def test_which_kernel_calls_the_atomic_dq_the_slower_mode():
         rows = json.load(open(path / "atomic_dq.json" if path.is_dir() else path))["rows"]
         atomic = [r for r in rows if r["variant"] != "separate"]
         assert atomic and max(r["vs_separate"] for r in atomic) < 1, name   # separate's time / this one's
-    text = _joined(_page("which_kernel.md"))
+    text = flat(book_page("which_kernel.md"))
     assert "faster, non-deterministic" not in text
     assert "non-deterministic one, which was the slower of the two at every shape" in text
 
@@ -48,7 +39,7 @@ def test_which_kernel_says_the_gluon_kernel_has_the_causal_mask():
     refusal = inspect.getsource(dispatch.gluon_refusal)
     assert "sliding window, soft cap, prefix or ALiBi" in refusal
     assert "causal and seq_q > seq_k" in inspect.getsource(hopper.check_inputs)
-    text = _joined(_page("which_kernel.md"))
+    text = flat(book_page("which_kernel.md"))
     assert "has no masks" not in text and "the Gluon one has only the causal mask" in text
     assert "causal only with seq_q ≤ seq_k" in text
     assert "in four ways" not in text
@@ -65,7 +56,7 @@ def test_which_kernel_counts_stress_classes_and_names_the_rule_change():
     suite = ET.parse(path / "run3_varlen_stress.junit.xml").getroot().find("testsuite")
     names = [c.get("name") for c in suite.iter("testcase")]
     assert len(names) == int(suite.get("tests")) == len(set(names))
-    text = _joined(_page("which_kernel.md"))
+    text = flat(book_page("which_kernel.md"))
     assert "each run with many seeds" not in text
     assert "one kind failed the earlier rule" in text
 
@@ -73,7 +64,7 @@ def test_which_kernel_counts_stress_classes_and_names_the_rule_change():
 # --- what_real_fa_adds -------------------------------------------------------------------------
 
 def test_what_real_fa_adds_does_not_call_ping_pong_a_tie():
-    text = _joined(_page("what_real_fa_adds.md"))
+    text = flat(book_page("what_real_fa_adds.md"))
     assert "Ping-pong tied" not in text
     assert "Ping-pong never beat that schedule beyond the run-to-run noise" in text
     assert "three at $d$ = 64 for longer sequences" in text
@@ -93,7 +84,7 @@ def test_chapter_11_does_not_state_the_ring_overlap_as_observed():
     fractions scatter (one is below 0), so the page says the transfer *can* run."""
     ring = _ring()
     assert ring["hidden_fraction"].min() < 0 < ring["hidden_fraction"].max()
-    text = _joined(markdown("11_decoding_and_many_gpus"))
+    text = flat(markdown("11_decoding_and_many_gpus"))
     assert "the transfer runs while the GPU computes" not in text
     assert "overlapping each transfer with the attention" not in text
     assert "so the transfer *can* run while the GPU computes" in text
@@ -111,7 +102,7 @@ def test_chapter_11_says_why_two_gpus_lose_at_the_shortest_length():
     assert "the transfers are not what loses" not in code and "both parts weigh" in code
     assert "first['single_ms']:.2f} ms for the whole" not in code
     assert "cannot be set against one GPU's, which was timed only through autograd" in code
-    prose = _joined(cell_source("11_decoding_and_many_gpus", "c11-41"))
+    prose = flat(cell_source("11_decoding_and_many_gpus", "c11-41"))
     assert "through autograd" in prose and "without autograd" in prose
 
 
@@ -121,7 +112,7 @@ def test_chapter_11_gives_the_flush_and_the_slots_it_reasons_with():
 
     assert "256 * 2**20" in inspect.getsource(timing.CudaTimer.__init__)
     assert inspect.signature(decode.choose_num_splits).parameters["programs_per_sm"].default == 2
-    text = _joined(markdown("11_decoding_and_many_gpus"))
+    text = flat(markdown("11_decoding_and_many_gpus"))
     assert "256 MB written" not in text and "256 MiB written" in text
     assert "{glue:text}`flush_us`" in text and "{glue:text}`plan_slots`" in text
     assert "so an H200 has" not in text and "it counts {glue:text}`plan_slots` slots per wave" in text
@@ -131,14 +122,14 @@ def test_chapter_11_gives_the_flush_and_the_slots_it_reasons_with():
 # --- chapter 12 ----------------------------------------------------------------------------------
 
 def test_chapter_12_underflow_threshold_allows_for_the_gpus_flush_to_zero_exp2():
-    text = _joined(markdown("12_masks"))
+    text = flat(markdown("12_masks"))
     assert "below about $-150$ in float32), every" not in text
     assert "below about $-126$ on the GPU" in text
     assert "Triton's interpreter has no $\\tanh$, so" not in text
 
 
 def test_chapter_12_names_the_models_and_the_offsets_right():
-    text = _joined(markdown("12_masks"))
+    text = flat(markdown("12_masks"))
     assert "Mistral and Gemma let" not in text and "Gemma 2 (in every other layer)" in text
     assert "offsets: where each document starts, then the total length" in text
     assert "PyTorch's math backward, the yardstick here" not in text
@@ -159,5 +150,5 @@ def test_chapter_12_profile_table_shows_flex_host_time_the_answer_quotes():
     assert '("flex", "Flex")' in code and '"host µs/call, before plans"' in code
     glue = cell_source("12_masks", "6ba85d76")
     assert 'g("q_flex_host", a["flex"]["host_us"]["median_us"]' in glue   # a: the before-plans profile
-    fused = _joined(cell_source("12_masks", "b98bd1a6"))
+    fused = flat(cell_source("12_masks", "b98bd1a6"))
     assert "Heads a few at a time" in fused and "was not timed" in fused

@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT, compile_cache, require
 from flashbook import runtime
 from flashbook.bench import runs
-from notebook_text import cell_source, run_glued
+from notebook_text import cell_source, flat, run_glued
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -26,10 +26,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 CH6 = os.path.join(ROOT, "notebooks", "06_gpu_and_triton.ipynb")
 CH7 = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
 CH8 = os.path.join(ROOT, "notebooks", "08_triton_backward.ipynb")
-
-
-def _flat(text):
-    return " ".join(text.split())
 
 
 # --- chapter 6 -------------------------------------------------------------------------------
@@ -46,7 +42,7 @@ def test_each_level_down_is_slower_but_not_always_larger():
     t4 = {name: size for name, size, _ in levels(runtime.chip("T4"))}
     assert t4["registers"] > t4["L2"]
     assert 'fig.suptitle("Each level down is slower; HBM dwarfs everything on chip")' in cell_source(CH6, "05cb731f")
-    summary = _flat(cell_source(CH6, "653d56e1"))
+    summary = flat(cell_source(CH6, "653d56e1"))
     assert "Each level down is slower, and HBM is by far the largest; on chip, the register file is larger than shared memory." in summary
     assert "larger and slower" not in summary
 
@@ -61,10 +57,10 @@ def test_the_memory_row_says_which_number_is_gib():
     assert sheet == runtime.chip("H200").hbm_gib
     assert sheet * 1e9 < driver_gib * 2**30 < sheet * 2**30
     assert '"memory (GiB)": c.hbm_gib' in cell_source(CH6, "3f105ddf")     # the recorded cell, unchanged
-    prose = _flat(cell_source(CH6, "9bd58f54"))
+    prose = flat(cell_source(CH6, "9bd58f54"))
     assert 'In the row "memory (GiB)" only the driver\'s number is GiB: the table\'s is the datasheet\'s "GB".' in prose
     doc = runtime.Chip.hbm_bytes.__doc__
-    assert "are binary" not in doc and "neither exactly 1e9 nor 2**30" in _flat(doc)
+    assert "are binary" not in doc and "neither exactly 1e9 nor 2**30" in flat(doc)
 
 
 @pytest.mark.slow(seconds=20)
@@ -84,7 +80,7 @@ def test_the_staging_table_is_at_d64_and_sm80_takes_half_a_tile_more_at_d128():
     assert tiles[64, 80] == [1, 2, 4] and tiles[64, 90] == [1, 4, 6]
     assert tiles[128, 80] == [1.5, 2.5, 4.5] and tiles[128, 90] == [1, 4, 6]
     assert all(t <= model for t, model in zip(tiles[128, 80], (2, 4, 6)))
-    prose = _flat(cell_source(CH6, "49527e1d"))
+    prose = flat(cell_source(CH6, "49527e1d"))
     assert ("($B_r = B_c$ = 64, $d$ = 64, Triton 3.6 and 3.9; at $d$ = 128 Triton 3.9 gives `sm_80` "
             "half a tile more)") in prose
 
@@ -138,7 +134,7 @@ print(json.dumps(found))
     for cc, (tf32_mma, rounding) in found.items():
         assert tf32_mma > 0 and rounding == 0, (cc, tf32_mma, rounding)
 
-    prose = _flat(cell_source(CH7, "36966158"))
+    prose = flat(cell_source(CH7, "36966158"))
     assert ("in fp32: {glue:text}`minimal_ran_on` numbers. The interpreter multiplies fp32 inputs in full "
             "fp32. On a GPU, `tl.dot` multiplies them in TF32 by default, and the fp32 error grows to about "
             "{glue:text}`minimal_tf32_fp32`") in prose
@@ -184,7 +180,7 @@ def test_the_launch_order_at_1024_programs_timed_no_causal_grid():
     example = triton.cdiv(4096, cfg.block_m) * 2 * 16             # chapter 7's example grid
     assert example == 1024 and example not in causal
     assert [s for s, p in programs.items() if p == example and not s.startswith("documents")] == ["window 1K at 8K"]
-    prose = _flat(cell_source(CH7, "e8ba3340"))
+    prose = flat(cell_source(CH7, "e8ba3340"))
     assert ("At {glue:text}`big_programs` programs it timed only a sliding window, which gained about the "
             "rounds' spread; no causal grid of that size was timed.") in prose
     assert "little or nothing at 1,024" not in prose
@@ -203,7 +199,7 @@ def test_the_first_floor_is_8_sqrt_d_ulps_not_a_few():
     _, floor = checks.error_bound(want.half(), want, want, head_dim=d)
     eps32, eps16 = torch.finfo(torch.float32).eps, torch.finfo(torch.float16).eps
     assert floor == pytest.approx(8 * d ** 0.5 * eps32 * (1 + 3.0) + eps16 * 3.0 / 2)
-    prose = _flat(cell_source(CH8, "d562dda1"))
+    prose = flat(cell_source(CH8, "d562dda1"))
     assert "$8\\sqrt{d}$ fp32 ulps of $1 + \\max|\\text{want}|$, for values the yardstick" in prose
     assert "a few fp32 ulps" not in prose
 

@@ -6,15 +6,11 @@ import os
 import pandas as pd
 import pytest
 
-from notebook_text import cell_ids, cell_source, markdown, notebook
+from notebook_text import cell_ids, cell_source, flat, markdown, notebook
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 CH9 = notebook("09_benchmarks")
-
-
-def _flat(text):
-    return " ".join(text.split())
 
 
 def _glue(name):
@@ -45,7 +41,7 @@ def test_the_t4_shared_memory_model_is_one_fp32_copy_of_a_products_operands(ch):
     default 128 x 64 tile at d = 128 (Q, K and V in fp32 would be 128 KiB)."""
     from flashbook import smem
 
-    text = _flat(cell_source(CH9, "blocks-md"))
+    text = flat(cell_source(CH9, "blocks-md"))
     assert "fp32 tiles without stages" not in text and "(a test checks that the two agree)" not in text
     assert "as chapter 6's one fp32 copy of a product's operands, with no stages" in text
     bm, bn, d = 128, 64, 128
@@ -56,7 +52,7 @@ def test_the_t4_shared_memory_model_is_one_fp32_copy_of_a_products_operands(ch):
 
 def test_taller_tiles_win_but_wider_ones_do_not(ch):
     """W2: in the heatmap the widest B_c loses to the next narrower one in every row."""
-    text = _flat(cell_source(CH9, "ex1-md"))
+    text = flat(cell_source(CH9, "ex1-md"))
     assert "Larger tiles tend to win" not in text
     assert "but not the largest $B_c$" in text
     # two of the gaps are within the noise, and the cause was not measured (no spills there)
@@ -80,7 +76,7 @@ def test_taller_tiles_win_but_wider_ones_do_not(ch):
 def test_the_spill_pair_says_what_it_does_not_hold_equal(ch, passes):
     """C9-1 and U3: the 4- and 8-warp 64 x 64 pair differs in the tensor work done (8 warps
     recompute), and the 42 and 390 MB belong to two different default tiles, named."""
-    text = _flat(cell_source(CH9, "backward-credit-md"))
+    text = flat(cell_source(CH9, "backward-credit-md"))
     assert "The spill is not shown to cost time" not in text and "the same {glue" not in text
     assert "What the spill costs, the profile does not isolate." in text
     for name in ("ncu_cfg_full", "ncu_cfg_causal", "ncu_pair_clean_ops", "ncu_pair_spill_ops"):
@@ -103,7 +99,7 @@ def test_the_spill_pair_says_what_it_does_not_hold_equal(ch, passes):
 def test_why_we_beat_sdpa_flash_is_not_one_measurement(ch, passes):
     """C9-2: SDPA-flash's forward issues no wgmma but also spills 1.9 GB at 255 registers; its
     tensor pipe was busier than ours while it took 1.42 times as long."""
-    text = _flat(cell_source(CH9, "seed-measured-md"))
+    text = flat(cell_source(CH9, "seed-measured-md"))
     assert "One measurement says why we are faster" not in text
     assert "The profile does not isolate this cause" in text
     for name in ("ncu_tc_flash_fwd", "ncu_flash_fwd_x", "ncu_flash_spill_gb", "ncu_flash_regs"):
@@ -127,7 +123,7 @@ def test_cudnns_registers_are_a_launch_figure(ch):
     from flashbook.bench.runs import run_path
     from flashbook.kernels.hopper_choices import CONSUMER_REGS
 
-    text = _flat(cell_source(CH9, "backward-credit-md"))
+    text = flat(cell_source(CH9, "backward-credit-md"))
     assert "(at {glue:text}`ncu_cudnn_regs` registers)" not in text
     assert "registers per thread are a launch figure" in text and _glue("ncu_cudnn_threads") in text
     rows = profiles.kernel_rows(run_path("kernel_ncu", ch.root))
@@ -154,7 +150,7 @@ def test_cudnn_version_reads_as_a_version(ch):
 
 def test_the_four_claims_beyond_the_table_are_said_to_come_from_the_text(ch):
     """U1: the seed table shows six figures; the other four checked claims are the article's text."""
-    text = _flat(cell_source(CH9, "seed-arith-md") + cell_source(CH9, "measurements-md"))
+    text = flat(cell_source(CH9, "seed-arith-md") + cell_source(CH9, "measurements-md"))
     assert "Most of the other figures fare no better" not in text and "Of the table's" not in text
     assert "The article's text makes {glue:text}`seed_n_text_claims` more claims" in text
     from flashbook.bench import check_seed_table
@@ -166,7 +162,7 @@ def test_the_four_claims_beyond_the_table_are_said_to_come_from_the_text(ch):
 
 def test_the_backward_is_not_called_a_two_kernel_one():
     """U2: chapter 8's backward is three kernels, two of them main ones."""
-    text = _flat(markdown(CH9))
+    text = flat(markdown(CH9))
     assert "two-kernel" not in text
     assert "both main kernels of our backward (chapter 8) read" in text
 
@@ -176,7 +172,7 @@ def test_sdpa_math_is_said_to_compute_in_fp32():
     from flashbook.bench import Shape
     from flashbook.bench.harness import skip_reason
 
-    assert "computed in fp32 for bf16 inputs" in _flat(cell_source(CH9, "speed-md"))
+    assert "computed in fp32 for bf16 inputs" in flat(cell_source(CH9, "speed-md"))
     shape = Shape(batch=2, heads=16, seq=16384, head_dim=128, causal=False)
     note = skip_reason("sdpa-math", shape, 2, 1e9)
     assert "of 4 bytes" in note and "of 2 bytes" in skip_reason("naive", shape, 2, 1e9)
@@ -192,7 +188,7 @@ def test_oom_skipped_is_explained_before_its_table():
 
 def test_the_causal_fit_names_its_terms():
     """U6 and U12."""
-    text = _flat(cell_source(CH9, "memory-md"))
+    text = flat(cell_source(CH9, "memory-md"))
     assert "prices a program" not in text and "is the larger at" not in text
     assert "gives f, what a program costs outside its loop, and a, what an unmasked key tile costs" in text
     assert "in percentage points of half the unmasked time" in text
@@ -201,7 +197,7 @@ def test_the_causal_fit_names_its_terms():
 
 def test_the_memory_gap_is_counted_in_named_buffers(ch):
     """U7: the buffers have a unit, and SDPA-flash's second is its two 16-bit copies."""
-    text = _flat(cell_source(CH9, "seed-measured-md"))
+    text = flat(cell_source(CH9, "seed-measured-md"))
     assert "The gap is whole fp32 buffers" not in text
     assert "whole buffers the size of an fp32 $dQ$" in text and "such buffers" in text
     v = ch.values
@@ -210,7 +206,7 @@ def test_the_memory_gap_is_counted_in_named_buffers(ch):
 
 def test_the_closest_shape_is_said_plainly(ch):
     """U8 and NIT 4: the exact shape is not measured (H x d is fixed), said once."""
-    text = _flat(cell_source(CH9, "seed-measured-md") + cell_source(CH9, "seed-measured-after"))
+    text = flat(cell_source(CH9, "seed-measured-md") + cell_source(CH9, "seed-measured-after"))
     assert "may not be among" not in text and "It keeps the sizes" not in text
     assert "The article's exact shape was not measured" not in text
     assert "matching first the sizes the article states" in text
@@ -222,7 +218,7 @@ def test_the_closest_shape_is_said_plainly(ch):
 
 def test_the_atomic_backward_is_quoted_across_the_run(ch, results):
     """U9: not 'similarly slow': 3.4 times at the first seed shape, 2.4 to 6.9 over the run."""
-    text = _flat(cell_source(CH9, "seed-measured-after"))
+    text = flat(cell_source(CH9, "seed-measured-after"))
     assert "similarly slow" not in text and _glue("atomic_bwd_span") in text
     bwd = results.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="bwd_ms")
     ratio = bwd["flashbook-atomic"] / bwd["flashbook"]
@@ -231,7 +227,7 @@ def test_the_atomic_backward_is_quoted_across_the_run(ch, results):
 
 def test_exercise_2_explains_the_backwards_level_not_its_minimum(ch, results):
     """U10: the smallest backward ratio against cuDNN is within the noise of the next one."""
-    text = _flat(cell_source(CH9, "ex2-explain"))
+    text = flat(cell_source(CH9, "ex2-explain"))
     assert "The minimum marks no special shape" in text and _glue("cudnn_bwd_span") in text
     at = results[results["head_dim"] == 128].pivot_table(index=["seq", "causal"], columns="impl", values="bwd_ms")
     ratio = (at["sdpa-cudnn"] / at["flashbook"]).sort_values()
@@ -251,7 +247,7 @@ def test_the_sweep_is_said_to_be_older_than_the_run(ch, results):
 
 
 def test_nits_stay_fixed(ch):
-    text = _flat(markdown(CH9))
+    text = flat(markdown(CH9))
     # NIT 2: one separator inside a target's counts, another between the targets
     assert "forward {glue:text}`t_fwd_flash_n`; backward" in text
     assert ch.values["t_fwd_flash_n"] == "met at 19, within noise at 1"

@@ -4,14 +4,9 @@ import json
 
 import pytest
 
-from notebook_text import cell_ids, markdown, notebook, run_glued, sources_by_id
+from notebook_text import cell_ids, flat, markdown, notebook, run_glued, sources_by_id
 
 CH10 = "10_making_it_fast.ipynb"
-
-
-def _flat(text: str) -> str:
-    """Prose with its line breaks and indents folded to single spaces."""
-    return " ".join(text.split())
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +17,7 @@ def ch():
 
 @pytest.fixture(scope="module")
 def text():
-    return _flat(markdown(notebook(CH10)))
+    return flat(markdown(notebook(CH10)))
 
 
 def test_the_summary_gives_the_goals_range_for_the_goals_shapes_only(ch, text):
@@ -42,7 +37,7 @@ def test_the_summary_gives_the_goals_range_for_the_goals_shapes_only(ch, text):
     ours = ok[ok["impl"] == "flashbook"].set_index(["batch", "heads", "seq", "causal"])["fwd_tflops"]
     cudnn = ok[ok["impl"] == "sdpa-cudnn"].set_index(["batch", "heads", "seq", "causal"])["fwd_tflops"]
     assert (ours / cudnn).min() < fwd.min()
-    summary = _flat(sources_by_id(notebook(CH10))["next-rungs"])
+    summary = flat(sources_by_id(notebook(CH10))["next-rungs"])
     assert "its backward at $d$ = 128 and $N \\geq$ 4K." in summary
     assert "its backward at $d$ = 128. Its forward" not in summary
 
@@ -124,7 +119,7 @@ def test_the_graph_outlier_is_said_the_right_way_round(ch):
     assert worst["graph_ms"] > worst["timer_ms"]
     assert ch.values["host_long"] == f"{100 * (1 - worst['timer_ms'] / worst['graph_ms']):.0f}"
     assert 100 * (worst["graph_ms"] / worst["timer_ms"] - 1) > float(ch.values["host_long"]) + 1
-    sol = _flat(sources_by_id(notebook(CH10))["70e55642"])
+    sol = flat(sources_by_id(notebook(CH10))["70e55642"])
     assert "the timed call took {glue:text}`host_long`% less time than one replay" in sol
     assert "% slower than the timed call" not in sol
     assert "tutorial's kernel (the lab notes' \"peer\")" in sol

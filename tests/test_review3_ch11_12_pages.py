@@ -16,23 +16,14 @@ import torch
 
 from conftest import ROOT, compile_cache, require
 from flashbook import bench
-from notebook_text import cell_source, markdown, run_glued
+from notebook_text import book_page, cell_source, flat, markdown, run_glued
 
 CH11, CH12 = "11_decoding_and_many_gpus", "12_masks"
 
 
-def _joined(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _page(name: str) -> str:
-    with open(os.path.join(ROOT, "book", name), encoding="utf-8") as f:
-        return f.read()
-
-
 def _page_code(name: str) -> str:
     return "\n".join(part.split("```", 1)[0].split("\n", 2)[2]
-                     for part in _page(name).split("```{code-cell} ipython3")[1:])
+                     for part in book_page(name).split("```{code-cell} ipython3")[1:])
 
 
 # --- chapter 11 ---------------------------------------------------------------------------------
@@ -62,7 +53,7 @@ def test_ch11_the_paged_kernels_extra_stages_were_in_the_runs_shown():
     glued, _ = run_glued(cell_source(CH11, "c11-stages"), chapter11=chapter11, decode=decode)
     assert glued["stages_spread"] == f"{stages['spread']:.1f}" and glued["stages_timed"] == "2 to 5"
     assert glued["paged_extra"] == str(decode.PAGED_EXTRA_STAGES)
-    text = _joined(markdown(CH11))
+    text = flat(markdown(CH11))
     assert "That change came after the GPU runs above" not in text
     assert "Every run of this section already had them" in text
     assert "So the gap is not a matter of pipeline depth" in text
@@ -130,7 +121,7 @@ def test_ch11_training_recipe_averages_the_weight_gradients_over_the_ranks():
     for alone, with_ddp in results:
         assert (with_ddp - want).abs().max() < 1e-12
         assert (alone - want).abs().max() > 1e-3        # without the average: another gradient per rank
-    text = _joined(cell_source(CH11, "c11-ring-call"))
+    text = flat(cell_source(CH11, "c11-ring-call"))
     assert "torch.nn.parallel.DistributedDataParallel(model)" in text
     assert "Every rank's weight gradients cover only its own tokens" in text and "drift apart" in text
     assert "is a complete version of these lines" not in text
@@ -142,7 +133,7 @@ def test_ch11_says_the_row_tile_bounds_the_one_read_per_kv_head():
     assert decode.decode_tiles(128, 2, 4 * decode.MAX_ROWS, interpreter=False)[0] == decode.MAX_ROWS   # more rows: more tiles
     glued, _ = run_glued(cell_source(CH11, "c11-19"), decode=decode, H200=_h200(), block_n=64)
     assert glued["max_rows"] == str(decode.MAX_ROWS)
-    text = _joined(cell_source(CH11, "c11-15"))
+    text = flat(cell_source(CH11, "c11-15"))
     assert "a tile of at most {glue:text}`max_rows` of them" in text
     assert "takes several row tiles, each reading the cache" in text
 
@@ -155,7 +146,7 @@ def test_ch11_single_runs_strayed_both_ways():
     glued, _ = run_glued(cell_source(CH11, "c11-m6"), repeats=repeats, REPEATS=paths, pd=pd)
     low = min(repeats["fd_cudnn_ms_min"].min(), repeats["paged_dense_ms_min"].min())
     assert glued["rep_single_lo"] == f"{low:.2f}" and low < 0.7
-    text = _joined(cell_source(CH11, "c11-m7"))
+    text = flat(cell_source(CH11, "c11-m7"))
     assert "reached {glue:text}`rep_single_hi` times" not in text
     assert "ranged from {glue:text}`rep_single_lo` to {glue:text}`rep_single_hi` times" in text
     assert "in both directions" in text
@@ -171,7 +162,7 @@ def test_ch11_the_recorded_decode_output_is_dated_and_the_kernel_shown_was_teste
     cases = [c for c in ET.parse(runs.run_path("tests_h200_v022") / "run1_gpu_marked.junit.xml").getroot().iter(
         "testcase") if c.get("classname") == "tests.test_decode"]
     assert glued["v022_decode_tests"] == str(len(cases)) and all(len(c) == 0 for c in cases)
-    text = _joined(markdown(CH11))
+    text = flat(markdown(CH11))
     assert "from an earlier version of the kernel than the one shown" in text
     assert "see the end of the chapter" not in text and 'see "Batch 64 and the pages, measured" below' in text
     assert "({glue:text}`short_compiled` µs for the split kernel's)" in text
@@ -190,7 +181,7 @@ def test_ch12_the_tile_table_says_whose_tiles_and_what_the_window_takes():
                          rng=np.random.default_rng(12), masks=masks, np=np, pd=pd)
     assert glued["w1k_tile"] == " × ".join(str(x) for x in w1k["forward_tile"])
     assert glued["frac_w1k_own"] == f"{w1k['tiles']['work_fraction']:.3f}" == "0.125"
-    text = _joined(markdown(CH12))
+    text = flat(markdown(CH12))
     assert "with the H200 forward's $128 \\times 64$ tiles" not in text
     assert "the H200 Triton forward's for the causal mask at $d$ = 128" in text
     assert "a 1K window then visits {glue:text}`frac_w1k_own` of them" in text
@@ -217,7 +208,7 @@ def test_ch12_summary_quotes_the_one_grid_gain_where_the_library_uses_it():
     glued, _ = run_glued(cell_source(CH12, "e16e7c60"))
     used = [gain for n, gain in fused["gains"]["documents"] if n >= 8192]
     assert glued["fb_doc_used"] == f"{min(used):.1f}–{max(used):.1f}% from 8K to 32K tokens"
-    summary = _joined(cell_source(CH12, "c1dff7b1"))
+    summary = flat(cell_source(CH12, "c1dff7b1"))
     assert "took {glue:text}`fb_doc` off" not in summary
     assert "took {glue:text}`fb_doc_used` off packed documents' backward, where the library does so" in summary
     assert "with $128 \\times 64$ tiles, a 1K window leaves {glue:text}`frac_w1k`" in summary
@@ -229,12 +220,12 @@ def test_ch12_lessons_name_their_runs_and_the_heavy_first_order_is_chapter_7s():
                for name in ("window_order", "window_tiles", "window_fwd_tiles", "masks_d64", "window_d64_tiles",
                             "one_loop") for p in bench.run_paths(name)}
     assert folders == {"window_order_h200", "masks_h200-5", "masks_h200-6", "one_loop_h200"}
-    text = _joined(cell_source(CH12, "a5000337"))
+    text = flat(cell_source(CH12, "a5000337"))
     for folder in folders:
         assert f"`{folder}`" in text
     assert "as chapter 10 does for the causal mask" not in text
     assert "as chapter 7's kernel does for the causal mask; chapter 10 measures it" in text
-    answer = _joined(cell_source(CH12, "c5705fdf"))
+    answer = flat(cell_source(CH12, "c5705fdf"))
     assert "work per call under the profiler" in answer and "timed apart" in answer
 
 
@@ -261,14 +252,14 @@ def test_which_kernel_names_the_lengths_gluon_loses_at_and_what_flex_was_timed_o
     assert glued["mk_kinds"] == ("sliding windows, windows with a soft cap, soft caps, the plain causal mask "
                                  "(flashbook's Triton kernel there too) and packed documents")
     assert glued["mk_losses"] == "in no shape, forward or with the backward"
-    text = _joined(_page("which_kernel.md"))
+    text = flat(book_page("which_kernel.md"))
     assert "short sequences" not in text and "{glue:text}`gl_left_cases`" in text
     assert "prefix-LM and ALiBi were not timed against it" in text
     assert "{glue:text}`mk_fwd_losses` and {glue:text}`mk_fwd_bwd_losses` shapes" not in text
 
 
 def test_which_kernel_names_every_script_its_numbers_come_from():
-    text = _joined(_page("which_kernel.md"))
+    text = flat(book_page("which_kernel.md"))
     assert "from two scripts" not in text
     for script in ("benchmarks/front_door.py", "benchmarks/gluon_lengths.py", "benchmarks/decode_bench.py",
                    "benchmarks/masks_bench.py", "tests/test_stress_gpu.py"):
@@ -283,7 +274,7 @@ def test_which_kernel_lists_prefix_and_alibi_and_says_deterministic_is_refused()
     params = inspect.signature(flash_attention).parameters
     assert {"prefix", "alibi_slopes"} <= set(params)
     assert not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())   # deterministic=: TypeError
-    text = _joined(_page("which_kernel.md"))
+    text = flat(book_page("which_kernel.md"))
     assert "- `prefix=p` with `causal=True`" in text and "- `alibi_slopes=`, flash-attn's ALiBi" in text
     assert "flash-attn's keywords are accepted as they are" not in text
     assert "`deterministic=True` is not accepted (a `TypeError`)" in text
@@ -332,7 +323,7 @@ def test_what_real_fa_adds_says_triton_splits_only_pv_at_64_rows_and_8_warps(tmp
     assert out.returncode == 0, out.stderr[-3000:]
     dots = [line.split(" ", 1) for line in out.stdout.split("\n") if line]
     assert dots == [["64x64", "[8, 1]"], ["64x128", "[4, 2]"]], out.stdout   # S = Q K^T (64 x 64), P V (64 x d)
-    text = _joined(_page("what_real_fa_adds.md"))
+    text = flat(book_page("what_real_fa_adds.md"))
     assert "it splits the columns among the warpgroups instead" not in text
     assert "it splits only the columns of $PV$ between the two warpgroups" in text
     assert "both warpgroups compute the same score tile" in text
@@ -352,6 +343,6 @@ def test_recheck_the_tile_table_names_the_triton_kernel_and_the_flex_rows_are_tr
     require(path is not None, "no recorded masks run")
     rows = json.load(open(path / "masks.json"))["rows"]
     assert {r["backend"] for r in rows} == {"triton"}
-    page = open(os.path.join(ROOT, "book", "which_kernel.md"), encoding="utf-8").read()
+    page = book_page("which_kernel.md")
     assert "the plain causal mask (flashbook's Triton kernel there too)" in page
     assert 'g("stages_spread", stages["spread"], ".1f")' in cell_source("11_decoding_and_many_gpus.ipynb", "c11-stages")

@@ -13,14 +13,10 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime
-from notebook_text import cells, glue_text_value, source_of
+from notebook_text import book_page, cells, glue_text_value, source_of
 
 BOOK = os.path.join(ROOT, "book")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-
-
-def _page(name):
-    return open(os.path.join(BOOK, name), encoding="utf-8").read()
 
 
 def _code_cells(text):
@@ -43,7 +39,7 @@ def _glued(name):
     try:
         os.chdir(BOOK)        # where the book build runs a page
         ns = {"display": lambda *a, **k: None, "print": lambda *a, **k: None}
-        for code in _code_cells(_page(name)):
+        for code in _code_cells(book_page(name)):
             exec(code, ns)
     finally:
         os.chdir(cwd)
@@ -52,12 +48,12 @@ def _glued(name):
 
 
 def _glossary_terms():
-    block = _page("glossary.md").split("```{glossary}")[1].split("```")[0]
+    block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
     return {line.strip() for line in block.splitlines() if line and not line.startswith(" ")}
 
 
 def _glossary_entry(term):
-    block = _page("glossary.md").split("```{glossary}")[1].split("```")[0]
+    block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
     lines = block.splitlines()
     body = []
     for line in lines[lines.index(term) + 1:]:
@@ -83,7 +79,7 @@ def test_which_kernel_counts_the_flex_wins_as_chapter_12_does():
         assert glued[f"mk_{part}_wins"] == str(verdicts[part]["win"])
         assert glued[f"mk_{part}_losses"] == str(verdicts[part]["loss"])
     assert glued["mk_shapes"] == str(len(rows))
-    page = _page("which_kernel.md")
+    page = book_page("which_kernel.md")
     assert "chapter12.flex_verdicts" in page                # the function chapter 12 counts with
     assert "> 1 for r in masks_rows" not in page              # not every ratio above 1
     assert "27 of 28" not in page and "faster in {glue:text}`mk_fwd_wins` of" not in page
@@ -100,13 +96,13 @@ def test_which_kernel_gives_every_ratio_as_a_speed():
     batch = speed.index.get_level_values("batch")
     assert glued["dec_big_lo"] == f"{speed[batch == 64].min():.2f}"
     assert glued["dec_small_hi"] == f"{speed[batch <= 8].max():.2f}"
-    page = _page("which_kernel.md")
+    page = book_page("which_kernel.md")
     assert "times cuDNN's time" not in page and "times cuDNN's speed at batch 1 and 8" in page
     assert "every ratio is a speed" in page
 
 
 def test_which_kernel_reads_as_a_decision_page_not_a_test_log():
-    page = _page("which_kernel.md")
+    page = book_page("which_kernel.md")
     prose = re.sub(r"```\{code-cell\}.*?```", "", page, flags=re.S)
     for phrase in ("stress class", "run 14", "runs 11 and 12", "front door", "error bound",
                    "d = seq_k - seq_q", "more registers a thread"):
@@ -125,7 +121,7 @@ def test_which_kernel_maps_flash_attn_and_flex_to_the_real_signatures():
     from flashbook.kernels.dispatch import flash_attention
     from flashbook.kernels.varlen import flash_attention_varlen
 
-    page = _page("which_kernel.md")
+    page = book_page("which_kernel.md")
     section = page.split("## Coming from flash-attn or FlexAttention")[1].split("## What it gives")[0]
     fa = inspect.signature(flash_attention).parameters
     for name in ("scale", "softmax_scale", "window", "window_size", "softcap", "alibi_slopes", "prefix", "dq_mode"):
@@ -212,7 +208,7 @@ def test_the_glossarys_delta_and_split_k_say_what_they_do():
 # --- the other pages -------------------------------------------------------------------------
 
 def test_what_real_fa_adds_counts_what_chapter_10_tries_and_knows_varlen_is_in_the_book():
-    page = _page("what_real_fa_adds.md")
+    page = book_page("what_real_fa_adds.md")
     assert "tries the first three" not in page and "Chapter 10 tries the first two" in page
     varlen = page.split("## Variable-length batches")[1].split("## Paged KV caches")[0]
     assert "`flashbook.flash_attention_varlen`" in varlen
@@ -227,7 +223,7 @@ def test_what_real_fa_adds_counts_what_chapter_10_tries_and_knows_varlen_is_in_t
 
 
 def test_the_intro_maps_every_chapter_and_the_reference_pages():
-    page = _page("intro.md")
+    page = book_page("intro.md")
     table = page.split("## The path through the book")[1].split("## Three ways")[0]
     chapters = sorted(glob.glob(os.path.join(ROOT, "notebooks", "[0-9][0-9]_*.ipynb")))
     for path in chapters:
@@ -243,7 +239,7 @@ def test_how_to_run_installs_the_release_you_are_reading():
 
     import flashbook
 
-    page = _page("how_to_run.md")
+    page = book_page("how_to_run.md")
     assert "v<version>" not in page and "{glue:text}`version_tag`" in page
     assert "(install-library)=\n## Use the library in your own code" in page
     glued = _glued("how_to_run.md")
@@ -266,7 +262,7 @@ def test_a_release_rewrites_the_release_line_of_the_pages_with_code(tmp_path, mo
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import colab_edition
 
-    assert f'RELEASE = "v{flashbook.__version__}"' in _page("how_to_run.md")
+    assert f'RELEASE = "v{flashbook.__version__}"' in book_page("how_to_run.md")
     book = tmp_path / "book"
     book.mkdir()
     (book / "page.md").write_text('x = 1\nRELEASE = "v0.0.1"   # kept\n', encoding="utf-8")
@@ -297,7 +293,7 @@ def test_sources_checked_says_what_a_causal_run_would_change():
         assert flash >= seed.floor_ms[("flash", p, True)]            # possible if causal ...
         pct = 100 * seed.flops[f"{p}_causal"] / (flash * 1e-3) / 1e12 / chip.fp16_tflops
         assert 90 < pct < 100                                        # ... at 93-97% of the peak
-    page = _page("sources_checked.md")
+    page = book_page("sources_checked.md")
     s117 = page.split("(s1-17)=")[1].split("(s1-18)=")[0]
     assert "does not say whether its run was causal" in s117
     assert "{glue:text}`s117_imp` of the {glue:text}`s117_n` times are\nimpossible" not in s117
@@ -306,7 +302,7 @@ def test_sources_checked_says_what_a_causal_run_would_change():
 
 def test_the_teachers_guide_counts_its_rubric_rows_and_times_nothing_unrecorded():
     words = {12: "Twelve", 13: "Thirteen", 14: "Fourteen", 15: "Fifteen", 16: "Sixteen"}
-    guide = _page("teachers_guide.md")
+    guide = book_page("teachers_guide.md")
     rubric = guide.split("## Rubrics for the open exercises")[1].split("\n## ")[0]
     rows = [line for line in rubric.splitlines() if re.match(r"\| \d+, ", line)]
     assert f"{words[len(rows)]} exercises ask for an argument" in rubric

@@ -12,15 +12,11 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime, tiled
-from notebook_text import cell_source, markdown, notebook, run_glued
+from notebook_text import book_page, cell_source, markdown, notebook, run_glued
 
 from test_statements import BOOK
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-
-
-def _page(name):
-    return open(os.path.join(BOOK, name), encoding="utf-8").read()
 
 
 def _glued_by(code, **names):
@@ -42,7 +38,7 @@ def _ncu_forward():
 
 def test_s14_says_tiling_multiplies_the_traffic_by_d_over_2br():
     """S1.4 once said tiling "divides" the traffic by d / 2B_r: it multiplies it (d < 2B_r)."""
-    page = _page("sources_checked.md")
+    page = book_page("sources_checked.md")
     s14 = page.split("(s1-4)=")[1].split("(s1-5)=")[0]
     assert "multiplies it by a\nconstant, about $d / 2B_r$" in s14 and "divides it" not in s14
     n, d, br = 65536, 128, 128
@@ -53,7 +49,7 @@ def test_s14_says_tiling_multiplies_the_traffic_by_d_over_2br():
 
 
 def test_s114_puts_the_key_blocks_outside_only_in_fa2s_backward():
-    s114 = _page("sources_checked.md").split("(s1-14)=")[1].split("(s1-15)=")[0]
+    s114 = book_page("sources_checked.md").split("(s1-14)=")[1].split("(s1-15)=")[0]
     assert "FlashAttention-2 *backward*; its forward puts the query blocks outside" in s114
     # the book's FA2 order: query tiles outside, visited row by row
     order = tiled.tile_schedule(8, 8, 4, 4, order="fa2")
@@ -86,13 +82,13 @@ def test_chapter_6_reserves_a_kib_per_thread_block_with_its_source():
 
 
 def test_what_real_fa_adds_cites_each_feature_to_its_own_source():
-    page = _page("what_real_fa_adds.md")
+    page = book_page("what_real_fa_adds.md")
     varlen = page.split("## Variable-length batches")[1].split("## Paged KV caches")[0]
     paged = page.split("## Paged KV caches")[1].split("## Where to read more")[0]
     assert "{cite}`flash_attn_interface`" in varlen and "flash_attn_paged" not in varlen
     assert "release 2.5 on {cite}`flash_attn_paged`" in paged
     assert "flash_attn_repo" not in page            # the v2.1 notes are about the causal corner
-    bib = _page("references.bib")
+    bib = book_page("references.bib")
     entry = bib.split("@misc{flash_attn_paged,")[1].split("\n}")[0]
     assert "Release 2.5 added a paged KV cache" in entry
     # FA3's intra-warpgroup overlap: the softmax of S_j against P_{j-1} V_{j-1}
@@ -104,10 +100,10 @@ def test_book_pages_hold_no_control_characters():
     """A "\\t" once ate the backslash of "\\times" in the teacher's guide."""
     for name in os.listdir(BOOK):
         if name.endswith(".md"):
-            text = _page(name)
+            text = book_page(name)
             bad = sorted({hex(ord(ch)) for ch in text if ord(ch) < 32 and ch not in "\n"})
             assert not bad, (name, bad)
-    assert "$B_r \\times B_c\n  \\times d$" in _page("teachers_guide.md")
+    assert "$B_r \\times B_c\n  \\times d$" in book_page("teachers_guide.md")
 
 
 # --- section 2: prose numbers from the recorded GPU runs --------------------------------
@@ -146,7 +142,7 @@ def test_chapter_12_says_what_the_gpu_runs_did_with_alibi_and_the_one_failure():
     assert "run 14" not in alibi_md   # the run's file name is the data's business, not the reader's
     assert "not been replayed" not in stress_md and "Replayed on the H200" in stress_md
     assert "the case passes" in stress_md
-    page = _page("which_kernel.md")
+    page = book_page("which_kernel.md")
     assert "not yet replayed" not in page and "run 14" not in page   # no test-run log in its table
 
 
@@ -189,7 +185,7 @@ def test_chapters_quote_the_recorded_dram_bytes_and_l2_hits(name, cell_id):
 # --- section 4 and the pages' typed numbers -------------------------------------------------
 
 def _glossary_entry(term):
-    block = _page("glossary.md").split("```{glossary}")[1].split("```")[0]
+    block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
     lines = block.splitlines()
     start = lines.index(term)
     body = []
@@ -229,7 +225,7 @@ def test_the_glossary_names_the_sdpa_backends_chapter_9_compares():
 
 def test_which_kernel_describes_the_runs_it_quotes():
     """which_kernel.md's words about its runs (shapes, heads, lengths) against the records."""
-    page = _page("which_kernel.md")
+    page = book_page("which_kernel.md")
     rows = bench.load_recorded_json("front_door")["rows"]
     seqs, dims = sorted({r["seq"] for r in rows}), sorted({r["head_dim"] for r in rows})
     assert {r["dtype"] for r in rows} == {"bf16"} and {r["backend"] for r in rows} == {"gluon"}
