@@ -218,6 +218,12 @@ def glue_text(name: str, value, fmt: str = "") -> None:
     glue(name, "n/a" if value is None else format(value, fmt), display=False)
 
 
+def listed(items) -> str:
+    """Items as prose: ["a", "b", "c"] -> "a, b and c"; one item alone; none -> "none"."""
+    items = [str(x) for x in items]
+    return "none" if not items else items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def _lines_with(obj, needle: str, without: dict | None = None) -> list[int]:
     """1-based numbers of the lines of ``obj``'s (dedented) source that contain ``needle``."""
     return [i for i, line in enumerate(source(obj, without=without).splitlines(), 1) if needle in line]

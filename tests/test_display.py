@@ -85,3 +85,11 @@ def test_a_kernel_is_shown_without_the_switches_a_later_chapter_adds():
         a = 4
     return a
 '''
+
+
+def test_listed_writes_items_as_prose():
+    from flashbook.display import listed
+
+    assert listed(["causal 4K", "window 4K", "documents 4K"]) == "causal 4K, window 4K and documents 4K"
+    assert listed(["a", "b"]) == "a and b" and listed(iter(["only"])) == "only"
+    assert listed([]) == "none" and listed([880, 2976]) == "880 and 2976"

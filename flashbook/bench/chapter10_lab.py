@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from ..display import listed
 from .readback import find_runs, ladder_speedups, load_results
 from .runs import load_recorded_json, run_path
 
@@ -462,38 +463,36 @@ def heavy_first(ch) -> None:
     ch.put("heavy_slots", ", ".join(f"{s} at d = {d} ({s // sms} per SM)" for d, s in sorted(slots_used.items())))
 
 
-def _listed(items) -> str:
-    """["a", "b", "c"] as "a, b and c"."""
-    items = list(items)
-    return "none" if not items else items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def _documents_listed(rows, unit: str = "") -> str:
     """[(shape, programs)] of packed documents as "documents 8K and 16K (2,976 and 4,320)"."""
     if not rows:
         return "no documents row"
-    sizes = _listed(shape.removeprefix("documents ") for shape, _ in rows)
-    return f"documents {sizes} ({_listed(f'{n:,}' for _, n in rows)}{unit})"
+    sizes = listed(shape.removeprefix("documents ") for shape, _ in rows)
+    return f"documents {sizes} ({listed(f'{n:,}' for _, n in rows)}{unit})"
 
 
 def launched_today(row: dict, seed: int) -> int:
     """The programs the library's forward launches today at a row of run ``launch_order``, the
-    count ``configs.head_group`` judges (``autograd.launch_shape``): its own tiles (a short
-    window has its own, ``configs.tiles_for``), and for packed documents the tiles of the
-    longest document x documents x heads, from the documents the run drew (its ``seed``)."""
-    import numpy as np
+    count ``configs.head_group`` judges: ``autograd.launch_shape``'s grid with the forward's own
+    tiles (a short window has its own, ``configs.tiles_for``), for packed documents over the
+    documents the run drew (its ``seed``)."""
+    import torch
 
-    from ..kernels import configs
+    from ..kernels import autograd, configs
+    from ..kernels.varlen import Packed
     from ..masks import random_documents
 
     block_d = configs.block_d(row["head_dim"])
     keys = None if row["mask"] != "window" else row["window"] + 1   # mask_args.window_keys: (window, 0), causal
     causal, window = configs.tiles_for(row["mask"] != "full", keys, block_d)
     tile = configs.default("forward", cc=90, block_d=block_d, elem_bytes=2, causal=causal, window=window).block_m
-    if row["mask"] != "documents":
-        return -(-row["seq"] // tile) * row["batch"] * row["heads"]
-    lengths = np.diff(random_documents(row["seq"], seed))
-    return -(-int(lengths.max()) // tile) * len(lengths) * row["heads"]
+    packed = None
+    if row["mask"] == "documents":
+        cu = torch.as_tensor(random_documents(row["seq"], seed))
+        longest = int((cu[1:] - cu[:-1]).max())
+        packed = Packed(cu, cu, longest, longest)
+    grid, _ = autograd.launch_shape(packed, "q", row["heads"], row["batch"], row["seq"], tile, {})
+    return grid[0] * grid[1]
 
 
 def launch_order(ch) -> None:
@@ -544,7 +543,7 @@ def launch_order(ch) -> None:
     docs = [(s, n) for s, n in launched.items() if s.startswith("documents")]
     ch.put("lo_docs_grouped", _documents_listed([x for x in docs if x[0] in by_rule], " programs launched"))
     ch.put("lo_docs_plain", _documents_listed([x for x in docs if x[0] not in by_rule]))
-    ch.put("lo_rule_grouped", _listed(by_rule))
+    ch.put("lo_rule_grouped", listed(by_rule))
     ch.put("lo_small", small.name); ch.put("lo_small_programs", int(small["programs"]))
     ch.put("lo_small_fwd", small["x plain, fwd"], ".2f"); ch.put("lo_small_fb", small["x plain, fwd+bwd"], ".2f")
     ch.put("lo_large_lo", large.min(), ".2f"); ch.put("lo_large_hi", large.max(), ".2f")
