@@ -5,11 +5,11 @@ import os
 
 import pytest
 
+from conftest import ROOT, benchmark_script
 from notebook_text import cell_source, markdown, notebook
 from test_lesson_ch10 import _ncu_main_kernels, _paths
 
 A3 = "A3_lab_notes.ipynb"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
@@ -141,20 +141,6 @@ def _launch_run():
         return json.load(f)
 
 
-def _benchmark_module(name):
-    import importlib.util
-    import sys
-
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    return module
-
-
 def _experiment_shapes():
     """launch_order_experiment.SHAPES, read from the script's text (it imports torch on a GPU path)."""
     import ast
@@ -193,7 +179,7 @@ def test_the_documents_rows_are_judged_by_the_grid_they_launch(ch):
 
     from flashbook import masks
 
-    masks_bench = _benchmark_module("masks_bench")
+    masks_bench = benchmark_script("masks_bench")
     assert masks_bench.documents is masks.random_documents           # the run's generator is the library's
     run, shapes = _launch_run(), _experiment_shapes()
     sms = run["provenance"]["gpu"]["sms"]

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from conftest import ROOT, compile_cache, require
+from conftest import ROOT, benchmark_script, compile_cache, require
 from flashbook import bench
 from notebook_text import book_page, cell_source, flat, markdown, run_glued
 
@@ -64,9 +64,7 @@ def test_ch11_the_ring_spread_is_over_repeats_and_the_shape_is_given():
     repeats, the larger of the two ranks'."""
     from flashbook.bench import chapter11
 
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import ring_bench
-
+    ring_bench = benchmark_script("ring_bench")
     assert "max(times) - min(times)" in inspect.getsource(ring_bench._time_ms)
     ring = chapter11.ring_runs()
     require(ring is not None, "no recorded ring run")
