@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import runtime, tiled
+from ..display import listed
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
@@ -303,8 +304,8 @@ def _skip(ch: Chapter10) -> None:
     ch.frames["skip_prediction"] = skip_pred          # its "predicted x" is a column of the measured table
 
     if ch.frames["steps"] is None:
-        return ch.nothing("skip_lo", "skip_hi", "skip_of_pred_lo", "skip_of_pred_hi", "skip_full_dev",
-                          "skip_full_within")
+        return ch.nothing("skip_lo", "skip_hi", "skip_of_pred_lo", "skip_of_pred_hi", "skip_short",
+                          "skip_full_dev", "skip_full_within")
     gains = ch.rung_gains("skip masked tiles")
     pred = [pred_skip[(n, c)] for n, c in zip(gains["seq"], gains["causal"])]
     table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "predicted x": pred})
@@ -313,8 +314,10 @@ def _skip(ch: Chapter10) -> None:
     ch.table("skip", "skip_gains", table.round(3))
     causal, full = table[gains["causal"].values], table[~gains["causal"].values]
     ch.put("skip_lo", causal["x previous"].min(), ".2f"); ch.put("skip_hi", causal["x previous"].max(), ".2f")
-    ch.put("skip_of_pred_lo", 100 * causal["measured / predicted"].min(), ".0f")
-    ch.put("skip_of_pred_hi", 100 * causal["measured / predicted"].max(), ".0f")
+    ch.put("skip_of_pred_lo", 100 * causal["measured / predicted"].min(), ".1f")
+    ch.put("skip_of_pred_hi", 100 * causal["measured / predicted"].max(), ".1f")
+    short = gains[gains["causal"].values & (table["measured / predicted"] < 1 - ch.noise).values]
+    ch.put("skip_short", listed(f"d = {r.head_dim}, N = {r.seq // 1024}K" for r in short.itertuples()))
     dev = float((full["x previous"] - 1).abs().max())
     ch.put("skip_full_dev", 100 * dev, ".1f")
     ch.put("skip_full_within", "within" if dev <= ch.noise else "outside")

@@ -420,7 +420,8 @@ def finish_time(work, slots):
 
 def heavy_first(ch) -> None:
     """Heaviest query tiles first: the schedule model's predicted gain beside the measured one.
-    A program takes the key tiles it visits plus one (loading Q, writing O)."""
+    A program takes the key tiles it visits plus one (loading Q, writing O); ``heavy_fixed_shift``
+    is how far the prediction moves when that fixed cost is chapter 9's measured one instead."""
     import dataclasses
 
     import numpy as np
@@ -430,8 +431,10 @@ def heavy_first(ch) -> None:
     from ..kernels import configs
     from .blocks import block_state
 
+    from .chapter9_measured import fixed_tiles
+
     names = ("heavy_pred_lo", "heavy_pred_hi", "heavy_lo", "heavy_hi", "heavy_sig", "heavy_n", "heavy_full_dev",
-             "heavy_slots")
+             "heavy_slots", "heavy_fixed", "heavy_fixed_shift")
     blocks = ch.frames.get("blocks")
     if ch.frames.get("steps") is None or blocks is None:
         ch.say("heavy", "No recorded ladder or block sweep (benchmarks/results/).", missing=True)
@@ -440,16 +443,22 @@ def heavy_first(ch) -> None:
     chip = runtime.chip(gpu.get("datasheet", {}).get("chip", "H200"))
     sms = int(gpu.get("sms") or chip.sms)
     gains = ch.rung_gains("heaviest first")
-    preds, slots_used = [], {}
+    measured_fixed = fixed_tiles(ch.root)
+    preds, slots_used, shift = [], {}, 0.0
     for r in gains.itertuples():
         p = 1.0                                                    # no mask: the same kernel
         if r.causal:
             cfg = configs.default("forward", cc=ch.cc, block_d=configs.block_d(r.head_dim), elem_bytes=2)
             state = block_state(blocks, r.head_dim, *dataclasses.astuple(cfg), measured_arch=ch.arch)
             slots = sms * slots_per_sm(state.row, chip, cfg.num_warps)
-            per_tile = np.array(tiled.visible_key_tiles(r.seq, r.seq, cfg.block_m, cfg.block_n, True)) + 1.0
-            light_first = np.tile(per_tile, r.batch * r.heads)      # program_id 0 (the lightest) first
-            p = finish_time(light_first, slots) / finish_time(light_first[::-1], slots)
+            tiles = np.array(tiled.visible_key_tiles(r.seq, r.seq, cfg.block_m, cfg.block_n, True))
+
+            def gain(fixed):
+                light_first = np.tile(tiles + fixed, r.batch * r.heads)   # program_id 0 (the lightest) first
+                return finish_time(light_first, slots) / finish_time(light_first[::-1], slots)
+
+            p = gain(1.0)
+            shift = max([shift] + [abs(gain(f) - p) for f in measured_fixed])
             slots_used[r.head_dim] = slots
         preds.append(p)
     table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "predicted x": preds})
@@ -459,6 +468,11 @@ def heavy_first(ch) -> None:
     ch.put("heavy_pred_lo", causal["predicted x"].min(), ".3f"); ch.put("heavy_pred_hi", causal["predicted x"].max(), ".3f")
     ch.put("heavy_lo", causal["x previous"].min(), ".3f"); ch.put("heavy_hi", causal["x previous"].max(), ".3f")
     ch.put("heavy_sig", int((causal["verdict"] == "beyond noise").sum())); ch.put("heavy_n", len(causal))
+    if measured_fixed:
+        ch.put("heavy_fixed", f"{min(measured_fixed):.1f} to {max(measured_fixed):.1f}")
+        ch.put("heavy_fixed_shift", shift, ".3f")
+    else:
+        ch.nothing("heavy_fixed", "heavy_fixed_shift")
     ch.put("heavy_full_dev", 100 * float((table[~gains["causal"].values]["x previous"] - 1).abs().max()), ".1f")
     ch.put("heavy_slots", ", ".join(f"{s} at d = {d} ({s // sms} per SM)" for d, s in sorted(slots_used.items())))
 

@@ -210,6 +210,20 @@ CAUSAL_COST_LABELS = {"inst": "instructions (Nsight)", "cycles": "SM cycles (Nsi
                       "ncu_us": "GPU time (Nsight)", "ms": "GPU time (CUDA events)"}
 
 
+def fixed_tiles(root) -> list[float]:
+    """A causal program's fixed cost (loading Q, the loops' starts and ends, writing O) in key
+    tiles, one per measure of the recorded run ``causal_cost`` at d = 128 (empty without it)."""
+    import json
+
+    from .runs import run_path
+
+    run = run_path("causal_cost", root) if root is not None else None
+    if run is None or not (run / "analysis.json").exists():
+        return []
+    at = json.loads((run / "analysis.json").read_text())["128"]
+    return [at[m]["fit"]["f"] / at[m]["fit"]["a"] for m in CAUSAL_COST_MEASURES]
+
+
 def causal_cost(ch) -> None:
     """Where the causal forward's time beyond half the unmasked one's goes, at d = 128 (the
     recorded run ``causal_cost``: benchmarks/causal_cost.py's analysis.json). Each part is
@@ -232,7 +246,7 @@ def causal_cost(ch) -> None:
     for name, part in (("cc_tiles", "more_tiles"), ("cc_fixed", "program_costs"), ("cc_masked", "masked_extra")):
         ch.put(name, _span([100 * m["shares"][part] for m in by], ".1f"))
     ch.put("cc_mask_ratio", _span([m["fit"]["b_over_a"] for m in by], ".2f"))
-    ch.put("cc_fixed_tiles", _span([m["fit"]["f"] / m["fit"]["a"] for m in by], ".1f"))
+    ch.put("cc_fixed_tiles", _span(fixed_tiles(ch.root), ".1f"))
     idle = {p["causal"]: 100 * p["idle"] for p in at["passes"] if p["seq_k"] == p["seq_q"]}
     ch.put("cc_idle_full", idle[False], ".1f"); ch.put("cc_idle_causal", idle[True], ".1f")
     ch.put("cc_b8", at["ms"]["ratio_to_half"], ".2f"); ch.put("cc_b32", at["batch32_ratio_to_half"], ".2f")
