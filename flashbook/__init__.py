@@ -19,6 +19,9 @@ One module per idea, in the order the book teaches them:
 - ``timing``:    the one GPU timer (below both ``kernels`` and ``bench``)
 - ``validation``, ``display``: shared argument checks; showing source in a chapter
 """
+import importlib as _importlib
+import pkgutil as _pkgutil
+
 from . import runtime  # first: it decides TRITON_INTERPRET before triton is imported
 from .display import show_source
 
@@ -26,8 +29,19 @@ __version__ = "0.24.0"  # the one version: pyproject reads it; releases are tagg
 __all__ = ["runtime", "show_source", "flash_attention", "flash_attention_varlen", "last_backend"]
 
 
+#: The subpackages and modules, each imported on first use as ``flashbook.NAME`` (``flashbook.kernels``
+#: imports triton, so a NumPy chapter that never names it never imports triton).
+_SUBMODULES = frozenset(m.name for m in _pkgutil.iter_modules(__path__))
+
+
+def __dir__():
+    return sorted((set(globals()) | set(__all__) | _SUBMODULES) - {"_importlib", "_pkgutil"})
+
+
 def __getattr__(name):
     # Loaded on first use, so the NumPy chapters never import triton.
+    if name in _SUBMODULES:
+        return _importlib.import_module(f".{name}", __name__)
     if name in ("flash_attention", "last_backend"):
         from .kernels import dispatch
 

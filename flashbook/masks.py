@@ -153,12 +153,14 @@ def check_cu_seqlens(cu_seqlens, name: str = "cu_seqlens", total: int | None = N
     """flash-attn's ``cu_seqlens`` as a 1-D int64 array, checked: integers, starting at 0,
     nondecreasing, and ending at ``total`` (the packed length) when it is given."""
     cu = _int_vector(cu_seqlens, name)
-    if cu.size == 0 or cu[0] != 0:
-        first = "nothing" if cu.size == 0 else int(cu[0])
-        raise ValueError(f"{name} must start at 0, got {first}")
+    if cu.size == 0:
+        raise ValueError(f"{name} must hold at least one value (0, for no document), got an empty tensor")
+    if cu[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {int(cu[0])}")
     _nondecreasing(cu, name)
     if total is not None and cu[-1] != total:
-        raise ValueError(f"{name} must end at the packed length {total}, got {int(cu[-1])}")
+        raise ValueError(f"{name} must end at the packed length {total}, got {int(cu[-1])} (rows after the "
+                         f"last document are not allowed: every row belongs to one)")
     return cu
 
 

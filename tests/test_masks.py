@@ -413,7 +413,7 @@ def test_softcap_off_and_on():
 
 
 @pytest.mark.parametrize("cu,exc,words", [
-    ([1, 3], ValueError, "cu_seqlens must start at 0"), ([], ValueError, "start at 0"),
+    ([1, 3], ValueError, "cu_seqlens must start at 0"), ([], ValueError, "at least one value .0, for no document., got an empty"),
     ([0, 3, 2], ValueError, r"cu_seqlens must be nondecreasing.*cu_seqlens\[2\] = 2"),
     ([[0, 3]], ValueError, "cu_seqlens must be a 1-D"), ([0.0, 3.0], TypeError, "cu_seqlens"),
     (np.array([False, True]), TypeError, "cu_seqlens"),

@@ -266,16 +266,16 @@ def test_which_kernel_names_every_script_its_numbers_come_from():
     assert {c.get("classname") for c in junit.iter("testcase")} == {"tests.test_stress_gpu"}
 
 
-def test_which_kernel_lists_prefix_and_alibi_and_says_deterministic_is_refused():
+def test_which_kernel_lists_prefix_and_alibi_and_says_what_deterministic_does():
     from flashbook.kernels.dispatch import flash_attention
 
     params = inspect.signature(flash_attention).parameters
     assert {"prefix", "alibi_slopes"} <= set(params)
-    assert not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())   # deterministic=: TypeError
+    assert not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())   # unknown keywords: TypeError
     text = flat(book_page("which_kernel.md"))
     assert "- `prefix=p` with `causal=True`" in text and "- `alibi_slopes=`, flash-attn's ALiBi" in text
     assert "flash-attn's keywords are accepted as they are" not in text
-    assert "`deterministic=True` is not accepted (a `TypeError`)" in text
+    assert "`deterministic=True` with `dq_mode=\"atomic\"` is refused too" in text
     assert "chose the Gluon forward at every one of these shapes (all whole numbers of tiles" in text
 
 

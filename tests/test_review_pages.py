@@ -126,10 +126,11 @@ def test_which_kernel_maps_flash_attn_and_flex_to_the_real_signatures():
     fa = inspect.signature(flash_attention).parameters
     for name in ("scale", "softmax_scale", "window", "window_size", "softcap", "alibi_slopes", "prefix", "dq_mode"):
         assert name in fa, name
-    assert "dropout_p" not in fa and "deterministic" not in fa and "return_attn_probs" not in fa
+    assert fa["dropout_p"].default == 0.0 and fa["deterministic"].default is False   # flash-attn's, accepted
+    assert fa["return_attn_probs"].default is False
     assert fa["dq_mode"].default == "separate"
     assert "`q.transpose(1, 2)`" in section and "`softmax_scale=`" in section and "`window_size=`" in section
-    assert "no `dropout_p`" in section and '`dq_mode="separate"`' in section
+    assert "no dropout (`dropout_p` must be 0.0)" in section and '`dq_mode="separate"`' in section
     varlen = list(inspect.signature(flash_attention_varlen).parameters)
     assert varlen[:7] == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
     params = inspect.signature(flash_attention_varlen).parameters
@@ -159,8 +160,8 @@ def test_the_library_refuses_flash_attns_dropout_and_both_names_of_one_argument(
     torch = pytest.importorskip("torch")
     import flashbook
 
-    q = torch.zeros(1, 1, 4, 16)
-    with pytest.raises(TypeError):
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="dropout_p must be 0.0"):
         flashbook.flash_attention(q, q, q, dropout_p=0.1)
     with pytest.raises(TypeError, match="softmax_scale"):
         flashbook.flash_attention(q, q, q, scale=0.5, softmax_scale=0.5)

@@ -44,7 +44,7 @@ from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq, _bwd_fused
 from .configs import Config
 from .forward import _attn_fwd, for_lengths
-from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous,  # noqa: F401 (re-exported)
+from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous, no_double_backward,  # noqa: F401,E501
                      _interpreter_problem)
 from .launch import AttentionPlan, Launch, Plans, call_key
 from .mask_args import LOG2E, alibi_args, keys_of, kernel_mask, tiles_of, window_keys  # noqa: F401 (re-exported)
@@ -531,11 +531,10 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq_
 
 
 class FlashAttention(torch.autograd.Function):
-    """Forward saves (q, k, v, o, lse); backward recomputes P from them tile by tile.
+    """Forward saves (q, k, v, o, lse); backward recomputes P from them tile by tile, once: no double backward.
 
-    ``forward`` is the function that computes (o, lse): ``flash_forward`` unless
-    another kernel is given (chapter 10's Gluon kernel, ``hopper.gluon_forward``);
-    the backward is the same whichever kernel ran forward."""
+    ``forward`` computes (o, lse): ``flash_forward`` unless another kernel is given (chapter 10's
+    Gluon kernel, ``hopper.gluon_forward``); the backward is the same whichever kernel ran forward."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None, window=None, softcap=None, packed=None,
@@ -550,6 +549,7 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        no_double_backward()
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale,
                                     dq_mode=ctx.dq_mode, **ctx.masked)

@@ -361,7 +361,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
             is best (anything else is copied). With ``block_table``: pages
             (num_pages, kv_heads, page_size, head_dim), page_size one of ``PAGE_SIZES``.
         cache_seqlens: (batch,) int32/int64 tensor on q's device, each sequence's length
-            in [0, n_max] (the keys past it are never read); None means n_max for all.
+            in [0, n_max] (the keys past it are never read); an int is that length for every
+            sequence (as flash-attn); None means n_max for all.
         block_table: (batch, pages per sequence) int32/int64 on q's device: sequence b's
             positions [p * page_size, (p + 1) * page_size) are in page ``block_table[b, p]``
             of the caches (a paged KV cache, as vLLM and flash-attn >= 2.5; ``paginate``
@@ -388,8 +389,16 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
         softmax_scale, window_size: flash-attn's names for ``scale`` and ``window``.
 
     Returns:
-        o, (batch, heads, n_new, head_dim), q's dtype, contiguous.
+        o, (batch, heads, n_new, head_dim), q's dtype, contiguous. Inference only, as flash-attn's
+        ``flash_attn_with_kvcache``: no backward, so inputs that require a gradient are refused
+        while autograd records (``flash_attention`` is the differentiable call).
     """
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k_cache, v_cache)):
+        raise RuntimeError("flash_decode has no backward (as flash-attn's flash_attn_with_kvcache), and q, k_cache "
+                           "or v_cache requires a gradient: call it under torch.no_grad() or torch.inference_mode(), "
+                           "or use flash_attention, which is differentiable")
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
+        cache_seqlens = torch.full(q.shape[:1], cache_seqlens, dtype=torch.int32, device=q.device)
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
                      window)

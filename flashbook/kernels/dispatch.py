@@ -28,7 +28,7 @@ import threading
 
 from .. import masks, runtime
 from . import autograd
-from .inputs import flash_attn_names
+from .inputs import flash_attn_extras, flash_attn_names
 from .launch import Plans, call_key
 
 BACKENDS = ("auto", "triton", "gluon")
@@ -80,7 +80,8 @@ def choose_backend(q, k, v, causal: bool = False, backend: str = "auto", window=
 
 def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str = "auto",
                     dq_mode: str = "separate", window=None, softcap=None, prefix=0, alibi_slopes=None,
-                    softmax_scale=None, window_size=None):
+                    softmax_scale=None, window_size=None, dropout_p=0.0, deterministic=False,
+                    return_attn_probs=False):
     """softmax(scale * q k^T) v, differentiable, with the fastest kernel that takes the call.
 
     Args:
@@ -103,12 +104,17 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
         softmax_scale, window_size: flash-attn's names for ``scale`` and ``window`` (give one
             name of each, not both). flash-attn's tensors are (batch, seq, heads, head_dim):
             pass ``q.transpose(1, 2)`` (and k, v likewise) and transpose the result back.
+        dropout_p, deterministic, return_attn_probs: flash-attn's, accepted where they ask for
+            nothing flashbook lacks: ``dropout_p`` must be 0.0, ``return_attn_probs`` False, and
+            ``deterministic=True`` holds with the default ``dq_mode`` (``inputs.flash_attn_extras``).
 
     Returns:
         o with q's shape and dtype (the Triton forward keeps q's memory layout; the Gluon
         forward returns it contiguous).
     """
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
+    if dropout_p != 0.0 or deterministic or return_attn_probs is not False:   # the defaults need no check
+        flash_attn_extras(dropout_p, deterministic, return_attn_probs, dq_mode)
     key = call_key((q, k, v, alibi_slopes), (causal, scale, backend, dq_mode, window, softcap, prefix))
     choice = _CHOICES.get(key) if key is not None else None
     if choice is not None:   # this signature passed the checks before and would again: the same choice

@@ -4,6 +4,7 @@ argument (``autograd.flash_attention``, the front door, varlen, decode, the Gluo
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 
@@ -47,7 +48,9 @@ def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
         raise ValueError(f"{kn} and {vn} must have the same number of heads, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
     if heads % k.shape[1] != 0:
         raise ValueError(f"{kn}'s number of heads ({k.shape[1]}) must divide {qn}'s ({heads}) "
-                         f"(grouped-query attention), got {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}")
+                         f"(grouped-query attention), got {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}; the layout "
+                         f"is (batch, heads, seq, head_dim): for flash-attn's (batch, seq, heads, head_dim) "
+                         f"pass x.transpose(1, 2)")
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"{kn} and {vn} must have the same sequence length, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
     if k.shape[3] != head_dim:
@@ -85,6 +88,9 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
         problem = _interpreter_problem()
         if problem:
             raise RuntimeError(problem)
+        if not runtime.INTERPRET:   # triton was imported first, without a GPU: its own error names no cause
+            raise RuntimeError(f"{runtime.describe()} Restart Python and import flashbook before triton, or set "
+                               "TRITON_INTERPRET=1 before importing triton.")
         if q.dtype == torch.bfloat16:
             raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
                             "correctly; use float16 or float32 here, or run on a CUDA GPU")
@@ -110,6 +116,32 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     # every other stride is passed to them. A transposed (batch, seq, heads, head_dim)
     # tensor already satisfies this and is used as it is.
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def no_double_backward() -> None:
+    """Called first in the backward: with ``create_graph=True`` autograd records the backward to
+    differentiate it again, and the kernels' gradients would come back as constants, silently
+    dropping the second-order terms. Refused instead (flash-attn has no double backward either)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("flash_attention has no double backward (a gradient of its gradient, create_graph=True): "
+                           "use torch's scaled_dot_product_attention with the math backend for that")
+
+
+def flash_attn_extras(dropout_p, deterministic, return_attn_probs, dq_mode) -> None:
+    """flash-attn's keywords that change nothing here at their values that ask for nothing
+    (``dropout_p=0.0``, ``deterministic``, ``return_attn_probs=False``), accepted so that a call
+    written for ``flash_attn_func`` keeps them; a value that asks for what flashbook does not do
+    is refused, naming it."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0:
+        raise ValueError(f"dropout_p must be 0.0: flashbook has no dropout (flash-attn's dropout_p), got {dropout_p!r}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
+    if deterministic and dq_mode == "atomic":
+        raise ValueError("deterministic=True needs dq_mode='separate' (the default, deterministic): "
+                         "dq_mode='atomic' adds dQ in no fixed order")
+    if return_attn_probs is not False:
+        raise ValueError(f"return_attn_probs must be False: flashbook never forms the attention weights "
+                         f"(flashbook.kernels.flash_forward returns each row's lse), got {return_attn_probs!r}")
 
 
 def flash_attn_names(scale, window, softmax_scale=None, window_size=None) -> tuple:

@@ -28,7 +28,7 @@ import torch
 from .. import masks
 from ..validation import check_count
 from . import autograd, dispatch
-from .inputs import flash_attn_names
+from .inputs import flash_attn_extras, flash_attn_names
 from .launch import Plans, call_key
 
 
@@ -70,6 +70,9 @@ def check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *
                             f"got {cu.dtype} of shape {tuple(cu.shape)}")
         if cu.device != x.device:
             raise ValueError(f"{name} must be on the inputs' device {x.device}, got {cu.device}")
+        if not cu.is_contiguous():   # the kernels read cu_seqlens[b] at offset b
+            raise ValueError(f"{name} must be contiguous (as flash-attn requires), got stride {cu.stride()}: "
+                             f"pass {name}.contiguous()")
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must count the same documents, got "
                          f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
@@ -144,14 +147,16 @@ def _packed(x):
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                            causal: bool = False, scale=None, window=None, softcap=None, prefix=0,
                            alibi_slopes=None, dq_mode: str = "separate", check_values: bool = True,
-                           softmax_scale=None, window_size=None):
+                           softmax_scale=None, window_size=None, dropout_p=0.0, deterministic=False,
+                           return_attn_probs=False):
     """Attention within each of several documents packed along one sequence; differentiable.
 
     Args (flash-attn's ``flash_attn_varlen_func`` names and layout):
         q: (total_q, heads, head_dim) float16, bfloat16 or float32.
         k, v: (total_k, kv_heads, head_dim); kv_heads divides heads (GQA).
-        cu_seqlens_q, cu_seqlens_k: int32 (documents + 1,): document b's queries are rows
-            ``cu_seqlens_q[b]`` to ``cu_seqlens_q[b + 1] - 1`` (and its keys likewise).
+        cu_seqlens_q, cu_seqlens_k: contiguous int32 (documents + 1,): document b's queries are
+            rows ``cu_seqlens_q[b]`` to ``cu_seqlens_q[b + 1] - 1`` (and its keys likewise); the
+            last value is the packed length (every row belongs to a document, no padding after).
         max_seqlen_q, max_seqlen_k: the longest document on each side (at least as long).
         causal, scale, window, softcap, prefix: as ``flash_attention``, applied to each
             document alone (bottom-right aligned per document; a prefix counts from each
@@ -161,11 +166,14 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             counted from the document's start).
         check_values: check ``cu_seqlens`` on the host first (``check_packed``).
         softmax_scale, window_size: flash-attn's names for ``scale`` and ``window``.
+        dropout_p, deterministic, return_attn_probs: flash-attn's, as ``flash_attention`` takes them.
 
     Returns:
         o of shape (total_q, heads, head_dim), q's dtype.
     """
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
+    if dropout_p != 0.0 or deterministic or return_attn_probs is not False:   # the defaults need no check
+        flash_attn_extras(dropout_p, deterministic, return_attn_probs, dq_mode)
     # a signature that passed the checks before passes them again (``launch``); the values in
     # cu_seqlens are not in it, so only a call without value checks is remembered
     key = None if check_values is not False else call_key(
