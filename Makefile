@@ -4,8 +4,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# Installed before requirements.txt so that nothing pulls a different torch build.
-# On a machine with a CUDA GPU, `make book TORCH_SPEC=torch` takes PyPI's default (CUDA) build.
+# Installed before requirements.txt so that nothing pulls a different torch build. From PyPI on
+# Linux x86-64 this is the CUDA build (it runs on a CPU too); pip's options may follow, e.g. for
+# the smaller CPU-only build: make book TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 BUILD  := _build/html
 PORT   ?= 8000

@@ -88,6 +88,10 @@ def test_what_uv_cannot_install_pip_installs(monkeypatch, capsys):
     monkeypatch.setattr(venv_install, "uv_command", lambda *a, **k: None)
     venv_install.install("torch==2.13.0")
     assert [c[1:4] for c in calls[1:]] == [["-m", "pip", "install"]] * 3
+    # TORCH_SPEC may carry pip's options (how_to_run's CPU-only build): they reach pip as options
+    calls.clear()
+    venv_install.install("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+    assert calls[1][-3:] == ["torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu"], calls[1]
 
 
 def test_the_colab_like_base_is_rebuilt_when_its_list_or_its_age_says_so(tmp_path):

@@ -2,6 +2,7 @@
 flashbook itself (editable). Standard library only; run with the venv's own Python:
 
     .venv/bin/python tools/venv_install.py "torch==2.13.0"
+    .venv/bin/python tools/venv_install.py "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 
 uv, installed into the venv from the package index first, installs the packages in about a
 third of pip's time (measured on CI's two cores: torch 9 s against 17 s, the rest 14 s against
@@ -74,7 +75,8 @@ def install(torch_spec: str) -> None:
     if uv is None:
         print("venv_install: uv could not be installed; pip installs everything", file=sys.stderr)
     have_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
-    steps = ([] if have_torch else [[torch_spec]]) + [
+    # TORCH_SPEC may carry pip's options: "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    steps = ([] if have_torch else [shlex.split(torch_spec)]) + [
         ["-r", os.path.join(ROOT, "requirements-dev.txt")],
         ["--no-deps", "-e", ROOT]]
     for args in steps:   # torch first, so that nothing pulls another build of it
