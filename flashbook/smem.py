@@ -2,7 +2,9 @@
 
 ``tiled.onchip_bytes`` is the algorithm's footprint: every buffer one program holds, as
 the paper's model puts all of it in on-chip SRAM. A GPU kernel splits it: the input
-tiles sit in shared memory, the fp32 accumulators (S/P, O, m, l) in registers.
+tiles sit in shared memory, the fp32 accumulators (S/P, O, m, l) in registers (on sm_75,
+where Triton stages fp32 copies of one product's operands, P passes through shared memory
+too, as the operand of P V).
 ``smem_bytes`` is that kernel's shared memory: the one model every chapter uses to say
 which tiles fit a chip (``tiled`` names it too), and the filter of the kernels'
 configurations (``kernels.configs.smem_estimate`` asks it).

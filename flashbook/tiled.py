@@ -130,15 +130,16 @@ def _no_inf(m: np.ndarray) -> np.ndarray:
 
 
 def _normalise(acc: np.ndarray, row_sum: np.ndarray) -> np.ndarray:
-    """acc / l, row by row; a row that saw no key (l = 0) gives zeros."""
+    """acc / l, row by row; a row that saw no key (l = 0) gives zeros. A NaN in l stays
+    NaN (the test is l != 0, not l > 0, which NaN fails): a bug must show, not become 0."""
     l = row_sum[..., None]
-    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l != 0)
 
 
 def _lse(row_max: np.ndarray, row_sum: np.ndarray) -> np.ndarray:
-    """lse = m + log(l); a row that saw no key gets -inf."""
-    safe = np.where(row_sum > 0, row_sum, 1.0)
-    return np.where(row_sum > 0, row_max + np.log(safe), -np.inf)
+    """lse = m + log(l); a row that saw no key (l = 0) gets -inf, and a NaN stays NaN."""
+    seen = row_sum != 0
+    return np.where(seen, row_max + np.log(np.where(seen, row_sum, 1.0)), -np.inf)
 
 
 def _flatten(x: np.ndarray) -> np.ndarray:

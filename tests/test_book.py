@@ -259,3 +259,40 @@ def test_terms_are_linked_to_the_glossary_where_first_used(built):
         for term in terms:
             text, linked = _first_use(built, rel, term)
             assert text is None or linked, (rel, term, text)
+
+
+# ----------------------------------------------------------------- figures a screen reader can read
+
+def test_every_figure_says_what_it_shows(built):
+    """A figure's alt text describes it (set in its cell's ``mystnb.image.alt``), where the
+    default would read out an image file name."""
+    from bs4 import BeautifulSoup
+
+    bare, seen = [], 0
+    for path in _html_pages(built):
+        for img in BeautifulSoup(open(path, encoding="utf-8").read(), "html.parser").find_all("img"):
+            if "_images/" not in img.get("src", ""):
+                continue
+            seen += 1
+            alt = img.get("alt", "")
+            if "_images/" in alt or alt.endswith(".png") or len(alt.split()) < 12:
+                bare.append(f"{os.path.relpath(path, built)}: {img['src']}")
+    assert seen >= 40, seen
+    assert not bare, "figures without a description:\n" + "\n".join(bare)
+
+
+def test_figure_descriptions_fit_a_screen_reader():
+    """Plain text of a sensible length: no Markdown or LaTeX a screen reader would spell out."""
+    import json
+
+    alts = []
+    for nb in NOTEBOOKS:
+        for cell in json.load(open(nb, encoding="utf-8"))["cells"]:
+            alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt")
+            if alt is not None:
+                alts.append((os.path.basename(nb), cell["id"], alt))
+    assert len(alts) >= 43
+    for name, cid, alt in alts:
+        assert 80 <= len(alt) <= 450, (name, cid, len(alt))
+        assert not any(ch in alt for ch in "$`*\\\n\""), (name, cid, alt)
+        assert not alt.lower().startswith(("image of", "figure showing", "a figure")), (name, cid)

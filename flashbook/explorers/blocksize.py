@@ -20,7 +20,9 @@ What fits is counted twice, and the explorer shows both, labelled:
   program holds, Q, K, V in fp16 and S/P, O, m, l in fp32, one copy each;
 - *the kernel's shared memory* (``smem.smem_buffers``, the model chapters 6 to 9 use):
   only the Q tile and ``num_stages`` copies of the K and V tiles, in fp16 (S/P, O, m, l
-  sit in registers); on the T4, Triton's fp32 operand tiles.
+  sit in registers); on the T4, Triton's fp32 operand tiles (Q and K, or P and V). It is
+  always chapter 7's forward kernel, query tiles outside, whichever loop order is chosen,
+  with d rounded up to the tile width the kernels load (``smem.tile_d``).
 """
 from __future__ import annotations
 
@@ -229,7 +231,8 @@ def _kernel_kind(settings: Settings, chip) -> str:
 def kernel_smem(settings: Settings, chip) -> dict:
     """A forward kernel's shared memory for these tiles on ``chip``, by buffer: the book's
     one model (``smem.smem_buffers``), fp16 inputs, d padded to the kernels' tile width.
-    Empty when d is wider than any kernel's tile (no kernel takes it)."""
+    It is chapter 7's kernel (query tiles outside: Q stays, K and V stream) whatever
+    ``settings.order`` says. Empty when d is wider than any kernel's tile (no kernel takes it)."""
     if settings.d > smem.TILE_DS[-1]:
         return {}
     return smem.smem_buffers(settings.block_q, settings.block_k, smem.tile_d(settings.d),

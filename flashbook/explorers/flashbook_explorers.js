@@ -533,9 +533,14 @@ function blocksizeView(root, cfg, store) {
       { key: "paper", label: "everything on chip", items: st.onchip, total: st.onchipTotal, fits: st.fits }];
     if (st.kernelTotal) rows.push({ key: "kernel", label: pipelined ? `a kernel's shared memory (${s.num_stages} stages)` : "a kernel's shared memory (fp32 tiles)",
       items: st.kernel, total: st.kernelTotal, fits: st.kernelFits });
-    const kernelNote = pipelined
+    // the kernel bar models chapter 7's forward kernel (query tiles outside) in either loop
+    // order, with d padded to the tile width the kernels load (flashbook.smem.tile_d)
+    const width = tileD(s.d, cfg);
+    const kernelNote = (pipelined
       ? `A kernel keeps S/P, O, m and l in registers: its shared memory holds the Q tile and ${s.num_stages} copies of the K and V tiles (fp16).`
-      : `On the ${st.chipName} Triton has no tensor-core path: a kernel keeps fp32 copies of the operand tiles in shared memory, with no pipeline.`;
+      : `On the ${st.chipName} Triton has no tensor-core path: a kernel keeps fp32 copies of one product's operands at a time in shared memory (Q and K, or P and V), with no pipeline.`)
+      + ` The kernel bar is chapter 7's kernel, with query tiles outside, whichever loop order is chosen`
+      + (width !== null && width !== s.d ? `, and with d = ${s.d} rounded up to ${width}, the tile width the kernels load.` : ".");
     const traffic = (name, o) => [(s.order === o ? "▶ " : "") + name, st.traffic[o], s.order === o ? "#2c5d8f" : "#9bb7d4"];
     figs.replaceChildren(
       el("div", { class: "fbx-fig" }, tileGridSvg(st), tileLegend(st)),

@@ -59,8 +59,11 @@ def saturation(axes, stats: dict):
 def online_merge(ax, scores, block: int):
     """One row of scores cut into blocks, each block's (m, l), and their merge, left to right.
 
-    The states come from ``softmax.block_state`` and ``softmax.merge``; the last box
-    holds the merged (m, l) and lse, which equal the whole row's max and logsumexp.
+    The states come from ``softmax.block_state`` and ``softmax.merge``. Each merge box after
+    the first prints its l as ``old l x e^(m_old - m) + block l x e^(m_block - m)``, both
+    factors with the two sums they scale;
+    the last box holds the merged (m, l) and lse, which equal the whole row's max and
+    logsumexp. The scores are bars from a dotted zero line.
     """
     x = np.asarray(scores, dtype=float)
     if x.ndim != 1 or x.size == 0:
@@ -69,12 +72,15 @@ def online_merge(ax, scores, block: int):
         raise ValueError(f"block must be a positive int, got {block!r}")
     cuts = tiled.tile_slices(x.size, block)
     palette = ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#C44E52", "#937860"]
-    top = x.max()
+    top = max(x.max(), 0.0)
     bottom = min(x.min(), 0.0)
-    height = top - bottom
-    for b, cut in enumerate(cuts):                           # the scores, coloured by block
+    height = (top - bottom) or 1.0
+    # the scores, coloured by block, as bars from a zero line: a score's sign and size can be
+    # read off, and the smallest score has a bar too (unless it is 0)
+    ax.axhline(0.0, color="gray", lw=0.8, ls=":")
+    for b, cut in enumerate(cuts):
         idx = np.arange(cut.start, cut.stop)
-        ax.bar(idx, x[cut] - bottom, bottom=bottom, color=palette[b % len(palette)], width=0.8)
+        ax.bar(idx, x[cut], color=palette[b % len(palette)], width=0.8)
         m_b = x[cut].max()
         ax.hlines(m_b, cut.start - 0.4, cut.stop - 0.6, color="black", lw=1.2)
     y_box = bottom - 0.45 * height
@@ -87,12 +93,16 @@ def online_merge(ax, scores, block: int):
                 ha="center", va="center", fontsize=7,
                 bbox=dict(boxstyle="round", facecolor=palette[b % len(palette)], alpha=0.35))
         new = sm.merge(state, blk)
-        rescale = (f"\nold l \u00d7 e^(m_old - m) = \u00d7{float(np.exp(state.row_max - new.row_max)):.2f}"
-                   if b else "")
+        # both factors: whichever side had the smaller maximum shrinks, the other keeps 1
+        ref = float(new.row_max) if np.isfinite(new.row_max) else 0.0   # as merge's guard
+        alpha = float(np.exp(state.row_max - ref)) if b else 0.0
+        beta = float(np.exp(blk.row_max - ref))
+        rescale = (f"\n= old {float(state.row_sum):.2f} \u00d7 {alpha:.2f}"
+                   f"\n+ block {float(blk.row_sum):.2f} \u00d7 {beta:.2f}") if b else ""
         ax.text(cx, y_run, f"\u2295  m={float(new.row_max):.2f}, l={float(new.row_sum):.2f}"
                 + rescale, ha="center", va="center", fontsize=7,
                 bbox=dict(boxstyle="round", facecolor="white", edgecolor="gray"))
-        ax.annotate("", xy=(cx, y_run + 0.22 * height), xytext=(cx, y_box - 0.12 * height),
+        ax.annotate("", xy=(cx, y_run + 0.3 * height), xytext=(cx, y_box - 0.12 * height),
                     arrowprops=dict(arrowstyle="-|>", lw=0.8))
         if prev_x is not None:
             ax.annotate("", xy=(cx - 0.3 * block, y_run), xytext=(prev_x + 0.3 * block, y_run),
@@ -105,7 +115,7 @@ def online_merge(ax, scores, block: int):
     ax.set_ylim(y_run - 0.55 * height, top + 0.1 * height)
     ax.set_xlim(-0.8, x.size - 0.2)
     ax.set_xlabel("key j (bars: scores $s_j$; black line: each block's max)")
-    ax.set_yticks([])
+    ax.set_yticks([0.0], ["0"])
     ax.set_title(f"Online softmax: {len(cuts)} blocks of {block}, merged left to right", fontsize=9)
     return ax
 
