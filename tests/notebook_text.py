@@ -125,3 +125,32 @@ def book_page(name: str) -> str:
     """The source of a book page that is not a notebook (``book/NAME``, e.g. "which_kernel.md")."""
     with open(os.path.join(BOOK, name), encoding="utf-8") as f:
         return f.read()
+
+
+def glossary_entry(term: str) -> str:
+    """The glossary's text for ``term`` (one of the names an entry is listed under), folded to
+    one line."""
+    block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
+    lines = block.splitlines()
+    body = []
+    for line in lines[lines.index(term) + 1:]:
+        if line and not line.startswith(" "):
+            if body:
+                break
+            continue          # another name of the same entry
+        body.append(line.strip())
+    return " ".join(body)
+
+
+class NoPlot:
+    """A stand-in for pyplot and the figure helpers when a test runs a cell for its numbers:
+    every call returns something that takes any call."""
+
+    def __getattr__(self, name):
+        return NoPlot()
+
+    def __call__(self, *a, **k):
+        return NoPlot()
+
+    def __iter__(self):
+        return iter((NoPlot(), NoPlot()))

@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, require
 from flashbook import plots, reference, runtime, softmax, tiled
-from notebook_text import cell_ids, cell_source, flat, markdown, notebook, run_glued
+from notebook_text import NoPlot, cell_ids, cell_source, flat, markdown, notebook, run_glued
 
 CH1 = notebook("01_attention_numpy")
 CH3 = notebook("03_online_softmax")
@@ -24,23 +24,9 @@ def _glue(name):
     return "{glue:text}`" + name + "`"
 
 
-class _NoPlot:
-    """A stand-in for pyplot and the figure helpers: every call returns something that takes
-    any call."""
-
-    def __getattr__(self, name):
-        return _NoPlot()
-
-    def __call__(self, *a, **k):
-        return _NoPlot()
-
-    def __iter__(self):
-        return iter((_NoPlot(), _NoPlot()))
-
-
 def _run(code, **names):
     names = {"np": np, "pd": pd, "math": math, "torch": torch, "softmax": softmax,
-             "reference": reference, "tiled": tiled, "plt": _NoPlot(), **names}
+             "reference": reference, "tiled": tiled, "plt": NoPlot(), **names}
     return run_glued(code, quiet=True, **names)
 
 
@@ -86,7 +72,7 @@ def test_chapter_1_gives_the_measured_reason_the_softmax_share_grows():
     # N^2 alone would keep the share: with the short length's speeds the share would not move
     work = lambda r: 4 * r["batch_heads"] * r["n"] ** 2 * r["d"]           # noqa: E731
     assert work(shown) / work(short) == (shown["n"] / short["n"]) ** 2 == 64
-    glued, _ = _run(cell_source(CH1, "c01-gpu-steps"), plots=_NoPlot(), STEP_LABELS={})
+    glued, _ = _run(cell_source(CH1, "c01-gpu-steps"), plots=NoPlot(), STEP_LABELS={})
     assert glued["tbg_short_n"] == str(short["n"]) == "1024" and glued["tbg_n"] == "8192"
     assert glued["tbg_short_tflops"] == f"{tflops(short):.0f}"
     assert glued["tbg_tflops"] == f"{tflops(shown):.0f}"
@@ -237,12 +223,12 @@ def test_chapter_1_gives_the_scaled_spread_and_weight_over_every_width():
     assert sat["pmax_scaled"].min() < sat["pmax_scaled"].max() < 0.1     # one sample per width varies
 
 
-class _Saturation(_NoPlot):
+class _Saturation(NoPlot):
     """The library's saturation numbers, with the drawing left out."""
     saturation_stats = staticmethod(plots.saturation_stats)
 
 
-class _Steps(_NoPlot):
+class _Steps(NoPlot):
     """A fixed timing in place of the live one (the shares of the review's CPU build)."""
 
     @staticmethod

@@ -16,7 +16,7 @@ import yaml
 
 from conftest import ROOT, require
 from flashbook import runtime, tiled
-from notebook_text import NOTEBOOKS, book_page, cell_source, flat, markdown, source_of, cells
+from notebook_text import NOTEBOOKS, book_page, cell_source, cells, flat, glossary_entry, markdown, source_of
 
 TOOLS = os.path.join(ROOT, "tools")
 
@@ -28,19 +28,6 @@ def _read(*parts):
 
 def _readme():
     return _read("README.md")
-
-
-def _glossary_entry(term):
-    block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
-    lines = block.splitlines()
-    body = []
-    for line in lines[lines.index(term) + 1:]:
-        if line and not line.startswith(" "):
-            if body:
-                break
-            continue          # another name of the same entry
-        body.append(line.strip())
-    return " ".join(body)
 
 
 def _requires_python(package):
@@ -266,7 +253,7 @@ def test_ch10_ex5_rubric_keeps_the_outlier_unexplained():
 def test_glossary_tensor_core_says_where_tl_dot_uses_them():
     source = _read("tests", "test_compile_targets.py")
     assert 'assert r["tensor_core_ops"] == 0, f"sm_75' in source and 'r.get("dot_precision") == "ieee"' in source
-    entry = _glossary_entry("tensor core")
+    entry = glossary_entry("tensor core")
     assert "`tl.dot` runs on them;" not in entry and not entry.endswith("`tl.dot` runs on them.")
     assert ("`tl.dot` runs on them from sm_80 on, for 16-bit inputs and for fp32 inputs in TF32 mode; "
             "on a T4 (sm_75), and for fp32 inputs in full-precision (\"ieee\") mode, Triton compiles it "
@@ -276,11 +263,11 @@ def test_glossary_tensor_core_says_where_tl_dot_uses_them():
 
 def test_glossary_register_and_special_function_unit_entries():
     """Two entries other chapters link: their numbers are the library's, from the CUDA guide."""
-    register = _glossary_entry("register")
+    register = glossary_entry("register")
     assert f"at most {runtime.MAX_REGS_PER_THREAD} of them, 32 bits each {{cite}}`nvidia_cuda_guide`" in register
     assert "the fastest memory a GPU has" in register and '"spills"' in register
     assert "{term}`local memory`" in register and "{term}`register spill`" in register
-    sfu = _glossary_entry("special-function unit")
+    sfu = glossary_entry("special-function unit")
     assert f"{runtime.SFU_PER_CLOCK_PER_SM} results per clock per SM on sm_75, sm_80 and sm_90" in sfu
     fp32 = runtime.FP32_PER_CLOCK_PER_SM
     assert fp32["sm_75"] == fp32["sm_80"] == 64 and fp32["sm_90"] == 128
@@ -288,8 +275,8 @@ def test_glossary_register_and_special_function_unit_entries():
             "sm_90 {cite}`nvidia_cuda_guide`") in sfu
     block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
     assert "special-function unit\nSFU\n" in block and "\nregister\n  " in block
-    assert "{term}`registers <register>`" in _glossary_entry("SM")
-    assert "{term}`special-function units <special-function unit>`" in _glossary_entry("SM")
+    assert "{term}`registers <register>`" in glossary_entry("SM")
+    assert "{term}`special-function units <special-function unit>`" in glossary_entry("SM")
     table = book_page("glossary.md").split("## English and Chinese")[1]
     assert "| register | 寄存器 | (not in the sources) |" in table
     assert "| special-function unit (SFU) | 特殊函数单元 | (not in the sources) |" in table

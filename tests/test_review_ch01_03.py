@@ -11,7 +11,7 @@ import torch
 
 from conftest import ROOT, require
 from flashbook import plots, reference, softmax
-from notebook_text import cell_source, markdown, notebook, run_glued, source_text
+from notebook_text import NoPlot, cell_source, markdown, notebook, run_glued, source_text
 
 
 def _run(code, **names):
@@ -104,25 +104,12 @@ def test_chapter_1_memory_curves_count_the_same_things():
     ch1 = notebook("01_attention_numpy.ipynb")
     seq_lens = [1024 * 2**i for i in range(7)]
     names = {"n": np.array(seq_lens, dtype=float), "d_": 128, "MiB": 2**20,
-             "itemsize": {"fp16": 2, "fp32": 4, "bf16": 2}, "plt": _NoPlot()}
+             "itemsize": {"fp16": 2, "fp32": 4, "bf16": 2}, "plt": NoPlot()}
     _, ns = _run(cell_source(ch1, "a9ff6cf3"), **names)
     n = 65536
     assert ns["ratio_64k"] == (n * 128 * 2 + n * n * 2) / (n * 128 * 2 + n * 4)
     assert isinstance(ns["ratio_64k"], float)             # myst-nb formats a float, not np.float64(...)
     assert round(ns["ratio_64k"]) == 505
-
-
-class _NoPlot:
-    """A stand-in for pyplot: every call returns something that takes any call."""
-
-    def __getattr__(self, name):
-        return _NoPlot()
-
-    def __call__(self, *a, **k):
-        return _NoPlot()
-
-    def __iter__(self):
-        return iter((_NoPlot(), _NoPlot()))
 
 
 # --- chapter 2 ------------------------------------------------------------------------

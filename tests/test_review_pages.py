@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, require
 from flashbook import bench, runtime
-from notebook_text import book_page, cells, glue_text_value, source_of
+from notebook_text import book_page, cells, glossary_entry, glue_text_value, source_of
 
 BOOK = os.path.join(ROOT, "book")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -50,19 +50,6 @@ def _glued(name):
 def _glossary_terms():
     block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
     return {line.strip() for line in block.splitlines() if line and not line.startswith(" ")}
-
-
-def _glossary_entry(term):
-    block = book_page("glossary.md").split("```{glossary}")[1].split("```")[0]
-    lines = block.splitlines()
-    body = []
-    for line in lines[lines.index(term) + 1:]:
-        if line and not line.startswith(" "):
-            if body:
-                break
-            continue          # another name of the same entry
-        body.append(line.strip())
-    return " ".join(body)
 
 
 # --- which_kernel: one record, one rule, one convention --------------------------------------
@@ -176,11 +163,11 @@ REQUESTED = ("wgmma", "warpgroup", "TMA", "mbarrier", "warp specialisation", "CU
 @pytest.mark.parametrize("term", REQUESTED)
 def test_the_glossary_defines_the_terms_the_chapters_use(term):
     assert term in _glossary_terms(), term
-    assert len(_glossary_entry(term)) > 40
+    assert len(glossary_entry(term)) > 40
 
 
 def test_the_glossary_counts_m_in_elements_as_notation_and_chapter_4_do():
-    smem = _glossary_entry("shared memory")
+    smem = glossary_entry("shared memory")
     chips = runtime.CHIPS
     t4 = chips["T4"].smem_per_block_kib * 1024 // 2
     h100 = chips["H100"].smem_per_block_kib * 1024 // 2
@@ -188,21 +175,21 @@ def test_the_glossary_counts_m_in_elements_as_notation_and_chapter_4_do():
     assert f"$M$ = {t4:,} on a T4, {h100:,} on an H100 or H200" in smem
     assert "counted in *elements*, not bytes" in smem
     assert "of size $M$): 64 KiB" not in smem        # M given in bytes
-    hbm = _glossary_entry("HBM")
+    hbm = glossary_entry("HBM")
     assert "tens of GiB" not in hbm
     assert f"from {chips['T4'].hbm_gib} GB on a T4 to {chips['H200'].hbm_gib} GB on an H200" in hbm
     assert "DRAM" in hbm
 
 
 def test_the_glossarys_delta_and_split_k_say_what_they_do():
-    delta = _glossary_entry("delta")
+    delta = glossary_entry("delta")
     assert "without storing $P$" not in delta and "one tile at a time" in delta
     rng = np.random.default_rng(0)
     p = rng.random((4, 6)); p /= p.sum(1, keepdims=True)
     v, do = rng.standard_normal((6, 3)), rng.standard_normal((4, 3))
     o, dp = p @ v, do @ v.T
     assert np.allclose((do * o).sum(1), (p * dp).sum(1))      # rowsum(dO o O) = sum_j P dP
-    split = _glossary_entry("split-K")
+    split = glossary_entry("split-K")
     assert "second kernel" in split and "FlashAttention-2 paper" in split
 
 
