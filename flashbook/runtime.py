@@ -186,11 +186,12 @@ CHIPS: dict[str, Chip] = {
                  "A100 architecture whitepaper (L2, boost clock)",
                  boost_clock_mhz=1410, regs_per_sm_kib=256, max_warps_per_sm=64),
     "H100": Chip("H100", "sm_90", 132, 228, 227, 80, 3.35, 989.0, 989.0, 50,
-                 f"NVIDIA H100 datasheet (SXM5); {_GUIDE}; "
+                 f"NVIDIA H100 datasheet (SXM5; its tensor-core peaks are with 2:4 sparsity, dense is half); {_GUIDE}; "
                  "H100 architecture whitepaper (L2, max boost clock)",
                  boost_clock_mhz=1980, regs_per_sm_kib=256, max_warps_per_sm=64),
     "H200": Chip("H200", "sm_90", 132, 228, 227, 141, 4.8, 989.0, 989.0, 60,
-                 f"NVIDIA H200 datasheet (SXM); {_GUIDE}; L2 size and max SM clock "
+                 f"NVIDIA H200 datasheet (SXM; its tensor-core peaks are with 2:4 sparsity, dense is half); {_GUIDE}; "
+                 "L2 size and max SM clock "
                  "as the CUDA driver reports them (60 MiB of L2, not the H100's 50)",
                  boost_clock_mhz=1980, regs_per_sm_kib=256, max_warps_per_sm=64),
 }

@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, require
 from flashbook import plots, reference, runtime, softmax, tiled
-from notebook_text import NoPlot, cell_ids, cell_source, flat, markdown, notebook, run_glued
+from notebook_text import NoPlot, book_page, cell_ids, cell_source, flat, markdown, notebook, run_glued
 
 CH1 = notebook("01_attention_numpy")
 CH3 = notebook("03_online_softmax")
@@ -266,7 +266,8 @@ def test_chapter_3_says_ieee_754_does_not_define_bf16():
     assert "defines the formats, their ranges" not in text
     assert "The IEEE 754 standard defines fp16, fp32 and fp64" in text
     assert ("bf16 (fp32's exponent with {glue:text}`bf16_fraction_bits` fraction bits) is an "
-            "industry format outside it.") in text
+            "industry format outside it (described in Intel's white paper {cite}`intel2018bfloat16`).") in text
+    assert "@misc{intel2018bfloat16," in book_page("references.bib")
     glued, _ = _run(cell_source(CH3, "d6043d86"))
     bf16, fp32 = torch.finfo(torch.bfloat16), torch.finfo(torch.float32)
     assert glued["bf16_fraction_bits"] == 7 and bf16.eps == 2.0 ** -7
