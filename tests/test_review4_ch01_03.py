@@ -307,3 +307,14 @@ def test_chapter_1_reads_the_memory_plot_out():
     assert glued["layer_qkvo"] == f"{(2 * 32 + 2 * 8) * 65536 * 128 * 2 / gib:.2f}" == "1.25"
     assert (glued["a100_gb"], glued["h200_gb"]) == ("80", "141")
     assert (glued["layer_n_fits"], glued["layer_n_past"]) == ("32K", "64K")
+
+
+def test_chapter_3_and_a2_say_which_edge_is_scanned():
+    """Re-check N1: A2 scans only the overflow edge; the smallest positive number is read from
+    its bit pattern (``smallest_positive``), as A2's table note says."""
+    ch3 = flat(cell_source(CH3, "dbc1374d"))
+    assert "and the smallest positive number of each format, by scanning the format" not in ch3
+    assert ("finds it by scanning the format one value at a time, and reads each format's smallest "
+            "positive number from its bit pattern") in ch3
+    a2 = flat(cell_source("A2_floating_point", "807ea18e"))
+    assert "(the overflow edge scanned one representable value at a time)" in a2

@@ -31,7 +31,8 @@ def _articles_loop(q, k, v, block_q, block_k, scale, allowed, *, guard_tile_max,
                    divide_seen_only, skip=False):
     """chapter 4's seed_forward with the fixes switched on one by one, as a student would write
     them from the text: guard the tile's own max in P, guard the new running max in the two
-    rescaling factors, divide only rows with l > 0; optionally skip wholly masked tiles."""
+    rescaling factors, divide only rows whose l is not 0 (a NaN l stays NaN); optionally skip
+    wholly masked tiles."""
     n_q, n_k = q.shape[0], k.shape[0]
     safe = lambda m: np.where(np.isneginf(m), 0.0, m)          # noqa: E731
     o = np.zeros((n_q, v.shape[1]))
@@ -54,7 +55,7 @@ def _articles_loop(q, k, v, block_q, block_k, scale, allowed, *, guard_tile_max,
             l_i = l_i * a + l_ij * b
             m_i = m_new
         if divide_seen_only:
-            o[rows] = np.divide(o_i, l_i[:, None], out=np.zeros_like(o_i), where=l_i[:, None] > 0)
+            o[rows] = np.divide(o_i, l_i[:, None], out=np.zeros_like(o_i), where=l_i[:, None] != 0)
         else:
             o[rows] = o_i / l_i[:, None]
     return o
@@ -73,11 +74,11 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
                   "Guarding only the running maximum fixes nothing here",
                   "when $B_c$ is not a multiple of $B_r$, a tile the diagonal cuts can still hold rows",
                   "**Guard the merge too.**", "$\\exp(m_i - m^{\\text{new}})$",
-                  "divide only the rows with $l_i > 0$",
+                  "divide only the rows whose $l_i$ is not 0 (`where=l_i != 0`: a NaN $l_i$ stays NaN",
                   "In that form only the running maximum is ever subtracted"):
         assert words in text, words
     exercise = flat(cell_source(CH4, "853aa331"))
-    assert "guard the tile's own maximum, guard the merge, divide only rows that saw a key" in exercise
+    assert "guard the tile's own maximum, guard the merge, divide only rows whose $l_i$ is not 0" in exercise
 
     # the condition: after skipping, blind rows in visited tiles exist exactly when B_c is not
     # a multiple of B_r (the review's table at N = 256)
@@ -95,10 +96,11 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
         running_only = _articles_loop(q, k, v, 32, 16, 0.25, allowed, guard_tile_max=False,
                                       guard_merge=True, divide_seen_only=False, skip=True)
         assert np.isnan(running_only).any(axis=1).sum() == 32
-        # without skipping (Exercise 4's setting) and the l > 0 division: silently wrong rows
+        # without skipping (Exercise 4's setting), without the tile-max guard: NaN rows, shown
+        # by the l != 0 division rather than turned into wrong zeros
         wrong = _articles_loop(q, k, v, 16, 16, 0.25, allowed, guard_tile_max=False,
                                guard_merge=True, divide_seen_only=True)
-        assert np.nanmax(np.abs(wrong - want)) > 0.1
+        assert np.isnan(wrong).any(axis=1).sum() > 0
     fixed = _articles_loop(q, k, v, 32, 16, 0.25, allowed, guard_tile_max=True, guard_merge=True,
                            divide_seen_only=True, skip=True)
     assert np.abs(fixed - want).max() < 1e-12
@@ -108,9 +110,9 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
     student = lambda *a: _articles_loop(*a, guard_tile_max=True, guard_merge=True,  # noqa: E731
                                         divide_seen_only=True)
     ns["test_ex4"](student)
-    # leaving out the tile-max guard or the l > 0 division fails it (a missing merge guard is
-    # hidden by the l > 0 division: NaN > 0 is False, as it was in the library's own division)
-    for missing in ("guard_tile_max", "divide_seen_only"):
+    # leaving out any one of the three fixes fails it (with "l > 0" a missing merge guard was
+    # hidden: NaN > 0 is False; with "l != 0" the NaN row shows)
+    for missing in ("guard_tile_max", "guard_merge", "divide_seen_only"):
         fixes = {"guard_tile_max": True, "guard_merge": True, "divide_seen_only": True, missing: False}
         with np.errstate(invalid="ignore", divide="ignore"), pytest.raises(AssertionError):
             ns["test_ex4"](lambda *a: _articles_loop(*a, **fixes))     # noqa: B023
@@ -327,3 +329,10 @@ def test_a2_says_which_column_is_scanned_and_which_read_from_bits():
     assert ns["largest_exp_arg"](torch.float16) == 11.0859375
     assert ns["largest_exp_arg"](torch.bfloat16) == 88.5
     assert ns["smallest_positive"](torch.float16) == 2.0 ** -24
+
+
+def test_chapter_4_calls_dram_hbm_and_says_nsight_calls_it_dram():
+    """Re-check N3: a newcomer meets HBM everywhere else in the chapter."""
+    text = flat(cell_source(CH4, "800ac299"))
+    assert "the real traffic to HBM (which Nsight Compute calls DRAM" in text
+    assert "read from HBM" in text and "real DRAM traffic" not in text
