@@ -175,3 +175,49 @@ def test_triton_imported_first_without_a_gpu_is_explained():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert "Triton was imported before flashbook without a GPU" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "import flashbook before triton" in done.stdout
+
+
+def test_varlen_shape_errors_speak_of_the_tensors_passed():
+    """Re-check N2: the errors name the caller's (total, heads, head_dim) shapes and give no
+    transpose advice (varlen takes flash-attn's layout as it is)."""
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32, device=DEVICE)
+    cases = [((30, 3, 32), (30, 2, 32), (30, 2, 32), r"k's number of heads \(2\) must divide q's \(3\).*got q \(30, 3, 32\), k \(30, 2, 32\)$"),
+             ((30, 4, 32), (30, 2, 16), (30, 2, 16), r"k must have q's head_dim 32, got k \(30, 2, 16\)$"),
+             ((30, 4, 32), (30, 2, 32), (30, 1, 32), r"k and v must have the same number of heads, got k \(30, 2, 32\), v \(30, 1, 32\)$"),
+             ((30, 4, 32), (30, 2, 32), (29, 2, 32), r"k and v must have the same number of tokens")]
+    for qs, ks, vs, words in cases:
+        q, k, v = (torch.randn(*s, device=DEVICE) for s in (qs, ks, vs))
+        with pytest.raises(ValueError, match=words) as err:
+            flashbook.flash_attention_varlen(q, k, v, cu, cu, 20, 20)
+        assert "transpose" not in str(err.value) and "(1, " not in str(err.value)
+
+
+def test_an_int_cache_length_is_checked_on_the_host():
+    """Re-check N4: an int needs no device synchronisation to check, so it is checked."""
+    from flashbook.kernels import flash_decode
+
+    q = torch.randn(2, 4, 1, 16, device=DEVICE)
+    kc = torch.randn(2, 2, 40, 16, device=DEVICE)
+    for bad in (-5, 41):
+        with pytest.raises(ValueError, match=rf"cache_seqlens must be in \[0, 40\] .the cache's length., got {bad}"):
+            flash_decode(q, kc, kc, cache_seqlens=bad)
+    assert torch.equal(flash_decode(q, kc, kc, cache_seqlens=np.int64(40)), flash_decode(q, kc, kc))
+
+
+def test_alibi_slopes_that_want_a_gradient_are_warned_about():
+    q = torch.randn(1, 3, 8, 16, device=DEVICE)
+    slopes = torch.tensor([0.1, 0.2, 0.3], device=DEVICE, requires_grad=True)
+    with pytest.warns(UserWarning, match="alibi_slopes requires a gradient, which flashbook does not compute"):
+        flashbook.flash_attention(q, q, q, alibi_slopes=slopes)
+    assert slopes.grad is None
+
+
+def test_a_192_row_tile_is_the_gluon_kernels_alone():
+    """Config is the Triton kernels' (tl.arange: powers of two); the Gluon kernel's 192-row
+    tiles are its own arguments, and the compile targets pass them as such."""
+    with pytest.raises(ValueError, match=r"Config\.block_m must be a power of two"):
+        Config(192, 128, 8, 2)
+    from flashbook.kernels import hopper_choices, targets
+
+    assert hopper_choices.DEFAULTS[64][0] == 192
+    assert 'block_m, block_n, _, stages = job["config"]' in inspect.getsource(targets.run_job)

@@ -56,10 +56,10 @@ def test_make_needs_python_3_11_while_the_library_keeps_its_floor():
     assert sys.version_info >= (3, 11)                         # the tests run where make runs
     page = flat(book_page("how_to_run.md"))
     assert "You need Python 3.9 or newer" not in page
-    assert "You need Python 3.11 or newer, `make` and `git`." in page
+    assert "You need Linux (on Windows, WSL), Python 3.11 or newer, `make` and `git`" in page
     assert "PyTorch 2.13 alone needs 3.10" in page
     readme = flat(_readme())
-    assert "(Python 3.9+, `make`, `git`)" not in readme and "(Python 3.11+, `make`, `git`;" in readme
+    assert "(Python 3.9+, `make`, `git`)" not in readme and "in WSL; Python 3.11+,\n`make`, `git`;" in _readme()
     # the library on its own: pyproject's floor, as the last section of how_to_run says
     pyproject = _read("pyproject.toml")
     assert 'requires-python = ">=3.9"' in pyproject and '"torch>=2.1"' in pyproject
@@ -428,3 +428,24 @@ def test_notation_sizes_spell_only_names_the_code_uses():
     assert "| $H_{kv}$ | `kv_heads` | number of key/value heads" in sizes
     kernels = book_page("notation.md").split("## In the Triton kernels")[1]
     assert "| `group` | $H / H_{kv}$ |" in kernels                 # the symbol the new row defines
+
+
+def test_make_says_it_needs_linux():
+    """Re-check N1: make executes the Triton chapters, whose first cell stops without triton,
+    and triton installs only on Linux."""
+    assert 'triton>=3.3.0; platform_system == "Linux"' in _read("requirements.txt")
+    assert "only for Linux" in cell_source("06_gpu_and_triton", "39f70af8")   # the setup cell
+    readme, page = flat(_readme()), flat(book_page("how_to_run.md"))
+    assert "a fresh Linux machine (on Windows, in WSL" in readme and "`make venv` still sets up `.venv`" in readme
+    assert "You need Linux (on Windows, WSL), Python 3.11 or newer" in page
+    assert "On macOS, `make venv` sets up `.venv`, where chapters 1 to 5 and A2 run" in page
+
+
+def test_the_references_page_says_how_its_list_is_sorted():
+    """Re-check N3: organisations' names sort after people's (their braces), as the page now says;
+    the built list is in that order."""
+    assert "people first, then organisations such as Dao-AILab and NVIDIA" in flat(book_page("references.md"))
+    html = os.path.join(ROOT, "_build", "html", "book", "references.html")
+    if os.path.exists(html):
+        text = re.sub(r"<[^>]+>", " ", open(html, encoding="utf-8").read()).split("count the entries")[1]
+        assert text.index("Zadouri") < text.index("Dao-AILab") < text.index("NVIDIA")

@@ -41,14 +41,12 @@ class Config:
     num_stages: int
 
     def __post_init__(self) -> None:
-        # a bad tile would compute garbage or fail deep in Triton: tl.arange takes power-of-two lengths,
-        # and the Gluon kernel's rows come in 64-row warpgroups (192 = three of them)
+        # tl.arange takes power-of-two lengths: a bad tile would compute garbage or fail deep in Triton
+        # (the Gluon kernel, whose 192-row tiles are three warpgroups, takes its sizes as arguments)
         for name in ("block_m", "block_n", "num_warps"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or (
-                    value & (value - 1) and (name != "block_m" or value % 64)):
-                also = " (block_m: or a multiple of 64, the Gluon kernel's warpgroups)" if name == "block_m" else ""
-                raise ValueError(f"Config.{name} must be a power of two >= 1{also}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or value & (value - 1):
+                raise ValueError(f"Config.{name} must be a power of two >= 1, got {value!r}")
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, numbers.Integral) or self.num_stages < 1:
             raise ValueError(f"Config.num_stages must be an int >= 1, got {self.num_stages!r}")
 

@@ -58,6 +58,7 @@ GPU: a 4K window over a 128K cache reads 4K keys per sequence, never the rest.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import triton
@@ -397,8 +398,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
         raise RuntimeError("flash_decode has no backward (as flash-attn's flash_attn_with_kvcache), and q, k_cache "
                            "or v_cache requires a gradient: call it under torch.no_grad() or torch.inference_mode(), "
                            "or use flash_attention, which is differentiable")
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
-        cache_seqlens = torch.full(q.shape[:1], cache_seqlens, dtype=torch.int32, device=q.device)
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
+        cache_seqlens = _lengths_from_int(int(cache_seqlens), q, k_cache, block_table)
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
                      window)
@@ -410,6 +411,16 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
             return torch.zeros_like(q)
         _PLANS.remember(key, plan)
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+
+
+def _lengths_from_int(n: int, q, k_cache, block_table):
+    """flash-attn's int ``cache_seqlens``, checked on the host (no device synchronisation to
+    avoid) and made the (batch,) int32 tensor the kernels read."""
+    if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+        n_max = k_cache.shape[2] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
+        if not 0 <= n <= n_max:
+            raise ValueError(f"cache_seqlens must be in [0, {n_max}] (the cache's length), got {n}")
+    return torch.full(q.shape[:1], n, dtype=torch.int32, device=q.device)
 
 
 # ------------------------------------------------------------------ the launch of a call signature

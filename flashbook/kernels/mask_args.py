@@ -5,6 +5,7 @@ means the same everywhere; ``autograd`` re-exports them."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -93,5 +94,8 @@ def alibi_args(alibi_slopes, q, batch: int | None = None) -> dict:
                          f"counting q's heads), got {tuple(alibi_slopes.shape)}")
     if alibi_slopes.device != q.device:
         raise ValueError(f"alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
+    if alibi_slopes.requires_grad and torch.is_grad_enabled():
+        warnings.warn("alibi_slopes requires a gradient, which flashbook does not compute (nor does flash-attn): "
+                      "the slopes are used as constants", stacklevel=3)
     slopes = alibi_slopes.detach().contiguous()
     return dict(ALIBI_SLOPES=slopes, alibi_stride=heads if slopes.dim() == 2 else 0, ALIBI=True)

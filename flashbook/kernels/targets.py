@@ -154,7 +154,6 @@ def run_job(job: dict, compile_gluon=None) -> dict:
     target's GPU runs the tests anyway (sm_90 here) ``ptxas`` runs there."""
     from triton import knobs
 
-    config = Config(*job["config"])
     out = dict(job)
     knobs.runtime.add_stages_inspection_hook = None if job.get("assemble", True) else _no_assembly
     try:
@@ -162,11 +161,12 @@ def run_job(job: dict, compile_gluon=None) -> dict:
             if compile_gluon is None:
                 from .hopper import compile_for as compile_gluon
 
-            compiled = compile_gluon(job["cc"], head_dim=job["head_dim"], block_m=config.block_m,
-                                     block_n=config.block_n, stages=config.num_stages, schedule=job["schedule"],
+            block_m, block_n, _, stages = job["config"]   # block_m may be 192: three 64-row warpgroups
+            compiled = compile_gluon(job["cc"], head_dim=job["head_dim"], block_m=block_m,
+                                     block_n=block_n, stages=stages, schedule=job["schedule"],
                                      causal=job.get("causal", True), dtype=job["dtype"], **job.get("options", {}))
         else:
-            compiled = compile_kernel(job["kernel"], cc=job["cc"], config=config, head_dim=job["head_dim"],
+            compiled = compile_kernel(job["kernel"], cc=job["cc"], config=Config(*job["config"]), head_dim=job["head_dim"],
                                       dtype=job["dtype"], causal=job.get("causal", True),
                                       atomic_dq=job.get("atomic_dq", False), n_new=job.get("n_new", 1),
                                       splits=job.get("splits", True),
