@@ -100,7 +100,8 @@ def test_chapter_12_dates_its_table_and_names_flexs_backward_rightly():
 
 def test_chapter_11_states_the_paged_apis_as_they_are():
     """FlashInfer's paged decode takes indptr / indices / last_page_len, not a block_table;
-    vLLM's default page is 16 tokens (16 to 256 is flashbook's own range)."""
+    vLLM's default page is 16 tokens (flashbook's own sizes are decode_choices.PAGE_SIZES, listed
+    one by one: tests/test_review5_ch11_12_pages.py checks the glued list)."""
     from flashbook.kernels import decode_choices
 
     text = sources_by_id("11_decoding_and_many_gpus.ipynb")["5a7c24f0"]
@@ -108,7 +109,9 @@ def test_chapter_11_states_the_paged_apis_as_they_are():
     assert "`indptr`" in text and "`last_page_len`" in text
     assert "16 tokens\nby default in vLLM" in text
     assert (min(decode_choices.PAGE_SIZES), max(decode_choices.PAGE_SIZES)) == (16, 256)
-    assert "(num_pages, kv_heads, page_size, head_dim), of 16 to 256 tokens" in text
+    assert "of 16 to 256 tokens" not in text     # a range: 48 or 512 would read as allowed
+    assert ("(num_pages, kv_heads, page_size, head_dim), with a page size of {glue:text}`page_sizes` "
+            "tokens (other sizes are refused)") in " ".join(text.split())
 
 
 def test_chapter_11_does_not_call_the_ring_overlap_measured():

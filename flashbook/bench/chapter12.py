@@ -38,7 +38,8 @@ def window_order(root=None) -> dict | None:
     - ``exact``: every output and gradient bitwise equal between the orders, in every row;
     - ``gain_{kernel}_lo/hi``: per cent less backward time with the causal mask's tiles than with
       the short window's, over the W = 4K shapes (``long``), and ``loss_{kernel}_lo/hi`` the per
-      cent more with W = 1K (``short``); kernel is ``dkdv`` or ``dq``.
+      cent more with W = 1K (``short``); kernel is ``dkdv`` or ``dq``;
+    - ``windows``: the windows' left sides those tile sweeps timed (no length between them was).
     """
     from ..kernels import configs
 
@@ -66,6 +67,7 @@ def window_order(root=None) -> dict | None:
         out[f"loss_{short}_lo"], out[f"loss_{short}_hi"] = min(losses), max(losses)
     out["long"] = sum(long for long, _ in medians)
     out["short"] = len(medians) - out["long"]
+    out["windows"] = sorted({sweep["window"] for sweep in sweeps})   # the window lengths timed (left sides)
     return out
 
 

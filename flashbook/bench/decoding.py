@@ -4,6 +4,7 @@
   (``benchmarks/decode_bench.py``), as per-shape ratios with their spread over the repeats:
   flash_decode's time over SDPA cuDNN's, the paged cache's over the dense one's, called from
   Python (``ms``) and replayed in a CUDA graph (``graph_ms``).
+* ``paged_pages(folders)``: the page size and key tile those runs' paged cache had.
 * ``ncu_steps(folder)``: a folder ``ncu`` wrote over ``benchmarks/decode_ncu.py``
   (``raw.csv``, and ``steps.json``: the steps in the order profiled): one row per profiled decoding step, its main kernel's
   time, DRAM traffic and how busy the SMs were, and the time of the kernel that merges
@@ -50,6 +51,33 @@ def repeat_ratios(folders):
         out[f"{name}_min"], out[f"{name}_max"] = groups[name].min(), groups[name].max()
     out["repeats"] = groups["run"].nunique()
     return out
+
+
+def paged_pages(folders) -> dict:
+    """How the paged cache of runs' ``decode.csv`` was cut and read: ``page_size``, the tokens
+    per page (each ``flash_decode-paged`` row's ``gqa`` column, which says how the call was
+    prepared: "pages of P, shuffled"; one P in every run, or a ValueError), and ``block_n``
+    and ``head_dim``, the keys per tile and the head size the runs record in their
+    provenance (``decode_tiles``), the same in every run."""
+    import re
+
+    import pandas as pd
+
+    from .readback import provenance_for
+
+    folders = [Path(f) for f in folders]
+    pages, tiles = set(), set()
+    for folder in folders:
+        df = pd.read_csv(folder / "decode.csv")
+        notes = df.loc[df["impl"] == "flash_decode-paged", "gqa"].dropna()
+        pages |= {int(m.group(1)) for m in (re.search(r"pages of (\d+)", n) for n in notes) if m}
+        settings = provenance_for(folder / "decode.csv")["settings"]
+        tiles.add((settings["decode_tiles"][1], settings["head_dim"]))
+    if len(pages) != 1 or len(tiles) != 1:
+        raise ValueError(f"the runs' paged caches differ: pages of {sorted(pages)}, (block_n, head_dim) "
+                         f"{sorted(tiles)}")
+    (block_n, head_dim), = tiles
+    return {"page_size": pages.pop(), "block_n": block_n, "head_dim": head_dim}
 
 
 

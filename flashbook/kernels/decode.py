@@ -65,13 +65,14 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..validation import check_choice, check_count, check_flag
+from ..validation import check_choice, check_flag
 from .autograd import LOG2E, check_inputs, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
 from .inputs import flash_attn_names
 from .launch import Launch, Plans, tensor_key
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
-                             _check_paged, _check_range, choose_num_splits, decode_tiles, sm_count, window_offsets)
+                             _check_paged, _check_range, check_num_splits, choose_num_splits, decode_tiles, sm_count,
+                             window_offsets)
 from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, load_tile, normalised_rows,
                       shifted_scores, window_bounds)
 
@@ -528,8 +529,8 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
     if num_splits is None:   # a window's keys span at most one tile more than its length
         num_splits = choose_num_splits(batch, kv_heads, min(n_max, keys + block_n - 1), sm_count=sm_count(q.device),
                                        block_n=block_n)
-    elif check_count(num_splits, "num_splits") > MAX_SPLITS:
-        raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+    else:
+        num_splits = check_num_splits(num_splits)
 
     # (batch, heads, n_new, d) -> (batch, kv_heads, group * n_new, d): a group's rows side by side
     rows = (batch, kv_heads, n_rows, head_dim)

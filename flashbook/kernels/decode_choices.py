@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import torch
 import triton
@@ -107,6 +108,18 @@ def sm_count(device: torch.device) -> int:
 
 
 # ------------------------------------------------------------------ checks
+
+def check_num_splits(num_splits) -> int:
+    """A ``num_splits`` given by the caller (None, the library's choice, is not checked here):
+    an integer from 1 to ``MAX_SPLITS``. flash-attn's ``num_splits=0`` asks for its heuristic;
+    here that is ``None``, and the message says so."""
+    if isinstance(num_splits, numbers.Integral) and not isinstance(num_splits, bool) and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}: pass num_splits=None for the "
+                         "library's choice (what flash-attn's num_splits=0 asks for)")
+    if check_count(num_splits, "num_splits") > MAX_SPLITS:
+        raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+    return int(num_splits)
+
 
 def _check_index_tensor(x, name: str, shape: tuple, device, meaning: str) -> None:
     if not isinstance(x, torch.Tensor):

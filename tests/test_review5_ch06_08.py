@@ -1,0 +1,366 @@
+"""Chapters 6, 7 and 8 after the fifth review: the corrected statements, pinned to what makes them true.
+
+Chapter 6: the hierarchy figure's alt text (shared memory's lead over HBM differs by chip), the
+rule behind the table of K/V buffers (where `tl.dot` reads its operands), the chip table's terms
+announced before it. Chapter 7: where `exp2`'s saving comes from (the flush-to-zero `ex2`, not
+only the folded multiply), the fused multiply-add as Triton's default, why small grids are dealt
+out by heads, how `stages` is called, the `wgmma` paragraph split, the 16-bit `tl.dot` minimum.
+Chapter 8: the register count of the dK/dV kernel, why so few elements of the atomic dQ differ,
+what `tl.atomic_add` compiles to, the recording note in plain words.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, compile_cache, require
+from flashbook import runtime
+from flashbook.bench import runs
+from flashbook.kernels import configs
+from flashbook.kernels.forward import launch_position, query_tile_index
+from notebook_text import cell_ids, cell_source, find_cell, flat, run_glued
+
+import triton  # noqa: E402  (after flashbook: it decides GPU or interpreter first)
+import triton.language as tl  # noqa: E402
+
+CH6 = os.path.join(ROOT, "notebooks", "06_gpu_and_triton.ipynb")
+CH7 = os.path.join(ROOT, "notebooks", "07_triton_forward.ipynb")
+CH8 = os.path.join(ROOT, "notebooks", "08_triton_backward.ipynb")
+
+
+def _compile_here(tmp_path, code: str) -> dict:
+    """Run ``code`` (which prints one JSON line) in a fresh process that compiles for a GPU
+    target (TRITON_INTERPRET=0, the tests' compile cache); return what it printed."""
+    script = tmp_path / "probe.py"
+    script.write_text(code)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=compile_cache(),
+               TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# --- chapter 6 -------------------------------------------------------------------------------
+
+def test_the_hierarchy_alt_text_does_not_claim_ten_times_on_every_chip():
+    """Shared memory over HBM: 25x on the T4 but 7x on the H200 (whose HBM is the fastest), so
+    "about ten or more times faster on every chip" was wrong."""
+    ratio = {name: c.smem_tb_s / c.hbm_tb_s for name, c in runtime.CHIPS.items()}
+    assert all(r > 1 for r in ratio.values())
+    assert min(ratio, key=ratio.get) == "H200" and ratio["H200"] < 10
+    assert max(ratio, key=ratio.get) == "T4"
+    assert max(runtime.CHIPS, key=lambda n: runtime.CHIPS[n].hbm_tb_s) == "H200"
+    alt = find_cell(CH6, "05cb731f")["metadata"]["mystnb"]["image"]["alt"]
+    assert "ten or more times" not in alt
+    assert ("shared memory is faster than HBM on every chip, by the least on the H200 (whose HBM is "
+            "the fastest) and by the most on the T4") in alt
+
+
+def _staging_table(prose: str) -> dict:
+    """The prose's table of B_c x d tiles: {row name: [tiles at 1, 2, 3 stages]}."""
+    rows = {}
+    for name, cells in re.findall(r"^\| (`sm_\d+`|the model below) \|(.*)\|$", prose, re.M):
+        rows[name.strip("`")] = [int(x) for x in cells.split("|")]
+    return rows
+
+
+def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
+    """Per operand, s - 1 buffers on sm_80 (mma.sync reads the tile into registers) and s on
+    sm_90 (wgmma reads shared memory while it runs), one buffer in all at one stage: the table
+    (which tests/test_review_ch06.py compiles) is that rule, K and V together."""
+    prose = cell_source(CH6, "49527e1d")
+    table = _staging_table(prose)
+    assert table["sm_80"] == [1] + [2 * (s - 1) for s in (2, 3)]
+    assert table["sm_90"] == [1] + [2 * s for s in (2, 3)]
+    text = flat(prose)
+    assert "extra copies" not in text and "the pipeliner adds room" not in text
+    assert "How many buffers depends on where `tl.dot` reads its operands." in text
+    assert ("On `sm_80` it first copies a tile into registers, which frees the buffer the tile arrived "
+            "in: with `num_stages` = $s$, $s - 1$ buffers each of $K$ and $V$ hold the tiles in flight.") in text
+    assert ("reads its operands from shared memory while it runs, so the tile in use keeps its buffer "
+            "too: $s$ each. At one stage both keep a single buffer, for one of $K$ and $V$ at a time.") in text
+
+
+def test_the_chip_tables_terms_are_announced_before_the_table():
+    """arch and ridge appear in the table's columns before the prose defines them: the sentence
+    above the table says what they are, and the definitions do follow it."""
+    text = flat(cell_source(CH6, "0748095b"))
+    assert ("In the first, *arch* is the compute capability and the *ridge* is where arithmetic, not "
+            "memory, becomes the limit; both are explained below the tables.") in text
+    assert '"arch": c.arch' in cell_source(CH6, "f5a20a5d") and '"ridge for tl.dot' in cell_source(CH6, "f5a20a5d")
+    defined = flat(cell_source(CH6, "7296465f"))
+    assert "{term}`compute capability`" in defined and "**ridge point**" in defined
+    ids = cell_ids(CH6)
+    assert ids.index("0748095b") < ids.index("f5a20a5d") < ids.index("7296465f")
+
+
+# --- chapter 7 -------------------------------------------------------------------------------
+
+EXP_PROBE = r'''
+import json, re
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.tools.disasm import get_sass
+
+
+@triton.jit
+def natural(X, Y):
+    i = tl.arange(0, 128)
+    tl.store(Y + i, tl.exp(tl.load(X + i)))
+
+
+@triton.jit
+def base2(X, Y):
+    i = tl.arange(0, 128)
+    tl.store(Y + i, tl.exp2(tl.load(X + i)))
+
+
+@triton.jit
+def folded(X, Y, s, m):                     # the kernel's exponent: qk * qk_scale - new_max
+    i = tl.arange(0, 128)
+    tl.store(Y + i, tl.exp2(tl.load(X + i) * s - m))
+
+
+two = {"X": "*fp32", "Y": "*fp32"}
+four = {"X": "*fp32", "Y": "*fp32", "s": "fp32", "m": "fp32"}
+out = {}
+for name, fn, sig, options in (("natural", natural, two, {}), ("base2", base2, two, {}),
+                               ("folded", folded, four, {}), ("unfused", folded, four, {"enable_fp_fusion": False})):
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig), target=GPUTarget("cuda", 90, 32),
+                       options=options)
+    ptx = k.asm["ptx"]
+    sass = get_sass(k.asm["cubin"])
+    out[name] = {"ex2": re.findall(r"ex2\.approx[.\w]*", ptx), "fma": len(re.findall(r"\bfma\.rn\.f32", ptx)),
+                 "sass": re.findall(r"(@!?P\d\s+)?\b(FMUL|FSETP|MUFU\.EX2|FFMA|FADD)\b", sass)}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow(seconds=15)
+def test_exp2_saves_the_subnormal_guard_more_than_the_folded_multiply(tmp_path):
+    """On sm_90 tl.exp is a multiply by log2(e) and the non-ftz ex2.approx.f32, which ptxas
+    guards with a range test and a predicated multiply before and after MUFU.EX2 (5 in all);
+    tl.exp2 is the flush-to-zero ex2, MUFU.EX2 alone. The folded exponent is one FFMA, and
+    it is fused only because Triton fuses by default (off: FMUL + FADD)."""
+    from flashbook.bench.score_ops import NATURAL_EXP
+
+    found = _compile_here(tmp_path, EXP_PROBE)
+    ops = {name: [op for _, op in r["sass"]] for name, r in found.items()}
+    assert found["natural"]["ex2"] == ["ex2.approx.f32"] and found["base2"]["ex2"] == ["ex2.approx.ftz.f32"]
+    assert ops["natural"] == ["FMUL", "FSETP", "FMUL", "MUFU.EX2", "FMUL"]
+    assert [bool(p) for p, _ in found["natural"]["sass"]] == [False, False, True, False, True]   # predicated
+    assert len(ops["natural"]) == 1 + len(NATURAL_EXP)      # what chapter 7 glues as exp_instrs
+    assert ops["base2"] == ["MUFU.EX2"]
+    assert ops["folded"] == ["FFMA", "MUFU.EX2"] and found["folded"]["fma"] == 1
+    assert ops["unfused"] == ["FMUL", "FADD", "MUFU.EX2"] and found["unfused"]["fma"] == 0
+    # the guard is most of the saving: folding saves one multiply, the guard three more
+    assert len(ops["natural"]) - len(ops["base2"]) - 1 == 3
+
+    item = flat(cell_source(CH7, "36966158"))
+    assert ("**`exp2` with the scale folded in** (`exp2`): on `sm_90`, `tl.exp` compiles to "
+            "{glue:text}`exp_instrs` machine instructions, `tl.exp2` to one;") in item
+    assert "to one (`exp2`)" not in item
+    text = flat(cell_source(CH7, "832d2080"))
+    assert ("one fused multiply-add (Triton fuses the two by default up to version 3.9)") in text
+    assert ("Folding saves one multiply per score. Most of the saving is elsewhere: `tl.exp` becomes "
+            "PTX's `ex2.approx.f32`, which on `sm_90` guards against tiny (subnormal) results with a range "
+            "test and a predicated multiply before and after `MUFU.EX2`; `tl.exp2` becomes the "
+            "flush-to-zero `ex2.approx.ftz.f32`, `MUFU.EX2` alone") in text
+
+
+@triton.jit
+def _first_tiles(OUT, CAUSAL: tl.constexpr, HEAD_GROUP: tl.constexpr):
+    tile = query_tile_index(CAUSAL, HEAD_GROUP)
+    _, bh = launch_position(HEAD_GROUP)
+    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)       # the order the GPU starts them
+    tl.store(OUT + 2 * pid, tile)
+    tl.store(OUT + 2 * pid + 1, bh)
+
+
+def _heaviest_start(tiles, heads, group):
+    """Launch position of each head's heaviest (last) query tile under a causal mask."""
+    out = torch.full((tiles * heads, 2), -1, dtype=torch.int32, device=runtime.device())
+    _first_tiles[(tiles, heads)](out, CAUSAL=True, HEAD_GROUP=group)
+    order = [tuple(r) for r in out.cpu().tolist()]
+    return [order.index((tiles - 1, h)) for h in range(heads)]
+
+
+def test_small_grids_are_dealt_out_by_heads_so_the_heaviest_tiles_start_early():
+    """In plain order the last head's heaviest tile starts after every other head's tiles; dealt
+    out 4 heads at a time, the heaviest tiles of 4 heads start first. A3's run: the grouping
+    gained at 512 causal programs and nothing beyond the spread from 2,048 on, on either side of
+    the library's threshold."""
+    tiles, heads = 4, 8
+    assert _heaviest_start(tiles, heads, 1) == [h * tiles for h in range(heads)]
+    group = configs.SMALL_GRID_HEAD_GROUP
+    assert sorted(_heaviest_start(tiles, heads, group)[:group]) == list(range(group))
+
+    with open(os.path.join(ROOT, "benchmarks", "results", "launch_order_h200", "run1_groups.json")) as f:
+        rows = [r for r in json.load(f)["rows"] if r["mask"] == "causal"]
+    sms = runtime.chip("H200").sms
+    for r in rows:
+        programs = r["seq"] // 128 * r["batch"] * r["heads"] * (2 if r["head_dim"] == 64 else 1)
+        gain = r["speedup_vs_G1"][f"G={group}"]["fwd"]
+        if programs / sms <= configs.SMALL_GRID_PROGRAMS_PER_SM:
+            assert gain > 1.1, r["shape"]
+        else:
+            assert gain < 1.03, r["shape"]
+
+    text = flat(cell_source(CH7, "e8ba3340"))
+    assert "spread easily over the chip.\n\nIn plain order" in cell_source(CH7, "e8ba3340")
+    assert ("In plain order one head's query tiles all start before the next head's, so under a causal "
+            "mask the last heads' heaviest tiles start last and finish after everything else. In a small "
+            "grid that tail sets the time; in a grid many times the chip's size it is a small part of it.") in text
+    assert "each query tile of those heads in turn, so the heaviest tiles of more heads start early." in text
+
+
+def test_the_page_shows_how_stages_is_called():
+    """Exercise 3 says "use `stages`": the cell that defines it shows its call and its answer."""
+    from flashbook.kernels import probes
+
+    source = cell_source(CH7, "55326011")
+    assert ('# stages(n_q, n_k, block_m, block_n, causal) -> (T_r, T_c) array of "main", "masked", '
+            '"skipped"') in source
+    kinds = probes.stage_map(64, 64, 16, 32, True)
+    assert kinds.shape == (64 // 16, 64 // 32)
+    assert set(kinds.ravel()) <= {"main", "masked", "skipped"} and "skipped" in set(kinds.ravel())
+    assert "(use `stages`)" in cell_source(CH7, "8bf94f44")
+
+
+def test_the_what_limits_it_text_is_three_paragraphs():
+    """The busy figures, then why (wgmma and Triton's waits), then what Gluon changes."""
+    paragraphs = [flat(p) for p in cell_source(CH7, "c07-ncu-md").split("\n\n")]
+    busy = next(p for p in paragraphs if p.startswith("The difference is in the tensor cores"))
+    assert "wgmma" not in busy and "{glue:text}`ncu_tc_cudnn` in cuDNN's." in busy
+    why = next(p for p in paragraphs if p.startswith("Why?"))
+    assert "Overlap needs a product still running while the softmax works" in why
+    assert "`wgmma.wait_group 0`" in why and "Triton does leave one running." in why and "Gluon" not in why
+    gluon = next(p for p in paragraphs if p.startswith("Chapter 10 writes a kernel in Gluon"))
+    assert "producer" in gluon and "wait_group" not in gluon
+
+
+def test_the_tl_dot_minimum_of_16_is_for_16_bit_inputs():
+    """Triton's sm_80/sm_90 minimum K is 16 for 16-bit inputs, 8 for fp32; the library pads every
+    head_dim to a power of two of at least 16 whatever the dtype."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import min_dot_size
+
+    for cc in (80, 90):
+        check = min_dot_size(GPUTarget("cuda", cc, 32))
+        assert check(tl.float16, tl.float16)[2] == check(tl.bfloat16, tl.bfloat16)[2] == 16
+        assert check(tl.float32, tl.float32)[2] == 8
+    for d in range(1, 257):
+        bd = configs.block_d(d)
+        assert bd >= max(d, 16) and bd & (bd - 1) == 0, d
+    text = flat(cell_source(CH7, "6cd03bbd"))
+    assert ("and a 16-bit `tl.dot` must sum over at least 16 ($QK^\\top$ sums over $d$). The library rounds "
+            "`head_dim` up to a power of two no smaller than that, `BLOCK_D` (`configs.block_d`), for every "
+            "dtype") in text
+
+
+# --- chapter 8 -------------------------------------------------------------------------------
+
+def test_the_dkdv_register_count_is_chapter_6s_arithmetic():
+    """dK_j + dV_j: 2 x 64 x 128 fp32 over 4 warps = 128 registers per thread; the two 64 x 64
+    score tiles 32 each: 192 of 255 before the inputs (the causal 64 x 128 tile over 8 warps
+    gives the same)."""
+    from flashbook.bench import chapter8   # noqa: F401  (the cell imports it too)
+
+    glued, _ = run_glued([cell_source(CH8, "4e765c85"), cell_source(CH8, "c08-dkdv-registers")],
+                         configs=configs, runtime=runtime)
+    for causal in (False, True):
+        cfg = configs.default("backward_dkdv", cc=90, block_d=configs.block_d(128), elem_bytes=2, causal=causal)
+        threads = cfg.num_warps * 32
+        assert 2 * cfg.block_n * 128 / threads == 128 and cfg.block_m * cfg.block_n / threads == 32
+    assert (glued["dkdv_keys"], glued["dkdv_bd"], glued["dkdv_count_warps"]) == ("64", "128", "4")
+    assert glued["dkdv_score_tile"] == "64 × 64"
+    assert (glued["dkdv_acc_regs"], glued["dkdv_score_regs"], glued["dkdv_counted"]) == ("128", "32", "192")
+    assert glued["max_regs"] == "255" and 192 < 255
+    assert "remove-input" in find_cell(CH8, "c08-dkdv-registers")["metadata"]["tags"]
+    ids = cell_ids(CH8)
+    assert ids.index("4e765c85") < ids.index("c08-dkdv-registers") < ids.index("05720969")
+    text = flat(cell_source(CH8, "05720969"))
+    assert ("Count as chapter 6 did: $dK_j$ and $dV_j$ alone are 2 × {glue:text}`dkdv_keys` × "
+            "{glue:text}`dkdv_bd` fp32 values, {glue:text}`dkdv_acc_regs` registers per thread over "
+            "{glue:text}`dkdv_count_warps` warps. The two {glue:text}`dkdv_score_tile` fp32 score tiles "
+            "($P^\\top$, and $dP^\\top$, which becomes $dS^\\top$) add {glue:text}`dkdv_score_regs` each: "
+            "{glue:text}`dkdv_counted` of a thread's {glue:text}`max_regs` before the input tiles and the "
+            "addresses. The causal tile counts the same.") in text
+
+
+def test_few_atomic_dq_elements_differ_because_bf16_rounding_hides_the_fp32_order():
+    """The recorded run: 38 of 16,777,216 elements of dQ differ, by at most 1.2e-04, which is one
+    bfloat16 step (2^-13) for values in [2^-6, 2^-5); bf16 keeps 8 significant bits."""
+    recorded = runs.recorded_output("08_triton_backward", "43428188")
+    require(recorded is not None, "no recorded chapter 8 outputs")
+    glued, _ = run_glued(cell_source(CH8, "c08-determinism-glue"), math=math, torch=torch, runtime=runtime)
+    line = re.search(r"dq_mode='atomic'\s+dQ: bitwise equal: False\s+\((\d+) of (\d+) elements differ, "
+                     r"max difference (\S+)\)", recorded)
+    differ, total, biggest = int(line[1]), int(line[2]), float(line[3])
+    assert (glued["det_differ"], glued["det_total"]) == (f"{differ:,}", f"{total:,}") == ("38", "16,777,216")
+    assert glued["det_gpu"] == "H200" and "H200" in runs.gpu_record("08_triton_backward")["provenance"]["gpu"]
+    assert glued["bf16_bits"] == "8" and torch.finfo(torch.bfloat16).eps == 2.0 ** -7
+    # one bf16 step between 2^-6 and 2^-5 is 2^-13, and that is the difference printed
+    for x in (2.0 ** -6, 0.02, 2.0 ** -5 - 2.0 ** -13):
+        v = torch.tensor(x, dtype=torch.bfloat16)
+        assert float(torch.nextafter(v, torch.tensor(1.0, dtype=torch.bfloat16)) - v) == 2.0 ** -13
+    assert f"{2.0 ** -13:.1e}" == f"{biggest:.1e}" == glued["det_max"] == "1.2e-04"
+    assert glued["det_binade"] == "2⁻⁶ and 2⁻⁵"
+    assert differ < 1e-5 * total
+    ids = cell_ids(CH8)
+    assert ids.index("43428188") < ids.index("c08-determinism-glue") < ids.index("c08-determinism-md")
+    assert ids.index("c08-determinism-md") == ids.index("1f02617c") - 1
+    text = flat(cell_source(CH8, "c08-determinism-md"))
+    assert ("In the recorded {glue:text}`det_gpu` run only {glue:text}`det_differ` of the "
+            "{glue:text}`det_total` elements of the atomic dQ differ. A new order changes the fp32 sums "
+            "in their last bits, and the final rounding to bfloat16, {glue:text}`bf16_bits` significant "
+            "bits, hides almost all of that. The elements that differ sat next to a rounding boundary and "
+            "moved by one bf16 step ({glue:text}`det_max` is one step for values between "
+            "{glue:text}`det_binade`).") in text
+
+
+ATOMIC_PROBE = r'''
+import json, re
+from triton import knobs
+from flashbook.kernels import configs, targets
+
+knobs.runtime.add_stages_inspection_hook = targets._no_assembly     # PTX is enough: no ptxas
+found = {}
+for cc in (80, 90):
+    cfg = configs.default("backward_dkdv", cc=cc, block_d=128, elem_bytes=2, causal=True)
+    ptx = targets.compile_kernel("backward_dkdv", cc=cc, config=cfg, head_dim=128, dtype="bf16",
+                                 causal=True, atomic_dq=True).asm["ptx"]
+    found[cc] = sorted(set(re.findall(r"\b(?:red|atom)\.global[.\w]*", ptx)))
+print(json.dumps(found))
+'''
+
+
+@pytest.mark.slow(seconds=30)
+def test_tl_atomic_add_compiles_to_vector_adds_on_sm90(tmp_path):
+    """The atomic dK/dV kernel's dQ adds: red.global.gpu.relaxed.add.v4.f32 on sm_90 (four fp32
+    values per instruction), the scalar .add.f32 on sm_80; not "element by element"."""
+    found = _compile_here(tmp_path, ATOMIC_PROBE)
+    assert found["90"] == ["red.global.gpu.relaxed.add.v4.f32"]
+    assert found["80"] == ["red.global.gpu.relaxed.add.f32"]
+    text = flat(cell_source(CH8, "4571a510"))
+    assert "element by element" not in text
+    assert ("Our `tl.atomic_add` adds from registers: on `sm_90` a short vector per instruction "
+            "(`red.global.gpu.relaxed.add.v4.f32`), on `sm_80` one value; a whole-tile reduce-add from "
+            "shared memory was not measured here.") in text
+
+
+def test_the_recording_note_is_said_plainly():
+    """The note quotes the page's box word for word and says what changed: one argument."""
+    sys.path.insert(0, os.path.join(ROOT, "book", "_ext"))
+    import gpu_outputs
+
+    text = flat(cell_source(CH8, "aacbec1b"))
+    assert f'(The note above the table, "{gpu_outputs.CHANGED_NOTE}", means that the cell differs only by ' \
+           '`backend="triton"`, an argument added later; the recorded run already used the Triton kernels.)' in text
+    assert "at the recording it always ran these" not in text
