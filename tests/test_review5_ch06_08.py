@@ -170,8 +170,11 @@ def test_exp2_saves_the_subnormal_guard_more_than_the_folded_multiply(tmp_path):
     assert ("one fused multiply-add (Triton fuses the two by default up to version 3.9)") in text
     assert ("Folding saves one multiply per score. Most of the saving is elsewhere: `tl.exp` becomes "
             "PTX's `ex2.approx.f32`, which on `sm_90` guards against tiny (subnormal) results with a range "
-            "test and a predicated multiply before and after `MUFU.EX2`; `tl.exp2` becomes the "
-            "flush-to-zero `ex2.approx.ftz.f32`, `MUFU.EX2` alone") in text
+            "test and a predicated multiply before and after `MUFU.EX2` (the {term}`special-function unit`'s $2^x$); "
+            "`tl.exp2` becomes the flush-to-zero `ex2.approx.ftz.f32`, `MUFU.EX2` alone") in text
+    assert ("Flushing results below $2^{-126}$ to zero changes nothing here: each weight is at most 1, "
+            "a row's sum at least 1.") in text
+    assert float.fromhex("0x1p-126") == 2.0 ** -126   # fp32's smallest normal number
 
 
 @triton.jit
@@ -215,8 +218,16 @@ def test_small_grids_are_dealt_out_by_heads_so_the_heaviest_tiles_start_early():
     text = flat(cell_source(CH7, "e8ba3340"))
     assert "spread easily over the chip.\n\nIn plain order" in cell_source(CH7, "e8ba3340")
     assert ("In plain order one head's query tiles all start before the next head's, so under a causal "
-            "mask the last heads' heaviest tiles start last and finish after everything else. In a small "
-            "grid that tail sets the time; in a grid many times the chip's size it is a small part of it.") in text
+            "mask the last heads' heaviest tiles start late, after all earlier heads' tiles, and finish last. "
+            "One program of these tiles fills an SM's shared memory, so the grid runs in "
+            "about as many rounds as it has programs per SM. In a grid of a few rounds that tail sets the time; "
+            "in one of many rounds it is a small part of it.") in text
+    # one program of the library's sm_90 forward tiles at d = 128 fills an SM: a second would not fit
+    from flashbook import runtime as rt, smem
+    from flashbook.kernels import configs as cfgs
+    big = cfgs.default("forward", cc=90, block_d=128, elem_bytes=2)
+    need = smem.smem_bytes(big.block_m, big.block_n, 128, num_stages=big.num_stages, arch="sm_90")
+    assert need <= rt.chip("H200").smem_per_block_bytes < 2 * need
     assert "each query tile of those heads in turn, so the heaviest tiles of more heads start early." in text
 
 
@@ -286,12 +297,15 @@ def test_the_dkdv_register_count_is_chapter_6s_arithmetic():
     ids = cell_ids(CH8)
     assert ids.index("4e765c85") < ids.index("c08-dkdv-registers") < ids.index("05720969")
     text = flat(cell_source(CH8, "05720969"))
-    assert ("Count as chapter 6 did: $dK_j$ and $dV_j$ alone are 2 × {glue:text}`dkdv_keys` × "
+    assert ("$dK_j$ and $dV_j$ alone are 2 × {glue:text}`dkdv_keys` × "
             "{glue:text}`dkdv_bd` fp32 values, {glue:text}`dkdv_acc_regs` registers per thread over "
             "{glue:text}`dkdv_count_warps` warps. The two {glue:text}`dkdv_score_tile` fp32 score tiles "
             "($P^\\top$, and $dP^\\top$, which becomes $dS^\\top$) add {glue:text}`dkdv_score_regs` each: "
             "{glue:text}`dkdv_counted` of a thread's {glue:text}`max_regs` before the input tiles and the "
-            "addresses. The causal tile counts the same.") in text
+            "addresses. The causal default ({glue:text}`tile_dkdv_causal`, {glue:text}`dkdv_warps_causal` "
+            "warps) counts the same: twice the keys over twice the threads.") in text
+    assert ("Count as chapter 6 did, for the unmasked default tile ({glue:text}`tile_dkdv_full`, "
+            "{glue:text}`dkdv_warps_full` warps):") in text
 
 
 def test_few_atomic_dq_elements_differ_because_bf16_rounding_hides_the_fp32_order():

@@ -111,13 +111,13 @@ def test_ch11_and_which_kernel_say_every_paged_timing_used_64_token_pages():
     assert ("Every paged timing here used {glue:text}`page_timed`-token pages, which hold a whole "
             "{glue:text}`page_tile`-key tile at $d$ = 128") in text
     assert "such as vLLM's default of 16 tokens, take the per-row gather instead" in text
-    assert "the one-index read took up to {glue:text}`rows_cost_hi`% less time than the gather" in text
+    assert "(above, reading one index per tile took up to {glue:text}`rows_cost_hi`% less time than the gather)" in text
     assert "Such pages were not timed." in text
     assert "(pages of {glue:text}`page_timed` tokens; medians of three runs)" in flat(cell_source(CH11, "c11-45"))
-    assert _page_glued("which_kernel.md")["dec_page"] == "64"
-    assert ("A paged cache of {glue:text}`dec_page`-token pages ran at {glue:text}`dec_paged_lo` to "
-            "{glue:text}`dec_paged_hi` times the dense one's speed (smaller pages were not timed)"
-            in book_page("which_kernel.md"))
+    assert _page_glued("which_kernel.md")["dec_page"] == "64" and _page_glued("which_kernel.md")["dec_page_d"] == "128"
+    assert ("A paged cache ran at {glue:text}`dec_paged_lo` to {glue:text}`dec_paged_hi` times the dense one's "
+            "speed (head_dim {glue:text}`dec_page_d` with {glue:text}`dec_page`-token pages, one page per key tile; "
+            "other page and head sizes were not timed)" in book_page("which_kernel.md"))
 
 
 def _gqa_ring(rank, world):
@@ -215,8 +215,8 @@ def test_ch11_host_paragraph_separates_the_called_times_from_the_host_times():
     second, third = flat(paragraphs[1]), flat(paragraphs[2])
     assert second.endswith("cuDNN's {glue:text}`short_host_cudnn` µs.") and "short_fd" not in second
     assert third.startswith("The called times in the table cannot show this: {glue:text}`short_fd` µs")
-    assert ("Both hosts take less time than the {glue:text}`flush_us` µs flush before each call, so their "
-            "work hides behind it.") in third
+    assert ("Both host times are shorter than the {glue:text}`flush_us` µs flush before each call, so the "
+            "host's work hides behind it.") in third
     assert ("there `flash_decode` ({glue:text}`short_after` µs) is still slower than cuDNN "
             "({glue:text}`short_host_cudnn` µs).") in third
     assert "slightly slower" not in third
@@ -292,8 +292,8 @@ def test_ch12_names_the_call_plan_where_it_describes_it():
     assert "Signature -> plan" in launch.Plans.__doc__ and "decode._Plan" in launch.__doc__
     assert inspect.isclass(decode._Plan)
     text = flat(cell_source(CH12, "b98bd1a6"))
-    assert ("What the library keeps for a signature, the launches it makes, is the call's *plan* "
-            "(chapter 11 calls a call that finds one the short path).") in text
+    assert ("What the library keeps for a signature, the launches to make, is the call's *plan*; a call "
+            "that finds its plan takes what chapter 11 calls the short path.") in text
     assert "with the call plans described below" in flat(cell_source(CH12, "448189c1"))
     assert "takes the *short path*" in cell_source(CH11, "1029602f")
 
