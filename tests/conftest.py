@@ -61,6 +61,24 @@ def compile_cache() -> str:
     return folder
 
 
+def compile_probe(tmp_path, code: str, timeout: int = 600) -> str:
+    """Run ``code`` in a fresh Python that compiles kernels for a GPU target this machine does not
+    have (TRITON_INTERPRET=0, ``compile_cache``, Triton's FP fusion on as its default up to 3.9,
+    in the repository's root) and return what it printed; a failure shows its stderr. The code
+    is written to a file first: Triton reads a kernel's source from its file."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(code)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=compile_cache(), TRITON_DEFAULT_FP_FUSION="1",
+               PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def expected_seconds(item) -> float:
     """How long a test is expected to take: ``@pytest.mark.slow(seconds=N)`` (measured on CI's
     two cores from cold caches), 10 for a bare ``slow`` mark, 0 otherwise."""

@@ -7,11 +7,8 @@ and holds the instructions its dQ mode is named for."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from conftest import ROOT, compile_cache
+from conftest import compile_probe
 
 SCRIPT = r"""
 import json, sys
@@ -29,14 +26,10 @@ print(json.dumps(out))
 """
 
 
-def test_the_lab_backward_compiles_for_sm90_and_fits():
+def test_the_lab_backward_compiles_for_sm90_and_fits(tmp_path):
     from flashbook import runtime
 
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=compile_cache())
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    tma, red, rows = json.loads(done.stdout.strip().splitlines()[-1])
+    tma, red, rows = json.loads(compile_probe(tmp_path, SCRIPT).strip().splitlines()[-1])
     limit = runtime.chip("H200").smem_per_block_bytes
     for r in (tma, red, rows):
         assert 0 < r["shared"] <= limit, r

@@ -8,14 +8,12 @@ timings at 1,024 programs, and the backward's tolerance floor.
 import json
 import os
 import re
-import subprocess
-import sys
 
 import matplotlib
 import pytest
 import torch
 
-from conftest import ROOT, compile_cache, require
+from conftest import ROOT, compile_cache, compile_probe, require
 from flashbook import runtime
 from flashbook.bench import runs
 from notebook_text import cell_source, flat, run_glued
@@ -124,13 +122,7 @@ for cc in (80, 90):
     found[cc] = [len(re.findall(r"mma\S*\.tf32\.tf32", ptx)), ptx.count("cvt.rna.tf32")]
 print(json.dumps(found))
 '''
-    script = tmp_path / "minimal_tf32.py"
-    script.write_text(code)
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=compile_cache(),
-               TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    found = json.loads(r.stdout.strip().splitlines()[-1])
+    found = json.loads(compile_probe(tmp_path, code, timeout=300).strip().splitlines()[-1])
     for cc, (tf32_mma, rounding) in found.items():
         assert tf32_mma > 0 and rounding == 0, (cc, tf32_mma, rounding)
 

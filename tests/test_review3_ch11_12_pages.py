@@ -5,8 +5,6 @@ page glues is checked against the data."""
 import inspect
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import xml.etree.ElementTree as ET
 
@@ -14,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from conftest import ROOT, benchmark_script, compile_cache, require
+from conftest import ROOT, benchmark_script, compile_probe, require
 from flashbook import bench
 from notebook_text import book_page, cell_source, flat, markdown, run_glued
 
@@ -313,14 +311,9 @@ def test_what_real_fa_adds_says_triton_splits_only_pv_at_64_rows_and_8_warps(tmp
     """"with B_r = 64 and 8 warps it splits the columns among the warpgroups" was half wrong:
     Q K^T, whose result feeds the next dot, keeps [8, 1] (both warpgroups on the same 64 rows);
     only P V is split [4, 2]. Compiled for sm_90 on the CPU (Triton's own ptxas, no GPU)."""
-    script = tmp_path / "two_dots.py"
-    script.write_text(textwrap.dedent(_TWO_DOTS))
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=compile_cache())
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    dots = [line.split(" ", 1) for line in out.stdout.split("\n") if line]
-    assert dots == [["64x64", "[8, 1]"], ["64x128", "[4, 2]"]], out.stdout   # S = Q K^T (64 x 64), P V (64 x d)
+    printed = compile_probe(tmp_path, textwrap.dedent(_TWO_DOTS))
+    dots = [line.split(" ", 1) for line in printed.split("\n") if line]
+    assert dots == [["64x64", "[8, 1]"], ["64x128", "[4, 2]"]], printed   # S = Q K^T (64 x 64), P V (64 x d)
     text = flat(book_page("what_real_fa_adds.md"))
     assert "it splits the columns among the warpgroups instead" not in text
     assert "it splits only the columns of $PV$ between the two warpgroups" in text

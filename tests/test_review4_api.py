@@ -184,7 +184,7 @@ def test_varlen_shape_errors_speak_of_the_tensors_passed():
     cases = [((30, 3, 32), (30, 2, 32), (30, 2, 32), r"k's number of heads \(2\) must divide q's \(3\).*got q \(30, 3, 32\), k \(30, 2, 32\)$"),
              ((30, 4, 32), (30, 2, 16), (30, 2, 16), r"k must have q's head_dim 32, got k \(30, 2, 16\)$"),
              ((30, 4, 32), (30, 2, 32), (30, 1, 32), r"k and v must have the same number of heads, got k \(30, 2, 32\), v \(30, 1, 32\)$"),
-             ((30, 4, 32), (30, 2, 32), (29, 2, 32), r"k and v must have the same number of tokens")]
+             ((30, 4, 32), (30, 2, 32), (29, 2, 32), r"k and v must have the same sequence length, got k \(30, 2, 32\), v \(29, 2, 32\)$")]
     for qs, ks, vs, words in cases:
         q, k, v = (torch.randn(*s, device=DEVICE) for s in (qs, ks, vs))
         with pytest.raises(ValueError, match=words) as err:

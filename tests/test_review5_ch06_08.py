@@ -12,13 +12,12 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, compile_cache, require
+from conftest import ROOT, compile_probe, require
 from flashbook import runtime
 from flashbook.bench import runs
 from flashbook.kernels import configs
@@ -34,15 +33,8 @@ CH8 = os.path.join(ROOT, "notebooks", "08_triton_backward.ipynb")
 
 
 def _compile_here(tmp_path, code: str) -> dict:
-    """Run ``code`` (which prints one JSON line) in a fresh process that compiles for a GPU
-    target (TRITON_INTERPRET=0, the tests' compile cache); return what it printed."""
-    script = tmp_path / "probe.py"
-    script.write_text(code)
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=compile_cache(),
-               TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """The one JSON line ``code`` prints, run by ``conftest.compile_probe``."""
+    return json.loads(compile_probe(tmp_path, code).strip().splitlines()[-1])
 
 
 # --- chapter 6 -------------------------------------------------------------------------------

@@ -210,18 +210,28 @@ CAUSAL_COST_LABELS = {"inst": "instructions (Nsight)", "cycles": "SM cycles (Nsi
                       "ncu_us": "GPU time (Nsight)", "ms": "GPU time (CUDA events)"}
 
 
-def fixed_tiles(root) -> list[float]:
-    """A causal program's fixed cost (loading Q, the loops' starts and ends, writing O) in key
-    tiles, one per measure of the recorded run ``causal_cost`` at d = 128 (empty without it)."""
+def _causal_cost_analysis(root) -> tuple:
+    """The recorded run ``causal_cost``: (its folder, its analysis at d = 128, benchmarks/
+    causal_cost.py's analysis.json), or (None, None) where it is not recorded."""
     import json
 
     from .runs import run_path
 
     run = run_path("causal_cost", root) if root is not None else None
     if run is None or not (run / "analysis.json").exists():
-        return []
-    at = json.loads((run / "analysis.json").read_text())["128"]
+        return None, None
+    return run, json.loads((run / "analysis.json").read_text())["128"]
+
+
+def _fixed_tiles_of(at: dict) -> list[float]:
     return [at[m]["fit"]["f"] / at[m]["fit"]["a"] for m in CAUSAL_COST_MEASURES]
+
+
+def fixed_tiles(root) -> list[float]:
+    """A causal program's fixed cost (loading Q, the loops' starts and ends, writing O) in key
+    tiles, one per measure of the recorded run ``causal_cost`` at d = 128 (empty without it)."""
+    _, at = _causal_cost_analysis(root)
+    return [] if at is None else _fixed_tiles_of(at)
 
 
 def causal_cost(ch) -> None:
@@ -231,22 +241,19 @@ def causal_cost(ch) -> None:
     events' GPU time), in points of half the unmasked pass."""
     import json
 
-    from .runs import run_path
-
-    run = run_path("causal_cost", ch.root) if ch.root is not None else None
-    if run is None or not (run / "analysis.json").exists():
+    run, at = _causal_cost_analysis(ch.root)
+    if at is None:
         ch.nothing(*CAUSAL_COST_KEYS)
         ch.say("fig-causal-cost", "No recorded results of the causal-cost run (Nsight Compute's counts): "
                                   "no figure to draw.", missing=True)
         return
-    at = json.loads((run / "analysis.json").read_text())["128"]
     by = [at[m] for m in CAUSAL_COST_MEASURES]
 
     ch.put("cc_excess", _span([100 * (m["ratio_to_half"] - 1) for m in by], ".1f"))
     for name, part in (("cc_tiles", "more_tiles"), ("cc_fixed", "program_costs"), ("cc_masked", "masked_extra")):
         ch.put(name, _span([100 * m["shares"][part] for m in by], ".1f"))
     ch.put("cc_mask_ratio", _span([m["fit"]["b_over_a"] for m in by], ".2f"))
-    ch.put("cc_fixed_tiles", _span(fixed_tiles(ch.root), ".1f"))
+    ch.put("cc_fixed_tiles", _span(_fixed_tiles_of(at), ".1f"))
     idle = {p["causal"]: 100 * p["idle"] for p in at["passes"] if p["seq_k"] == p["seq_q"]}
     ch.put("cc_idle_full", idle[False], ".1f"); ch.put("cc_idle_causal", idle[True], ".1f")
     ch.put("cc_b8", at["ms"]["ratio_to_half"], ".2f"); ch.put("cc_b32", at["batch32_ratio_to_half"], ".2f")

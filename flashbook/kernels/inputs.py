@@ -17,15 +17,18 @@ DQ_MODES = ("separate", "atomic")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
+def check_shapes(q, k, v, *, names=("q", "k", "v"), shown=None) -> None:
     """The checks every attention kernel here shares (``check_inputs``, and the Gluon
     kernel's ``hopper.check_inputs``): three 4-D tensors of one supported dtype on one
     device, k and v shaped (batch, kv_heads, seq_k, head_dim) with kv_heads dividing q's
     heads. The batch and the sequence lengths may be 0 (an empty result, as
     ``scaled_dot_product_attention`` gives); heads and head_dim may not. Raises
-    TypeError / ValueError naming the argument."""
+    TypeError / ValueError naming the argument. ``shown``: the tensors as the caller passed
+    them, when q, k, v are views of them (``flash_attention_varlen``'s (total, heads, head_dim)
+    tensors, as (1, heads, total, head_dim)): the errors print their shapes, and the heads
+    error gives no transpose advice (the caller's layout is flash-attn's already)."""
     qn, kn, vn = names
-    for name, x in ((qn, q), (kn, k), (vn, v)):
+    for i, (name, x) in enumerate(((qn, q), (kn, k), (vn, v))):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
@@ -35,40 +38,41 @@ def check_shapes(q, k, v, *, names=("q", "k", "v")) -> None:
             raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
         if x.shape[1] == 0 or x.shape[3] == 0:
             raise ValueError(f"{name} must have at least one head and a head_dim of at least 1, "
-                             f"got shape {tuple(x.shape)}")
+                             f"got shape {tuple((shown[i] if shown else x).shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{qn}, {kn} and {vn} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"{qn}, {kn} and {vn} must be on the same device, got {q.device}, {k.device}, {v.device}")
 
+    sq, sk, sv = (tuple(x.shape) for x in (shown or (q, k, v)))
     batch, heads, _, head_dim = q.shape
     if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"{kn} and {vn} must have {qn}'s batch size {batch}, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have {qn}'s batch size {batch}, got {kn} {sk}, {vn} {sv}")
     if k.shape[1] != v.shape[1]:
-        raise ValueError(f"{kn} and {vn} must have the same number of heads, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have the same number of heads, got {kn} {sk}, {vn} {sv}")
     if heads % k.shape[1] != 0:
+        hint = "" if shown else ("; the layout is (batch, heads, seq, head_dim): for flash-attn's "
+                                 "(batch, seq, heads, head_dim) pass x.transpose(1, 2)")
         raise ValueError(f"{kn}'s number of heads ({k.shape[1]}) must divide {qn}'s ({heads}) "
-                         f"(grouped-query attention), got {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}; the layout "
-                         f"is (batch, heads, seq, head_dim): for flash-attn's (batch, seq, heads, head_dim) "
-                         f"pass x.transpose(1, 2)")
+                         f"(grouped-query attention), got {qn} {sq}, {kn} {sk}{hint}")
     if k.shape[2] != v.shape[2]:
-        raise ValueError(f"{kn} and {vn} must have the same sequence length, got {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have the same sequence length, got {kn} {sk}, {vn} {sv}")
     if k.shape[3] != head_dim:
-        raise ValueError(f"{kn} must have {qn}'s head_dim {head_dim}, got {kn} {tuple(k.shape)}")
+        raise ValueError(f"{kn} must have {qn}'s head_dim {head_dim}, got {kn} {sk}")
     if v.shape[3] != head_dim:
-        raise ValueError(f"{vn} must have {qn}'s head_dim {head_dim}, got {vn} {tuple(v.shape)}")
+        raise ValueError(f"{vn} must have {qn}'s head_dim {head_dim}, got {vn} {sv}")
 
 
-def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k", "v")):
+def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k", "v"), shown=None):
     """Validate the arguments of ``flash_attention``; return the resolved scale.
 
     ``names`` are the arguments' names in the errors (``flash_decode`` calls k and v
-    ``k_cache`` and ``v_cache``).
+    ``k_cache`` and ``v_cache``); ``shown``, the caller's tensors (``check_shapes``).
 
     Raises TypeError / ValueError naming the argument and what was expected.
     """
     qn, kn, vn = names
-    check_shapes(q, k, v, names=names)
+    check_shapes(q, k, v, names=names, shown=shown)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     if dq_mode not in DQ_MODES:

@@ -55,21 +55,6 @@ def _check_3d(x, name: str) -> None:
                          f"varlen functions take it, got shape {tuple(x.shape)}")
 
 
-def _check_packed_shapes(q, k, v) -> None:
-    """The shape rules of ``inputs.check_shapes``, said of the (total, heads, head_dim) tensors the
-    caller passed (flash-attn's varlen layout), not of the kernels' (1, heads, total, d) views."""
-    if k.shape[0] != v.shape[0]:
-        raise ValueError(f"k and v must have the same number of tokens, got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same number of heads, got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[1] and q.shape[1] % k.shape[1]:   # no heads at all: check_inputs says so
-        raise ValueError(f"k's number of heads ({k.shape[1]}) must divide q's ({q.shape[1]}) (grouped-query "
-                         f"attention), got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    for name, x in (("k", k), ("v", v)):
-        if x.shape[2] != q.shape[2]:
-            raise ValueError(f"{name} must have q's head_dim {q.shape[2]}, got {name} {tuple(x.shape)}")
-
-
 def check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, check_values: bool = True) -> Packed:
     """Validate the varlen arguments (the tensors' shapes are ``autograd.check_inputs``'): errors
     name the argument. ``check_values`` reads ``cu_seqlens`` on the host (one device
@@ -200,9 +185,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     else:
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_3d(x, name)
-        _check_packed_shapes(q, k, v)   # in the caller's (total, heads, head_dim), before the kernels' views
         q4, k4, v4 = packed_views(q, k, v)
-        autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode)
+        autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode, shown=(q, k, v))   # errors show the caller's shapes
         autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
         packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               check_values=check_values)
