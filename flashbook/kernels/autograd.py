@@ -47,7 +47,7 @@ from .forward import _attn_fwd, for_lengths
 from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous, no_double_backward,  # noqa: F401,E501
                      _interpreter_problem)
 from .launch import AttentionPlan, Launch, Plans, call_key
-from .mask_args import LOG2E, alibi_args, keys_of, kernel_mask, tiles_of, window_keys  # noqa: F401 (re-exported)
+from .mask_args import LOG2E, alibi_args, keys_of, kernel_mask, masked_args, tiles_of, window_keys  # noqa: F401,E501 (re-exported)
 
 
 _state = {
@@ -539,9 +539,7 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, dq_mode, forward=None, window=None, softcap=None, packed=None,
                 prefix=0, alibi_slopes=None):
-        plain = window is None and softcap is None and packed is None and not prefix and alibi_slopes is None
-        masked = {} if plain else dict(window=window, softcap=softcap, packed=packed, prefix=prefix,
-                                       alibi_slopes=alibi_slopes)
+        masked = masked_args(window, softcap, packed, prefix, alibi_slopes)
         o, lse = (forward or flash_forward)(q, k, v, causal=causal, scale=scale, **masked)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.dq_mode, ctx.masked = causal, scale, dq_mode, masked

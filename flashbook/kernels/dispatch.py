@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import threading
 
+import torch
+
 from .. import masks, runtime
 from . import autograd
 from .inputs import flash_attn_extras, flash_attn_names
@@ -115,25 +117,37 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     if dropout_p != 0.0 or deterministic or return_attn_probs is not False:   # the defaults need no check
         flash_attn_extras(dropout_p, deterministic, return_attn_probs, dq_mode)
+    if torch.compiler.is_compiling():   # the kernels as two operators the compiler calls (compiled.py)
+        from .compiled import attention
+
+        return attention(q, k, v, causal, scale, backend, dq_mode, window, softcap, prefix, alibi_slopes)
+    chosen, _last.reason, causal, window, softcap, prefix = resolve(q, k, v, causal, scale, backend, dq_mode, window,
+                                                                    softcap, prefix, alibi_slopes)
+    _last.backend = chosen
+    return _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes)
+
+
+def resolve(q, k, v, causal, scale, backend, dq_mode, window, softcap, prefix, alibi_slopes) -> tuple:
+    """(backend, why, causal, window, softcap, prefix) for a call of ``flash_attention``: the
+    inputs checked, the kernel chosen, and the mask as the kernels take it (``plain_mask``)."""
     key = call_key((q, k, v, alibi_slopes), (causal, scale, backend, dq_mode, window, softcap, prefix))
     choice = _CHOICES.get(key) if key is not None else None
     if choice is not None:   # this signature passed the checks before and would again: the same choice
-        chosen, _last.reason, causal, window, softcap, prefix = choice
-        _last.backend = chosen
-        return _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes)
+        return choice
     autograd.check_inputs(q, k, v, causal, scale, dq_mode)
     autograd.alibi_args(alibi_slopes, q)   # checked here, so a bad one fails before any backend is chosen
-    plain_causal, _, extra = autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)
-    if not extra:   # no window (or the causal one, (-1, 0)), no cap, no prefix: the plain kernels
-        causal, window, softcap, prefix = plain_causal, None, None, 0
+    causal, window, softcap, prefix = plain_mask(causal, window, softcap, prefix)
     if autograd.is_empty(q, k):
-        chosen, why = "triton", "an empty input (nothing is launched)"
-    else:
-        chosen, why = choose_backend(q, k, v, causal, backend, window, softcap, prefix, alibi_slopes)
-    _last.backend, _last.reason = chosen, why
-    if not autograd.is_empty(q, k):
-        _CHOICES.remember(key, (chosen, why, causal, window, softcap, prefix))
-    return _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes)
+        return "triton", "an empty input (nothing is launched)", causal, window, softcap, prefix
+    chosen, why = choose_backend(q, k, v, causal, backend, window, softcap, prefix, alibi_slopes)
+    return _CHOICES.remember(key, (chosen, why, causal, window, softcap, prefix))
+
+
+def plain_mask(causal, window, softcap, prefix) -> tuple:
+    """(causal, window, softcap, prefix), with a mask that is only causal or nothing (a window of
+    (-1, 0) or (-1, -1), no cap, no prefix) given as the plain kernels take it: the window None."""
+    plain_causal, _, extra = autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)
+    return (causal, window, softcap, prefix) if extra else (plain_causal, None, None, 0)
 
 
 _CHOICES = Plans()   # call signature -> (backend, why, the mask as the kernels take it)

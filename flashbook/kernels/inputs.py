@@ -127,8 +127,11 @@ def no_double_backward() -> None:
     differentiate it again, and the kernels' gradients would come back as constants, silently
     dropping the second-order terms. Refused instead (flash-attn has no double backward either)."""
     if torch.is_grad_enabled():
-        raise RuntimeError("flash_attention has no double backward (a gradient of its gradient, create_graph=True): "
-                           "use torch's scaled_dot_product_attention with the math backend for that")
+        raise RuntimeError(NO_DOUBLE_BACKWARD)
+
+
+NO_DOUBLE_BACKWARD = ("flash_attention has no double backward (a gradient of its gradient, create_graph=True): "
+                      "use torch's scaled_dot_product_attention with the math backend for that")
 
 
 def flash_attn_extras(dropout_p, deterministic, return_attn_probs, dq_mode) -> None:

@@ -99,3 +99,10 @@ def alibi_args(alibi_slopes, q, batch: int | None = None) -> dict:
                       "the slopes are used as constants", stacklevel=3)
     slopes = alibi_slopes.detach().contiguous()
     return dict(ALIBI_SLOPES=slopes, alibi_stride=heads if slopes.dim() == 2 else 0, ALIBI=True)
+
+
+def masked_args(window=None, softcap=None, packed=None, prefix=0, alibi_slopes=None) -> dict:
+    """The mask's keyword arguments for ``flash_forward`` and ``flash_backward``: {} for the plain
+    kernels (which the Gluon forward, taking none of them, can stand in for)."""
+    plain = window is None and softcap is None and packed is None and not prefix and alibi_slopes is None
+    return {} if plain else dict(window=window, softcap=softcap, packed=packed, prefix=prefix, alibi_slopes=alibi_slopes)

@@ -1,0 +1,139 @@
+"""``flashbook.flash_attention`` inside ``torch.compile`` (``kernels/compiled.py``).
+
+On this machine the kernels run in Triton's interpreter, so compiled and eager calls run the
+same kernels on the same inputs: their outputs and gradients must be the same bits. The
+operators' schemas, fake (shape-only) versions and autograd registration are checked by
+``torch.library.opcheck``. ``tests/test_kernels_gpu.py`` compiles with Inductor on a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashbook
+from flashbook.kernels import compiled, dispatch
+
+
+def _inputs(seed, b=1, h=4, h_kv=4, n_q=48, n_k=48, d=32, dtype=torch.float32, layout="bhsd"):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(b, h, n_q, d), (b, h_kv, n_k, d), (b, h_kv, n_k, d)]
+    xs = [torch.randn(s, generator=g, dtype=torch.float32).to(dtype) for s in shapes]
+    if layout == "bshd":   # flash-attn's layout, passed as x.transpose(1, 2)
+        xs = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in xs]
+    return [x.requires_grad_() for x in xs]
+
+
+def _run(fn, q, k, v, seed):
+    o = fn(q, k, v)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(o.dtype)
+    return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+CASES = {
+    "causal": dict(causal=True),
+    "full, gqa": dict(shape=dict(h=4, h_kv=2, n_q=40, n_k=56)),
+    "window + softcap": dict(causal=True, window_size=(16, 0), softcap=5.0),
+    "alibi": dict(causal=True, alibi=True),
+    "prefix": dict(causal=True, prefix=8),
+    "fp16, flash-attn layout": dict(causal=True, shape=dict(dtype=torch.float16, layout="bshd"),
+                                    softmax_scale=0.3),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_compiled_call_gives_the_eager_bits(name):
+    case = dict(CASES[name])
+    seed = int(torch.randint(0, 2**30, ()))
+    q, k, v = _inputs(seed, **case.pop("shape", {}))
+    if case.pop("alibi", False):
+        case["alibi_slopes"] = torch.rand(q.shape[1], generator=torch.Generator().manual_seed(seed)) * 0.5 + 0.05
+
+    def f(q, k, v):
+        return flashbook.flash_attention(q, k, v, **case)
+
+    torch._dynamo.reset()
+    eager = _run(f, q, k, v, seed)
+    got = _run(torch.compile(f, backend="aot_eager", fullgraph=True), q, k, v, seed)
+    for name_, a, b in zip(("o", "dq", "dk", "dv"), got, eager):
+        assert a.shape == b.shape and a.dtype == b.dtype, name_
+        assert torch.isfinite(b).all() and b.abs().max() > 0, name_
+        assert torch.equal(a, b), (name_, (a.float() - b.float()).abs().max().item())
+
+
+def test_inductor_compiles_a_layer_around_the_kernels():
+    """The default backend (Inductor) fuses the ops around the operators; the kernels' results
+    are the eager ones, and what Inductor fuses around them agrees to rounding."""
+    seed = int(torch.randint(0, 2**30, ()))
+    q, k, v = _inputs(seed, b=2, h=2, h_kv=2, n_q=33, n_k=33, d=16)
+    w = torch.randn(16, 16, generator=torch.Generator().manual_seed(seed))
+
+    def layer(q, k, v):
+        return torch.nn.functional.gelu(flashbook.flash_attention(q * 1.5, k, v, causal=True) @ w)
+
+    torch._dynamo.reset()
+    eager = _run(layer, q, k, v, seed)
+    got = _run(torch.compile(layer, fullgraph=True), q, k, v, seed)
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert b.abs().max() > 0
+
+
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_the_operators_pass_opcheck(op):
+    q, k, v = _inputs(int(torch.randint(0, 2**30, ())), n_q=24, n_k=24, d=16)
+    flags = (True, None)
+    if op == "forward":
+        torch.library.opcheck(compiled.attention_forward, (q, k, v, *flags, "auto", "separate", [8, 0], 4.0, 0, None))
+    else:
+        with torch.no_grad():   # the backward's inputs need no gradient (it has none: no double backward)
+            o, lse = compiled.attention_forward(q, k, v, *flags, "auto", "separate", None, None, 0, None)
+        do = torch.randn_like(o)
+        torch.library.opcheck(compiled.attention_backward,
+                              (do, q.detach(), k.detach(), v.detach(), o, lse, *flags, "separate", None, None, 0, None),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_compiled_call_says_which_backend_ran():
+    q, k, v = _inputs(3, n_q=16, n_k=16, d=16)
+    dispatch._last.backend = None
+    torch._dynamo.reset()
+    torch.compile(lambda q, k, v: flashbook.flash_attention(q, k, v), backend="aot_eager", fullgraph=True)(q, k, v)
+    assert flashbook.last_backend() == "triton"
+
+
+def test_no_double_backward_through_the_operators():
+    q, k, v = _inputs(4, n_q=16, n_k=16, d=16)
+    o = compiled.attention(q, k, v, True, None, "auto", "separate", None, None, 0, None)
+    (dq,) = torch.autograd.grad(o.square().sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        dq.sum().backward()
+
+
+def test_bad_input_is_refused_when_the_compiled_code_runs():
+    """The operators check as the eager call does, when they run: the same message."""
+    q, k, v = _inputs(5, n_q=16, n_k=16, d=16)
+    k = k.detach()[..., :8]
+    with pytest.raises(ValueError) as eager:
+        flashbook.flash_attention(q, k, v)
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as got:
+        torch.compile(lambda q, k, v: flashbook.flash_attention(q, k, v), backend="aot_eager")(q, k, v)
+    assert str(eager.value) in str(got.value)
+
+
+def test_varlen_runs_eagerly_inside_a_compiled_function_as_the_page_says():
+    """``flash_attention_varlen`` is not an operator: the which-kernel page says to call it through
+    ``torch.compiler.disable``, and then a compiled function gives the eager result."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ())))
+    cu = torch.tensor([0, 5, 21, 40], dtype=torch.int32)
+    q, k, v = (torch.randn(40, 2, 16, generator=g) for _ in range(3))
+    varlen = torch.compiler.disable(flashbook.flash_attention_varlen)
+
+    def f(q, k, v):
+        return varlen(q * 2, k, v, cu, cu, 19, 19, causal=True).relu()
+
+    torch._dynamo.reset()
+    eager = f(q, k, v)
+    assert torch.equal(torch.compile(f, backend="aot_eager")(q, k, v), eager) and eager.abs().max() > 0
+    page = open(__file__.replace("tests/test_compile.py", "book/which_kernel.md"), encoding="utf-8").read()
+    assert "torch.compiler.disable(flashbook.flash_attention_varlen)" in page
