@@ -137,3 +137,4 @@ def test_varlen_runs_eagerly_inside_a_compiled_function_as_the_page_says():
     assert torch.equal(torch.compile(f, backend="aot_eager")(q, k, v), eager) and eager.abs().max() > 0
     page = open(__file__.replace("tests/test_compile.py", "book/which_kernel.md"), encoding="utf-8").read()
     assert "torch.compiler.disable(flashbook.flash_attention_varlen)" in page
+

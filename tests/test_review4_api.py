@@ -221,3 +221,16 @@ def test_a_192_row_tile_is_the_gluon_kernels_alone():
 
     assert hopper_choices.DEFAULTS[64][0] == 192
     assert 'block_m, block_n, _, stages = job["config"]' in inspect.getsource(targets.run_job)
+
+
+@pytest.mark.parametrize("argument", ["config", "config_dkdv", "config_dq"])
+def test_a_config_given_as_a_tuple_names_its_argument(argument):
+    from flashbook.kernels import flash_backward, flash_forward
+
+    q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
+    with pytest.raises(TypeError, match=rf"^{argument} must be a flashbook.kernels.Config\(block_m, block_n"):
+        if argument == "config":
+            flash_forward(q, k, v, config=(32, 32, 4, 2))
+        else:
+            o, lse = flash_forward(q, k, v)
+            flash_backward(q, k, v, o, lse, torch.randn_like(o), **{argument: (32, 32, 4, 2)})

@@ -152,6 +152,7 @@ def _run(kernel: str, x: torch.Tensor, bd: int, causal: bool, key: tuple, launch
     so a refusal moves on to the next entry), or, with autotuning on, the fastest
     of every kept candidate for this shape class.
     """
+    configs.check_given(config, kernel)
     if config is None and (runtime.INTERPRET or x.device.type != "cuda"):
         config = configs.INTERPRETER[kernel]
     if config is not None:

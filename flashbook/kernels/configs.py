@@ -54,6 +54,17 @@ class Config:
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}"
 
 
+#: The argument that gives each kernel's configuration (``flash_forward``'s, ``flash_backward``'s two).
+CONFIG_ARGS = {"forward": "config", "backward_dkdv": "config_dkdv", "backward_dq": "config_dq"}
+
+
+def check_given(config, kernel: str) -> None:
+    """A configuration passed by hand must be a ``Config``: a tuple would fail later, inside a launch."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"{CONFIG_ARGS.get(kernel, 'config')} must be a flashbook.kernels.Config(block_m, block_n, "
+                        f"num_warps, num_stages), got {config!r}")
+
+
 def block_d(head_dim: int) -> int:
     """head_dim rounded up to the tile width the kernels use (loads are masked past head_dim)."""
     return smem.tile_d(head_dim, "head_dim")

@@ -20,7 +20,8 @@ limits, except where it measured slower than the Triton one
 (``hopper_choices.slower_than_triton``), and the Triton one otherwise, so it never fails
 where the Triton kernel would succeed; ``last_backend()`` and ``explain_backend()`` say
 what the last call ran and why. Measured on an H200: the recorded runs ``front_door`` and
-``gluon_lengths``.
+``gluon_lengths``. Inside ``torch.compile`` the same choice is made by two custom operators
+(``compiled.py``).
 """
 from __future__ import annotations
 
