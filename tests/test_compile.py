@@ -1,4 +1,4 @@
-"""``flashbook.flash_attention`` inside ``torch.compile`` (``kernels/compiled.py``).
+"""``flashbook.flash_attention`` inside ``torch.compile`` (``kernels/dispatch.py``, its last section).
 
 On this machine the kernels run in Triton's interpreter, so compiled and eager calls run the
 same kernels on the same inputs: their outputs and gradients must be the same bits. The
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import flashbook
-from flashbook.kernels import compiled, dispatch
+from flashbook.kernels import dispatch
 
 
 def _inputs(seed, b=1, h=4, h_kv=4, n_q=48, n_k=48, d=32, dtype=torch.float32, layout="bhsd"):
@@ -83,12 +83,12 @@ def test_the_operators_pass_opcheck(op):
     q, k, v = _inputs(int(torch.randint(0, 2**30, ())), n_q=24, n_k=24, d=16)
     flags = (True, None)
     if op == "forward":
-        torch.library.opcheck(compiled.attention_forward, (q, k, v, *flags, "auto", "separate", [8, 0], 4.0, 0, None))
+        torch.library.opcheck(dispatch.attention_forward, (q, k, v, *flags, "auto", "separate", [8, 0], 4.0, 0, None))
     else:
         with torch.no_grad():   # the backward's inputs need no gradient (it has none: no double backward)
-            o, lse = compiled.attention_forward(q, k, v, *flags, "auto", "separate", None, None, 0, None)
+            o, lse = dispatch.attention_forward(q, k, v, *flags, "auto", "separate", None, None, 0, None)
         do = torch.randn_like(o)
-        torch.library.opcheck(compiled.attention_backward,
+        torch.library.opcheck(dispatch.attention_backward,
                               (do, q.detach(), k.detach(), v.detach(), o, lse, *flags, "separate", None, None, 0, None),
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
@@ -103,7 +103,7 @@ def test_compiled_call_says_which_backend_ran():
 
 def test_no_double_backward_through_the_operators():
     q, k, v = _inputs(4, n_q=16, n_k=16, d=16)
-    o = compiled.attention(q, k, v, True, None, "auto", "separate", None, None, 0, None)
+    o = dispatch.attention(q, k, v, True, None, "auto", "separate", None, None, 0, None)
     (dq,) = torch.autograd.grad(o.square().sum(), (q,), create_graph=True)
     with pytest.raises(RuntimeError, match="no double backward"):
         dq.sum().backward()

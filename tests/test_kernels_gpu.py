@@ -283,7 +283,7 @@ def test_float32_follows_torch_switch(torch_setting, override, want):
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_compiled_call_gives_the_eager_bits(backend, dtype):
-    """Inductor compiles a function around ``flashbook.flash_attention`` (``kernels/compiled.py``):
+    """Inductor compiles a function around ``flashbook.flash_attention`` (``kernels/dispatch.py``):
     over 13 fresh seeds per shape, each compiled call's output and gradients are the eager call's,
     bit for bit (the same kernels; the forward and the separate-dQ backward are deterministic).
     The compiled outputs are poisoned with NaN first, so a buffer left unwritten shows."""

@@ -8,8 +8,7 @@
 - ``dispatch``:  the front door ``flash_attention(..., backend="auto" | "triton" | "gluon")``:
                  which forward kernel runs a call (``last_backend``, ``explain_backend``);
                  ``window=``, ``softcap=``, ``prefix=`` and ``alibi_slopes=`` (the Triton kernels'
-                 WINDOW, SOFTCAP, PREFIX and ALIBI switches)
-- ``compiled``:  the front door inside ``torch.compile``: its forward and backward as two
+                 WINDOW, SOFTCAP, PREFIX and ALIBI switches); inside ``torch.compile``, two
                  PyTorch custom operators (``flashbook::attention_forward``, ``_backward``)
 - ``varlen``:    ``flash_attention_varlen``: documents packed along one sequence (cu_seqlens)
 - ``decode``:    flash-decoding: a few new tokens against a KV cache, split over the keys,
