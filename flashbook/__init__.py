@@ -8,7 +8,8 @@ One module per idea, in the order the book teaches them:
 - ``split``:     split-K: the keys cut into splits, merged (``tiled.split_forward``)
 - ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``
                  (the front door: ``backend="auto" | "triton" | "gluon"``, ``last_backend``; sliding
-                 windows and soft caps); ``flash_attention_varlen`` (packed documents);
+                 windows and soft caps); ``flash_attn_func`` (flash-attn's layout and order of
+                 arguments); ``flash_attention_varlen`` (packed documents);
                  ``flash_decode`` (dense or paged KV cache); ``stress`` (many seeds, poisoned outputs)
 - ``masks``:     windows, soft caps, documents, prefixes in NumPy: the float64 truth, tiles skipped
 - ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
@@ -26,7 +27,7 @@ from . import runtime  # first: it decides TRITON_INTERPRET before triton is imp
 from .display import show_source
 
 __version__ = "0.25.0"  # the one version: pyproject reads it; releases are tagged v<version>
-__all__ = ["runtime", "show_source", "flash_attention", "flash_attention_varlen", "last_backend"]
+__all__ = ["runtime", "show_source", "flash_attention", "flash_attn_func", "flash_attention_varlen", "last_backend"]
 
 
 #: The subpackages and modules, each imported on first use as ``flashbook.NAME`` (``flashbook.kernels``
@@ -42,7 +43,7 @@ def __getattr__(name):
     # Loaded on first use, so the NumPy chapters never import triton.
     if name in _SUBMODULES:
         return _importlib.import_module(f".{name}", __name__)
-    if name in ("flash_attention", "last_backend"):
+    if name in ("flash_attention", "flash_attn_func", "last_backend"):
         from .kernels import dispatch
 
         return getattr(dispatch, name)

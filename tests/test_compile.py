@@ -138,3 +138,50 @@ def test_varlen_runs_eagerly_inside_a_compiled_function_as_the_page_says():
     page = open(__file__.replace("tests/test_compile.py", "book/which_kernel.md"), encoding="utf-8").read()
     assert "torch.compiler.disable(flashbook.flash_attention_varlen)" in page
 
+
+
+# --- flash_attn_func: flash-attn's layout and order of arguments ------------------------------
+
+def test_flash_attn_func_takes_flash_attns_layout_and_positional_order():
+    from flashbook import reference
+
+    seed = int(torch.randint(0, 2**30, ()))
+    g = torch.Generator().manual_seed(seed)
+    b, n_q, n_k, h, h_kv, d = 2, 40, 56, 4, 2, 32
+    q = torch.randn(b, n_q, h, d, generator=g).requires_grad_()          # (batch, seq, heads, head_dim)
+    k, v = (torch.randn(b, n_k, h_kv, d, generator=g).requires_grad_() for _ in range(2))
+    o = flashbook.flash_attn_func(q, k, v, 0.0, 0.3, True)               # dropout_p, softmax_scale, causal
+    assert o.shape == q.shape and o.is_contiguous()
+    same = flashbook.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, scale=0.3)
+    assert torch.equal(o, same.transpose(1, 2))
+    # float64 truth, K/V heads repeated for the query heads that share them (GQA)
+    rep = lambda x: x.detach().double().transpose(1, 2).repeat_interleave(h // h_kv, dim=1)   # noqa: E731
+    truth = torch.stack([torch.from_numpy(reference.attention(a, b_, c, causal=True, scale=0.3))
+                         for a, b_, c in zip(q.detach().double().transpose(1, 2).reshape(-1, n_q, d).numpy(),
+                                             rep(k).reshape(-1, n_k, d).numpy(), rep(v).reshape(-1, n_k, d).numpy())])
+    assert (o.detach().double().transpose(1, 2).reshape(-1, n_q, d) - truth).abs().max() < 1e-5
+    o.square().sum().backward()
+    assert all(x.grad is not None and x.grad.shape == x.shape and x.grad.abs().max() > 0 for x in (q, k, v))
+
+
+def test_flash_attn_func_errors_speak_of_its_layout():
+    q, k = torch.randn(1, 16, 3, 8), torch.randn(1, 16, 2, 8)
+    with pytest.raises(ValueError, match=r"q must be a 4-D tensor in flash-attn's layout \(batch, seq, heads, head_dim\), got \(16, 3, 8\)"):
+        flashbook.flash_attn_func(q[0], k, k)
+    with pytest.raises(ValueError) as err:
+        flashbook.flash_attn_func(q, k, k)
+    assert "got q (1, 16, 3, 8), k (1, 16, 2, 8)" in str(err.value) and "transpose" not in str(err.value)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashbook.flash_attn_func(q, q, q, dropout_p=0.1)
+
+
+def test_flash_attn_func_compiles():
+    q, k, v = (torch.randn(2, 24, 2, 16).requires_grad_() for _ in range(3))
+
+    def f(q, k, v):
+        return flashbook.flash_attn_func(q, k, v, causal=True, softcap=0.0)
+
+    torch._dynamo.reset()
+    eager = _run(f, q, k, v, 7)
+    for a, b in zip(_run(torch.compile(f, backend="aot_eager", fullgraph=True), q, k, v, 7), eager):
+        assert torch.equal(a, b) and b.abs().max() > 0

@@ -35,11 +35,11 @@ from .autograd import (
     set_fp32_precision,
 )
 from .decode import flash_decode
-from .dispatch import BACKENDS, explain_backend, flash_attention, last_backend
+from .dispatch import BACKENDS, explain_backend, flash_attention, flash_attn_func, last_backend
 from .varlen import flash_attention_varlen
 
 __all__ = [
     "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs", "dot_precision",
     "flash_decode", "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
-    "BACKENDS", "last_backend", "explain_backend", "flash_attention_varlen",
+    "BACKENDS", "last_backend", "explain_backend", "flash_attention_varlen", "flash_attn_func",
 ]

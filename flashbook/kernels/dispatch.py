@@ -129,6 +129,31 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
     return _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes)
 
 
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash-attn's ``flash_attn_func``, in its layout and its order of arguments: a call written for
+    flash-attn runs with ``from flashbook import flash_attn_func`` in place of its import.
+
+    q: (batch, seq_q, heads, head_dim); k, v: (batch, seq_k, kv_heads, head_dim); returns o as
+    (batch, seq_q, heads, head_dim), contiguous, as flash-attn does. It is ``flash_attention`` on
+    ``x.transpose(1, 2)`` views (no copy; the output transposed back), with the same keywords and
+    limits: ``dropout_p`` must be 0.0 and ``return_attn_probs`` False (``inputs.flash_attn_extras``)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 4-D tensor in flash-attn's layout (batch, seq, heads, head_dim), "
+                             f"got {shape}")
+    views = [x.transpose(1, 2) for x in (q, k, v)]
+    try:
+        o = flash_attention(*views, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                            softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                            deterministic=deterministic, return_attn_probs=return_attn_probs)
+    except (TypeError, ValueError):
+        autograd.check_inputs(*views, causal, None, shown=(q, k, v))   # the shapes as passed, if they are the cause
+        raise
+    return o.transpose(1, 2).contiguous()
+
 def resolve(q, k, v, causal, scale, backend, dq_mode, window, softcap, prefix, alibi_slopes) -> tuple:
     """(backend, why, causal, window, softcap, prefix) for a call of ``flash_attention``: the
     inputs checked, the kernel chosen, and the mask as the kernels take it (``plain_mask``)."""
