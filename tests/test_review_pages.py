@@ -118,6 +118,11 @@ def test_which_kernel_maps_flash_attn_and_flex_to_the_real_signatures():
     assert fa["dq_mode"].default == "separate"
     assert "`q.transpose(1, 2)`" in section and "`softmax_scale=`" in section and "`window_size=`" in section
     assert "no dropout (`dropout_p` must be 0.0)" in section and '`dq_mode="separate"`' in section
+    from flashbook.kernels.dispatch import flash_attn_func   # flash-attn's order of arguments, as the table says
+    assert list(inspect.signature(flash_attn_func).parameters) == [
+        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes",
+        "deterministic", "return_attn_probs"]
+    assert "`flashbook.flash_attn_func(q, k, v, ...)`: the same layout, arguments and order" in section
     varlen = list(inspect.signature(flash_attention_varlen).parameters)
     assert varlen[:7] == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
     params = inspect.signature(flash_attention_varlen).parameters
