@@ -83,13 +83,13 @@ def test_the_operators_pass_opcheck(op):
     q, k, v = _inputs(int(torch.randint(0, 2**30, ())), n_q=24, n_k=24, d=16)
     flags = (True, None)
     if op == "forward":
-        torch.library.opcheck(dispatch.attention_forward, (q, k, v, *flags, "auto", "separate", [8, 0], 4.0, 0, None))
+        torch.library.opcheck(dispatch.attention_forward, (q, k, v, *flags, [8, 0], 4.0, 0, None, "auto", "separate"))
     else:
         with torch.no_grad():   # the backward's inputs need no gradient (it has none: no double backward)
-            o, lse = dispatch.attention_forward(q, k, v, *flags, "auto", "separate", None, None, 0, None)
+            o, lse = dispatch.attention_forward(q, k, v, *flags, None, None, 0, None, "auto", "separate")
         do = torch.randn_like(o)
         torch.library.opcheck(dispatch.attention_backward,
-                              (do, q.detach(), k.detach(), v.detach(), o, lse, *flags, "separate", None, None, 0, None),
+                              (do, q.detach(), k.detach(), v.detach(), o, lse, *flags, None, None, 0, None, "separate"),
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
@@ -121,24 +121,63 @@ def test_bad_input_is_refused_when_the_compiled_code_runs():
     assert str(eager.value) in str(got.value)
 
 
-def test_varlen_runs_eagerly_inside_a_compiled_function_as_the_page_says():
-    """``flash_attention_varlen`` is not an operator: the which-kernel page says to call it through
-    ``torch.compiler.disable``, and then a compiled function gives the eager result."""
+def test_varlen_compiles_to_the_eager_bits():
+    """``flash_attention_varlen`` has its own two operators: compiled, its output and gradients are
+    the eager call's bits, under a window and ALiBi too; with no document at all, zeros."""
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ())))
     cu = torch.tensor([0, 5, 21, 40], dtype=torch.int32)
-    q, k, v = (torch.randn(40, 2, 16, generator=g) for _ in range(3))
-    varlen = torch.compiler.disable(flashbook.flash_attention_varlen)
+    q = torch.randn(40, 4, 16, generator=g).requires_grad_()
+    k, v = (torch.randn(40, 2, 16, generator=g).requires_grad_() for _ in range(2))
+    slopes = torch.rand(4, generator=g) * 0.5
+    for kw in (dict(causal=True), dict(causal=True, window_size=(6, 0), alibi_slopes=slopes), dict(softcap=3.0)):
+        def f(q, k, v):
+            return flashbook.flash_attention_varlen(q * 2, k, v, cu, cu, 19, 19, **kw).relu()
+
+        torch._dynamo.reset()
+        eager = _run(f, q, k, v, 9)
+        got = _run(torch.compile(f, backend="aot_eager", fullgraph=True), q, k, v, 9)
+        for a, b in zip(got, eager):
+            assert torch.equal(a, b) and b.abs().max() > 0, kw
+    none = torch.zeros(1, dtype=torch.int32)
+    torch._dynamo.reset()
+    o = torch.compile(lambda q, k, v: flashbook.flash_attention_varlen(q, k, v, none, none, 0, 0),
+                      backend="aot_eager", fullgraph=True)(q[:0], k[:0], v[:0])
+    assert o.shape == (0, 4, 16)
+
+
+def test_varlen_operators_pass_opcheck():
+    from flashbook.kernels import varlen
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ())))
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    q, k, v = (torch.randn(20, 2, 16, generator=g) for _ in range(3))
+    flags = (True, None, [4, 0], None, 0, None, "separate")
+    torch.library.opcheck(varlen.varlen_forward, (q.requires_grad_(), k, v, cu, cu, 13, 13, *flags, True))
+    with torch.no_grad():
+        o, lse = varlen.varlen_forward(q, k, v, cu, cu, 13, 13, *flags, True)
+    torch.library.opcheck(varlen.varlen_backward, (torch.randn_like(o), q.detach(), k, v, o, lse, cu, cu, 13, 13, *flags),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_decode_runs_eagerly_inside_a_compiled_function_as_the_page_says():
+    """``flash_decode`` is not an operator: the which-kernel page says to call it through
+    ``torch.compiler.disable``, and then a compiled function gives the eager result."""
+    from flashbook.kernels import flash_decode
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ())))
+    q = torch.randn(2, 4, 1, 16, generator=g)
+    k, v = (torch.randn(2, 2, 50, 16, generator=g) for _ in range(2))
+    lengths = torch.tensor([50, 31], dtype=torch.int32)
+    decode = torch.compiler.disable(flash_decode)
 
     def f(q, k, v):
-        return varlen(q * 2, k, v, cu, cu, 19, 19, causal=True).relu()
+        return decode(q * 2, k, v, cache_seqlens=lengths).relu()
 
     torch._dynamo.reset()
     eager = f(q, k, v)
     assert torch.equal(torch.compile(f, backend="aot_eager")(q, k, v), eager) and eager.abs().max() > 0
     page = open(__file__.replace("tests/test_compile.py", "book/which_kernel.md"), encoding="utf-8").read()
-    assert "torch.compiler.disable(flashbook.flash_attention_varlen)" in page
-
-
+    assert "torch.compiler.disable(flashbook.kernels.flash_decode)" in page
 
 # --- flash_attn_func: flash-attn's layout and order of arguments ------------------------------
 

@@ -211,26 +211,31 @@ def explain_backend() -> tuple[str | None, str | None]:
 # remembering each call signature (launch.Plans). None of that can be traced: the compiler would
 # follow Triton's launcher into code it does not know, and fail. So while
 # torch.compiler.is_compiling(), flash_attention calls two custom operators instead,
-# flashbook::attention_forward (o and lse) and flashbook::attention_backward (dq, dk, dv). The
-# compiler sees each as one opaque call whose outputs' shapes it knows from register_fake; when
-# the compiled code runs, each does what an eager call does (the same checks, the same choice of
-# backend, the same kernels), so compiled and eager results are the same bits. The gradient is
-# registered with register_autograd, as flash-attn does for its own kernels. q, k and v go in
-# contiguous, so the outputs' layout is one the compiler can predict (flash-attn's layout passed
-# as x.transpose(1, 2) is copied once there). flash_attention_varlen and flash_decode are not
-# operators (the which-kernel page says how to call them in a compiled model).
+# flashbook::attention_forward (o and lse) and flashbook::attention_backward (dq, dk, dv);
+# flash_attention_varlen has two of its own (varlen.py). The compiler sees each as one opaque
+# call whose outputs' shapes it knows from register_fake; when the compiled code runs, each does
+# what an eager call does (the same checks, the same choice of backend, the same kernels), so
+# compiled and eager results are the same bits. The gradient is registered with
+# register_autograd, as flash-attn does for its own kernels. q, k and v go in contiguous, so the
+# outputs' layout is one the compiler can predict (flash-attn's layout passed as
+# x.transpose(1, 2) is copied once there). flash_decode is not an operator (the which-kernel
+# page says how to call it in a compiled model).
 
-def _window(window: Optional[list[int]]):
-    return None if window is None else tuple(window)
+def operator_flags(scale, window, softcap, prefix) -> tuple:
+    """(scale, window, softcap, prefix) as the operators' schemas type them: float or None, a list
+    of two ints or None, float or None, int."""
+    return (None if scale is None else float(scale), None if window is None else [int(w) for w in window],
+            None if softcap is None else float(softcap), int(prefix))
 
 
 @torch.library.custom_op("flashbook::attention_forward", mutates_args=())
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float], backend: str,
-                      dq_mode: str, window: Optional[list[int]], softcap: Optional[float], prefix: int,
-                      alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],
+                      window: Optional[list[int]], softcap: Optional[float], prefix: int,
+                      alibi_slopes: Optional[Tensor], backend: str, dq_mode: str) -> tuple[Tensor, Tensor]:
     """(o, lse) of ``flash_attention``'s forward, with the backend it would choose eagerly."""
     chosen, why, causal, window, softcap, prefix = resolve(
-        q, k, v, causal, scale, backend, dq_mode, _window(window), softcap, prefix, alibi_slopes)
+        q, k, v, causal, scale, backend, dq_mode, None if window is None else tuple(window), softcap, prefix,
+        alibi_slopes)
     record_backend(chosen, why)
     if chosen == "gluon":
         from .hopper import gluon_forward
@@ -241,51 +246,54 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Opti
 
 
 @attention_forward.register_fake
-def _(q, k, v, causal, scale, backend, dq_mode, window, softcap, prefix, alibi_slopes):
+def _(q, k, v, *flags):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashbook::attention_backward", mutates_args=())
 def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
-                       scale: Optional[float], dq_mode: str, window: Optional[list[int]], softcap: Optional[float],
-                       prefix: int, alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+                       scale: Optional[float], window: Optional[list[int]], softcap: Optional[float], prefix: int,
+                       alibi_slopes: Optional[Tensor], dq_mode: str) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv): chapter 8's kernels, whichever forward ran."""
-    causal, window, softcap, prefix = plain_mask(causal, _window(window), softcap, prefix)
+    causal, window, softcap, prefix = plain_mask(causal, None if window is None else tuple(window), softcap, prefix)
     dq, dk, dv = autograd.flash_backward(q, k, v, o, lse, do, causal=causal, scale=scale, dq_mode=dq_mode,
                                          **masked_args(window, softcap, None, prefix, alibi_slopes))
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, o, lse, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes):
+def _(do, q, k, v, *rest):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, _, dq_mode, window, softcap, prefix, alibi_slopes = inputs
+    q, k, v, causal, scale, window, softcap, prefix, alibi_slopes, _, dq_mode = inputs
     ctx.save_for_backward(q, k, v, *output, alibi_slopes)
-    ctx.flags = (causal, scale, dq_mode, window, softcap, prefix)
+    ctx.flags = (causal, scale, window, softcap, prefix)
+    ctx.dq_mode = dq_mode
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = attention_backward(do, q, k, v, o, lse, *ctx.flags, alibi_slopes)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    dq, dk, dv = attention_backward(do, q, k, v, o, lse, *ctx.flags, alibi_slopes, ctx.dq_mode)
+    return dq, dk, dv, *(None,) * 8
 
 
-def _no_second_order(ctx, *grads):
+def no_second_order(ctx, *grads):
+    """The backward operators' own gradient: refused, as the eager backward refuses it."""
     raise RuntimeError(NO_DOUBLE_BACKWARD)
 
 
+def no_context(ctx, inputs, output) -> None:
+    """A backward operator keeps nothing for a gradient it refuses."""
+
+
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
-attention_backward.register_autograd(_no_second_order, setup_context=lambda ctx, inputs, output: None)
+attention_backward.register_autograd(no_second_order, setup_context=no_context)
 
 
 def attention(q, k, v, causal, scale, backend, dq_mode, window, softcap, prefix, alibi_slopes) -> Tensor:
     """``flash_attention``'s output through the operators (its arguments already in flashbook's names)."""
     q, k, v = (x.contiguous() for x in (q, k, v))
-    o, _ = attention_forward(q, k, v, bool(causal), None if scale is None else float(scale), backend, dq_mode,
-                             None if window is None else [int(w) for w in window],
-                             None if softcap is None else float(softcap), int(prefix), alibi_slopes)
-    return o
+    return attention_forward(q, k, v, bool(causal), *operator_flags(scale, window, softcap, prefix), alibi_slopes,
+                             backend, dq_mode)[0]

@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from .. import masks
 from ..validation import check_count
 from . import autograd, dispatch
 from .inputs import flash_attn_extras, flash_attn_names
 from .launch import Plans, call_key
+from .mask_args import masked_args
 
 
 @dataclass(frozen=True)
@@ -179,24 +182,36 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     key = None if check_values is not False else call_key(
         (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes),
         (max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix, dq_mode))
+    if torch.compiler.is_compiling():   # two operators the compiler calls (below)
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal),
+                              *dispatch.operator_flags(scale, window, softcap, prefix), alibi_slopes, dq_mode,
+                              bool(check_values))[0]
     if key is not None and key in _CHECKED:
         packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         longest_first(cu_seqlens_q, cu_seqlens_k))
     else:
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            _check_3d(x, name)
-        q4, k4, v4 = packed_views(q, k, v)
-        autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode, shown=(q, k, v))   # errors show the caller's shapes
-        autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
-        packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              check_values=check_values)
-        autograd.alibi_args(alibi_slopes, q4, packed.documents)   # checked: (heads,) or (documents, heads)
+        packed = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
+                          softcap, prefix, alibi_slopes, dq_mode, check_values)
         if packed.documents == 0:
             return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
         _CHECKED.remember(key, True)
     o = PackedAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, packed, prefix, alibi_slopes)
     dispatch.record_backend("triton", "packed documents run on the Triton kernels only")
     return o
+
+
+def _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix,
+             alibi_slopes, dq_mode, check_values) -> Packed:
+    """Every argument checked, the errors naming it; the documents (perhaps none) as ``Packed``."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_3d(x, name)
+    q4, k4, v4 = packed_views(q, k, v)
+    autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode, shown=(q, k, v))   # errors show the caller's shapes
+    autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
+    packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_values=check_values)
+    autograd.alibi_args(alibi_slopes, q4, packed.documents)   # checked: (heads,) or (documents, heads)
+    return packed
 
 
 class PackedAttention(torch.autograd.Function):
@@ -219,3 +234,67 @@ class PackedAttention(torch.autograd.Function):
 
 
 _CHECKED = Plans()   # the signatures of calls that passed the checks
+
+
+# ------------------------------------------------------------------ inside torch.compile
+# As ``dispatch.attention_forward`` and ``attention_backward`` (which say why): the call as two
+# custom operators, q, k and v contiguous, the checks and kernels of an eager call when they run.
+
+@torch.library.custom_op("flashbook::varlen_forward", mutates_args=())
+def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                   max_seqlen_k: int, causal: bool, scale: Optional[float], window: Optional[list[int]],
+                   softcap: Optional[float], prefix: int, alibi_slopes: Optional[Tensor], dq_mode: str,
+                   check_values: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``flash_attention_varlen``: o (total_q, heads, head_dim), lse (1, heads, total_q)."""
+    window = None if window is None else tuple(window)
+    packed = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
+                      prefix, alibi_slopes, dq_mode, check_values)
+    dispatch.record_backend("triton", "packed documents run on the Triton kernels only")
+    if packed.documents == 0:
+        return torch.zeros_like(q), torch.full((1, *q.shape[1::-1]), float("-inf"), device=q.device)
+    o, lse = autograd.flash_forward(*packed_views(q, k, v), causal=causal, scale=scale,
+                                    **masked_args(window, softcap, packed, prefix, alibi_slopes))
+    return _packed(o).contiguous(), lse
+
+
+@varlen_forward.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *flags):
+    return q.new_empty(q.shape), q.new_empty((1, *q.shape[1::-1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashbook::varlen_backward", mutates_args=())
+def varlen_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: Optional[float],
+                    window: Optional[list[int]], softcap: Optional[float], prefix: int, alibi_slopes: Optional[Tensor],
+                    dq_mode: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``flash_attention_varlen``, each shaped as its input."""
+    packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, longest_first(cu_seqlens_q, cu_seqlens_k))
+    if packed.documents == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    grads = autograd.flash_backward(*packed_views(q, k, v), _batch_of_one(o), lse, _batch_of_one(do), causal=causal,
+                                    scale=scale, dq_mode=dq_mode, **masked_args(
+                                        None if window is None else tuple(window), softcap, packed, prefix,
+                                        alibi_slopes))
+    return tuple(_packed(g).contiguous() for g in grads)
+
+
+@varlen_backward.register_fake
+def _(do, q, k, v, *rest):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, prefix, alibi_slopes, dq_mode, _ = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, alibi_slopes)
+    ctx.flags = (max_q, max_k, causal, scale, window, softcap, prefix)
+    ctx.dq_mode = dq_mode
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = varlen_backward(do, q, k, v, o, lse, cu_q, cu_k, *ctx.flags, alibi_slopes, ctx.dq_mode)
+    return dq, dk, dv, *(None,) * 12
+
+
+varlen_forward.register_autograd(_backward, setup_context=_setup_context)
+varlen_backward.register_autograd(dispatch.no_second_order, setup_context=dispatch.no_context)
