@@ -310,13 +310,14 @@ def test_compiled_call_gives_the_eager_bits(backend, dtype):
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_compiled_varlen_gives_the_eager_bits(dtype):
-    """``flash_attention_varlen`` under Inductor: 13 seeds of random document lengths (some of one
-    token), causal and not, compiled output and gradients equal to the eager call's, poisoned first."""
+    """``flash_attention_varlen`` under Inductor: 5 seeds of random document lengths (some of one
+    token; each a compilation of its own), causal and not, compiled output and gradients equal to
+    the eager call's, poisoned first."""
     from flashbook.kernels.autograd import poisoned_outputs
 
     for causal in (True, False):
-        torch._dynamo.reset()
-        for seed in range(13):
+        for seed in range(5):
+            torch._dynamo.reset()
             gen = torch.Generator().manual_seed(seed)
             lengths = torch.randint(1, 700, (int(torch.randint(1, 9, (), generator=gen)),), generator=gen)
             cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
