@@ -280,32 +280,37 @@ def test_float32_follows_torch_switch(torch_setting, override, want):
 
 # ------------------------------------------------------------ 4. inside torch.compile
 
+def _same_bits_compiled(f, q, k, v, do, where):
+    """``f`` compiled by Inductor against ``f`` run eagerly, both with poisoned outputs (a buffer
+    left unwritten shows as NaN): the output and the three gradients bit for bit the same."""
+    from flashbook.kernels.autograd import poisoned_outputs
+
+    results = []
+    for fn in (torch.compile(f, fullgraph=True, dynamic=False), f):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with poisoned_outputs():
+            o = fn(*leaves)
+            results.append((o, *torch.autograd.grad(o, leaves, do)))
+    for name, a, e in zip(("o", "dq", "dk", "dv"), *results):
+        assert torch.isfinite(e).all(), (*where, name)
+        assert torch.equal(a, e), (*where, name, (a.float() - e.float()).abs().max().item())
+
+
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_compiled_call_gives_the_eager_bits(backend, dtype):
     """Inductor compiles a function around ``flashbook.flash_attention`` (``kernels/dispatch.py``):
     over 13 fresh seeds per shape, each compiled call's output and gradients are the eager call's,
     bit for bit (the same kernels; the forward and the separate-dQ backward are deterministic).
-    The compiled outputs are poisoned with NaN first, so a buffer left unwritten shows."""
-    from flashbook.kernels.autograd import poisoned_outputs
-
-    def f(q, k, v):
-        return flashbook.flash_attention(q, k, v, causal=causal, backend=backend)
-
+    One compilation per shape: the seeds reuse it (the guards hold)."""
     for b, h, n, d, causal in ((2, 8, 1000, 128, True), (1, 4, 256, 64, False), (3, 2, 1, 128, True)):
         torch._dynamo.reset()
-        compiled = torch.compile(f, fullgraph=True, dynamic=False)
+
+        def f(q, k, v, causal=causal):
+            return flashbook.flash_attention(q, k, v, causal=causal, backend=backend)
+
         for seed in range(13):
-            q, k, v, do = _inputs(b, h, h, n, n, d, DTYPES[dtype], seed)
-            results = []
-            for fn in (compiled, f):
-                leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-                with poisoned_outputs():
-                    o = fn(*leaves)
-                    results.append((o, *torch.autograd.grad(o, leaves, do)))
-            for name, a, e in zip(("o", "dq", "dk", "dv"), *results):
-                assert torch.isfinite(e).all(), (b, h, n, d, seed, name)
-                assert torch.equal(a, e), (b, h, n, d, seed, name, (a.float() - e.float()).abs().max().item())
+            _same_bits_compiled(f, *_inputs(b, h, h, n, n, d, DTYPES[dtype], seed), (b, h, n, d, seed))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -313,8 +318,6 @@ def test_compiled_varlen_gives_the_eager_bits(dtype):
     """``flash_attention_varlen`` under Inductor: 5 seeds of random document lengths (some of one
     token; each a compilation of its own), causal and not, compiled output and gradients equal to
     the eager call's, poisoned first."""
-    from flashbook.kernels.autograd import poisoned_outputs
-
     for causal in (True, False):
         for seed in range(5):
             torch._dynamo.reset()
@@ -323,18 +326,8 @@ def test_compiled_varlen_gives_the_eager_bits(dtype):
             cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
             total, longest = int(lengths.sum()), int(lengths.max())
             q, k, v, do = _inputs(1, 8, 8, total, total, 128, DTYPES[dtype], seed)
-            q, k, v, do = (x[0].transpose(0, 1).contiguous() for x in (q, k, v, do))   # (total, heads, d)
 
-            def f(q, k, v):
+            def f(q, k, v, causal=causal, cu=cu, longest=longest):
                 return flashbook.flash_attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)
 
-            compiled = torch.compile(f, fullgraph=True, dynamic=False)
-            results = []
-            for fn in (compiled, f):
-                leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-                with poisoned_outputs():
-                    o = fn(*leaves)
-                    results.append((o, *torch.autograd.grad(o, leaves, do)))
-            for name, a, e in zip(("o", "dq", "dk", "dv"), *results):
-                assert torch.isfinite(e).all(), (seed, causal, name)
-                assert torch.equal(a, e), (seed, causal, name, (a.float() - e.float()).abs().max().item())
+            _same_bits_compiled(f, *(x[0].transpose(0, 1).contiguous() for x in (q, k, v, do)), (seed, causal))
