@@ -62,10 +62,10 @@ def test_make_needs_python_3_11_while_the_library_keeps_its_floor():
     assert "(Python 3.9+, `make`, `git`)" not in readme and "in WSL; Python 3.11+,\n`make`, `git`;" in _readme()
     # the library on its own: pyproject's floor, as the last section of how_to_run says
     pyproject = _read("pyproject.toml")
-    assert 'requires-python = ">=3.9"' in pyproject and '"torch>=2.1"' in pyproject
+    assert 'requires-python = ">=3.9"' in pyproject and '"torch>=2.4"' in pyproject
     library = flat(book_page("how_to_run.md").split("(install-library)=")[1])
-    assert "it asks for Python 3.9 or newer, `torch>=2.1`" in library
-    assert "asks less: Python 3.9 and torch 2.1" in readme
+    assert "it asks for Python 3.9 or newer, `torch>=2.4`" in library
+    assert "asks less: Python 3.9 and torch 2.4" in readme
 
 
 CPU_BUILD = 'make book TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"'

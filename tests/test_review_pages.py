@@ -241,8 +241,8 @@ def test_how_to_run_installs_the_release_you_are_reading():
     install = next(c for c in _code_cells(page) if "pip install" in c)
     assert 'f\'pip install "flashbook @ git+{repo}@{tag}"\'' in install and repo.startswith("https://github.com/")
     pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
-    assert '"torch>=2.1"' in pyproject and "triton>=3.3.0" in pyproject
-    assert "`torch>=2.1`" in page and "`triton>=3.3.0`" in page
+    assert '"torch>=2.4"' in pyproject and "triton>=3.3.0" in pyproject
+    assert "`torch>=2.4`" in page and "`triton>=3.3.0`" in page
 
 
 def test_a_release_rewrites_the_release_line_of_the_pages_with_code(tmp_path, monkeypatch):
