@@ -159,25 +159,26 @@ def test_varlen_operators_pass_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
-def test_decode_runs_eagerly_inside_a_compiled_function_as_the_page_says():
-    """``flash_decode`` is not an operator: the which-kernel page says to call it through
-    ``torch.compiler.disable``, and then a compiled function gives the eager result."""
-    from flashbook.kernels import flash_decode
+def test_decode_compiles_to_the_eager_bits():
+    """``flash_decode`` is one operator (``flashbook::decode``, no gradient): compiled, dense and
+    paged, with a window and with an int length, it gives the eager call's bits."""
+    from flashbook.kernels import decode, flash_decode
 
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ())))
-    q = torch.randn(2, 4, 1, 16, generator=g)
-    k, v = (torch.randn(2, 2, 50, 16, generator=g) for _ in range(2))
-    lengths = torch.tensor([50, 31], dtype=torch.int32)
-    decode = torch.compiler.disable(flash_decode)
-
-    def f(q, k, v):
-        return decode(q * 2, k, v, cache_seqlens=lengths).relu()
-
-    torch._dynamo.reset()
-    eager = f(q, k, v)
-    assert torch.equal(torch.compile(f, backend="aot_eager")(q, k, v), eager) and eager.abs().max() > 0
-    page = open(__file__.replace("tests/test_compile.py", "book/which_kernel.md"), encoding="utf-8").read()
-    assert "torch.compiler.disable(flashbook.kernels.flash_decode)" in page
+    q = torch.randn(2, 4, 3, 16, generator=g)
+    k, v = (torch.randn(2, 2, 64, 16, generator=g) for _ in range(2))
+    lengths = torch.tensor([64, 31], dtype=torch.int32)
+    k_pages, v_pages, table = decode.paginate(k, v, 16, generator=g)
+    calls = {"dense": lambda q: flash_decode(q * 2, k, v, cache_seqlens=lengths, num_splits=3),
+             "window, int length": lambda q: flash_decode(q, k, v, cache_seqlens=40, window_size=(9, 0)),
+             "paged": lambda q: flash_decode(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table)}
+    for name, f in calls.items():
+        torch._dynamo.reset()
+        eager = f(q)
+        assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(q), eager), name
+        assert eager.abs().max() > 0
+    torch.library.opcheck(decode.decode_operator, (q, k, v, lengths, None, 2, True, None, None, False),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 # --- flash_attn_func: flash-attn's layout and order of arguments ------------------------------
 

@@ -59,16 +59,18 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from .. import runtime
 from ..validation import check_choice, check_flag
 from .autograd import LOG2E, check_inputs, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
-from .inputs import flash_attn_names
+from .inputs import flash_attn_names, operator_flags
 from .launch import Launch, Plans, tensor_key
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
                              _check_paged, _check_range, check_num_splits, choose_num_splits, decode_tiles, sm_count,
@@ -402,6 +404,9 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
         cache_seqlens = _lengths_from_int(int(cache_seqlens), q, k_cache, block_table)
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
+    if torch.compiler.is_compiling():   # one operator the compiler calls (below; dispatch.py says why)
+        return decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, bool(causal),
+                               *operator_flags(scale, window, None, 0)[:2], bool(check_values))
     key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
                      window)
     plan = _PLANS.get(key) if key is not None else None
@@ -412,6 +417,21 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
             return torch.zeros_like(q)
         _PLANS.remember(key, plan)
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+
+
+@torch.library.custom_op("flashbook::decode", mutates_args=())
+def decode_operator(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor],
+                    block_table: Optional[Tensor], num_splits: Optional[int], causal: bool, scale: Optional[float],
+                    window: Optional[list[int]], check_values: bool) -> Tensor:
+    """``flash_decode`` inside ``torch.compile``: the eager call's checks and kernels when it runs."""
+    return flash_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                        num_splits=num_splits, causal=causal, window=None if window is None else tuple(window),
+                        scale=scale, check_values=check_values)
+
+
+@decode_operator.register_fake
+def _(q, *rest):
+    return q.new_empty(q.shape)
 
 
 def _lengths_from_int(n: int, q, k_cache, block_table):

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .. import masks, runtime
 from . import autograd
-from .inputs import NO_DOUBLE_BACKWARD, flash_attn_extras, flash_attn_names
+from .inputs import NO_DOUBLE_BACKWARD, flash_attn_extras, flash_attn_names, operator_flags
 from .launch import Plans, call_key
 from .mask_args import masked_args
 
@@ -212,21 +212,14 @@ def explain_backend() -> tuple[str | None, str | None]:
 # follow Triton's launcher into code it does not know, and fail. So while
 # torch.compiler.is_compiling(), flash_attention calls two custom operators instead,
 # flashbook::attention_forward (o and lse) and flashbook::attention_backward (dq, dk, dv);
-# flash_attention_varlen has two of its own (varlen.py). The compiler sees each as one opaque
+# flash_attention_varlen has two of its own (varlen.py), flash_decode one (decode.py, no gradient).
+# The compiler sees each as one opaque
 # call whose outputs' shapes it knows from register_fake; when the compiled code runs, each does
 # what an eager call does (the same checks, the same choice of backend, the same kernels), so
 # compiled and eager results are the same bits. The gradient is registered with
 # register_autograd, as flash-attn does for its own kernels. q, k and v go in contiguous, so the
 # outputs' layout is one the compiler can predict (flash-attn's layout passed as
-# x.transpose(1, 2) is copied once there). flash_decode is not an operator (the which-kernel
-# page says how to call it in a compiled model).
-
-def operator_flags(scale, window, softcap, prefix) -> tuple:
-    """(scale, window, softcap, prefix) as the operators' schemas type them: float or None, a list
-    of two ints or None, float or None, int."""
-    return (None if scale is None else float(scale), None if window is None else [int(w) for w in window],
-            None if softcap is None else float(softcap), int(prefix))
-
+# x.transpose(1, 2) is copied once there).
 
 @torch.library.custom_op("flashbook::attention_forward", mutates_args=())
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],

@@ -160,3 +160,10 @@ def flash_attn_names(scale, window, softmax_scale=None, window_size=None) -> tup
         if a is not None and b is not None:
             raise TypeError(f"give {ours}= or flash-attn's {theirs}=, not both (got {a!r} and {b!r})")
     return (softmax_scale if scale is None else scale), (window_size if window is None else window)
+
+
+def operator_flags(scale, window, softcap, prefix) -> tuple:
+    """(scale, window, softcap, prefix) as the operators' schemas type them: float or None, a list
+    of two ints or None, float or None, int."""
+    return (None if scale is None else float(scale), None if window is None else [int(w) for w in window],
+            None if softcap is None else float(softcap), int(prefix))

@@ -30,7 +30,7 @@ from torch import Tensor
 from .. import masks
 from ..validation import check_count
 from . import autograd, dispatch
-from .inputs import flash_attn_extras, flash_attn_names
+from .inputs import flash_attn_extras, flash_attn_names, operator_flags
 from .launch import Plans, call_key
 from .mask_args import masked_args
 
@@ -185,7 +185,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     if torch.compiler.is_compiling():   # two operators the compiler calls (below)
         q, k, v = (x.contiguous() for x in (q, k, v))
         return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal),
-                              *dispatch.operator_flags(scale, window, softcap, prefix), alibi_slopes, dq_mode,
+                              *operator_flags(scale, window, softcap, prefix), alibi_slopes, dq_mode,
                               bool(check_values))[0]
     if key is not None and key in _CHECKED:
         packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
