@@ -9,7 +9,8 @@ One module per idea, in the order the book teaches them:
 - ``kernels``:   Triton kernels and the autograd Function behind ``flash_attention``
                  (the front door: ``backend="auto" | "triton" | "gluon"``, ``last_backend``; sliding
                  windows and soft caps); ``flash_attn_func`` (flash-attn's layout and order of
-                 arguments); ``flash_attention_varlen`` (packed documents);
+                 arguments); ``flash_attention_varlen`` (packed documents; ``flash_attn_varlen_func``
+                 in flash-attn's order);
                  ``flash_decode`` (dense or paged KV cache); ``stress`` (many seeds, poisoned outputs)
 - ``masks``:     windows, soft caps, documents, prefixes in NumPy: the float64 truth, tiles skipped
 - ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
@@ -27,7 +28,8 @@ from . import runtime  # first: it decides TRITON_INTERPRET before triton is imp
 from .display import show_source
 
 __version__ = "0.25.0"  # the one version: pyproject reads it; releases are tagged v<version>
-__all__ = ["runtime", "show_source", "flash_attention", "flash_attn_func", "flash_attention_varlen", "last_backend"]
+__all__ = ["runtime", "show_source", "flash_attention", "flash_attn_func", "flash_attention_varlen",
+           "flash_attn_varlen_func", "last_backend"]
 
 
 #: The subpackages and modules, each imported on first use as ``flashbook.NAME`` (``flashbook.kernels``
@@ -47,8 +49,8 @@ def __getattr__(name):
         from .kernels import dispatch
 
         return getattr(dispatch, name)
-    if name == "flash_attention_varlen":
+    if name in ("flash_attention_varlen", "flash_attn_varlen_func"):
         from .kernels import varlen
 
-        return varlen.flash_attention_varlen
+        return getattr(varlen, name)
     raise AttributeError(f"module 'flashbook' has no attribute {name!r}")

@@ -225,3 +225,82 @@ def test_flash_attn_func_compiles():
     eager = _run(f, q, k, v, 7)
     for a, b in zip(_run(torch.compile(f, backend="aot_eager", fullgraph=True), q, k, v, 7), eager):
         assert torch.equal(a, b) and b.abs().max() > 0
+
+
+# --- the review of the compiled path and the flash-attn names ---------------------------------
+
+def test_outputs_keep_the_inputs_layout_compiled_and_eager():
+    """An SDPA-style port (flash-attn's layout as transpose views, the output viewed back) runs
+    eagerly and compiled alike: o has q's memory layout in both, so ``.view`` works in both."""
+    b, s, h, d = 2, 24, 4, 16
+    x, xk, xv = (torch.randn(b, s, h, d).requires_grad_() for _ in range(3))
+
+    def port(q, k, v):
+        o = flashbook.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        assert o.transpose(1, 2).is_contiguous()
+        return o.transpose(1, 2).view(b, s, h * d)
+
+    torch._dynamo.reset()
+    eager = _run(port, x, xk, xv, 11)
+    for a, e in zip(_run(torch.compile(port, backend="aot_eager", fullgraph=True), x, xk, xv, 11), eager):
+        assert torch.equal(a, e) and a.stride() == e.stride()
+
+
+def test_the_gluon_forward_returns_qs_layout_too(monkeypatch):
+    """The Gluon kernel writes o contiguous; the front door hands it back in q's layout, as the
+    Triton forward does (a stand-in kernel here: no Hopper GPU)."""
+    from flashbook.kernels import autograd, hopper
+
+    def contiguous_stand_in(q, k, v, *, causal=False, scale=None):
+        o, lse = autograd.flash_forward(q, k, v, causal=causal, scale=scale)
+        return o.contiguous(), lse
+
+    monkeypatch.setattr(dispatch, "gluon_refusal", lambda *args: None)
+    monkeypatch.setattr(dispatch, "choose_backend", lambda *args: ("gluon", "a stand-in"))
+    monkeypatch.setattr(hopper, "gluon_forward", contiguous_stand_in)
+    x = torch.randn(1, 20, 2, 16)
+    o = flashbook.flash_attention(x.transpose(1, 2), x.transpose(1, 2), x.transpose(1, 2))
+    assert flashbook.last_backend() == "gluon" and o.stride() == x.transpose(1, 2).stride()
+    assert torch.equal(o, flashbook.flash_attention(*(x.transpose(1, 2),) * 3, backend="triton"))
+
+
+def test_compiled_errors_speak_of_the_layout_passed():
+    """A compiled flash_attn_func with mismatched heads fails while tracing, with the shapes as
+    passed and no advice to transpose (the caller's layout is flash-attn's already)."""
+    q, k = torch.randn(2, 24, 4, 16), torch.randn(2, 24, 3, 16)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError) as err:
+        torch.compile(flashbook.flash_attn_func, backend="aot_eager")(q, k, k)
+    assert "got q (2, 24, 4, 16), k (2, 24, 3, 16)" in str(err.value) and "transpose" not in str(err.value)
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match="causal must be True or False, got 1"):   # as eagerly
+        torch.compile(lambda a, b, c: flashbook.flash_attn_func(a, b, c, causal=1), backend="aot_eager")(q, q, q)
+
+
+def test_flash_attn_varlen_func_takes_flash_attns_order():
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, ())))
+    cu = torch.tensor([0, 9, 30], dtype=torch.int32)
+    q, k, v = (torch.randn(30, 2, 16, generator=g) for _ in range(3))
+    o = flashbook.flash_attn_varlen_func(q, k, v, cu, cu, 21, 21, 0.0, 0.25, True)   # dropout_p, scale, causal
+    assert torch.equal(o, flashbook.flash_attention_varlen(q, k, v, cu, cu, 21, 21, scale=0.25, causal=True))
+    with pytest.raises(ValueError, match="block_table must be None"):
+        flashbook.flash_attn_varlen_func(q, k, v, cu, cu, 21, 21, block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+def test_no_document_still_gives_every_input_a_gradient():
+    none = torch.zeros(1, dtype=torch.int32)
+    q, k, v = (torch.randn(0, 2, 16, requires_grad=True) for _ in range(3))
+    o = flashbook.flash_attention_varlen(q, k, v, none, none, 0, 0)
+    grads = torch.autograd.grad(o.sum(), (q, k, v))
+    assert [tuple(g.shape) for g in grads] == [(0, 2, 16)] * 3
+
+
+def test_decode_warns_when_q_looks_like_flash_attns_layout():
+    """(batch, 1, 8, d) over a one-KV-head cache is one head and 8 new tokens here, or flash-attn's
+    (batch, 1 new token, 8 heads, d): it runs, and says how to pass the other."""
+    from flashbook.kernels import flash_decode
+
+    q, cache = torch.randn(2, 1, 8, 16), torch.randn(2, 1, 40, 16)
+    with pytest.warns(UserWarning, match=r"if it is flash-attn's \(batch, new tokens, heads, head_dim\), pass "
+                                         r"q.transpose\(1, 2\)"):
+        flash_decode(q, cache, cache, cache_seqlens=torch.tensor([30, 12], dtype=torch.int32))

@@ -44,8 +44,8 @@ from . import configs
 from .backward import _bwd_delta, _bwd_dkdv, _bwd_dq, _bwd_fused
 from .configs import Config
 from .forward import _attn_fwd, for_lengths
-from .inputs import (DQ_MODES, check_inputs, check_shapes, is_empty, last_dim_contiguous, no_double_backward,  # noqa: F401,E501
-                     _interpreter_problem)
+from .inputs import (DQ_MODES, check_arguments, check_inputs, check_shapes, is_empty, last_dim_contiguous,  # noqa: F401,E501
+                     no_double_backward, _interpreter_problem)
 from .launch import AttentionPlan, Launch, Plans, call_key
 from .mask_args import LOG2E, alibi_args, keys_of, kernel_mask, masked_args, tiles_of, window_keys  # noqa: F401,E501 (re-exported)
 

@@ -59,12 +59,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
-from torch import Tensor
 
 from .. import runtime
 from ..validation import check_choice, check_flag
@@ -74,7 +72,7 @@ from .inputs import flash_attn_names, operator_flags
 from .launch import Launch, Plans, tensor_key
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
                              _check_paged, _check_range, check_num_splits, choose_num_splits, decode_tiles, sm_count,
-                             window_offsets)
+                             warn_if_flash_attn_layout, window_offsets)
 from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, load_tile, normalised_rows,
                       shifted_scores, window_bounds)
 
@@ -411,6 +409,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
                      window)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
+        warn_if_flash_attn_layout(q, k_cache)
         plan = _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
                      window)
         if plan is None:   # nobody attending: an empty output, nothing launched
@@ -419,10 +418,10 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
 
 
-@torch.library.custom_op("flashbook::decode", mutates_args=())
-def decode_operator(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor],
-                    block_table: Optional[Tensor], num_splits: Optional[int], causal: bool, scale: Optional[float],
-                    window: Optional[list[int]], check_values: bool) -> Tensor:
+@torch.library.custom_op("flashbook::decode", mutates_args=(), schema=(
+    "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? block_table, int? num_splits, "
+    "bool causal, float? scale, int[]? window, bool check_values) -> Tensor"))   # written out: dispatch.py says why
+def decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, window, check_values):
     """``flash_decode`` inside ``torch.compile``: the eager call's checks and kernels when it runs."""
     return flash_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
                         num_splits=num_splits, causal=causal, window=None if window is None else tuple(window),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
 
 import torch
 import triton
@@ -196,3 +197,14 @@ def window_offsets(window, causal: bool, n_new: int, n_max: int) -> tuple[bool, 
         return causal, False, 0, 0, n_max
     keys = n_max if left < 0 else min(n_max, left + n_new)
     return False, True, extra["first"], extra["last"], keys
+
+
+def warn_if_flash_attn_layout(q, k_cache) -> None:
+    """A q of one head and several new tokens over a cache of one KV head is also what flash-attn's
+    (batch, new tokens, heads, head_dim) layout looks like here (one new token, several heads), and
+    it would be attended as the wrong thing without an error: say so (once per call signature)."""
+    if (isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor) and q.dim() == k_cache.dim() == 4
+            and q.shape[1] == 1 < q.shape[2] and k_cache.shape[1] == 1):
+        warnings.warn(f"q {tuple(q.shape)} is read as (batch, heads=1, new tokens={q.shape[2]}, head_dim); if it is "
+                      "flash-attn's (batch, new tokens, heads, head_dim), pass q.transpose(1, 2) (and the caches as "
+                      "(batch, kv_heads, length, head_dim))", stacklevel=3)

@@ -26,14 +26,13 @@ what the last call ran and why. Measured on an H200: the recorded runs ``front_d
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import masks, runtime
 from . import autograd
-from .inputs import NO_DOUBLE_BACKWARD, flash_attn_extras, flash_attn_names, operator_flags
+from .inputs import NO_DOUBLE_BACKWARD, flash_attn_extras, flash_attn_names, in_layout_of, operator_flags
 from .launch import Plans, call_key
 from .mask_args import masked_args
 
@@ -115,8 +114,9 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
             ``deterministic=True`` holds with the default ``dq_mode`` (``inputs.flash_attn_extras``).
 
     Returns:
-        o with q's shape and dtype (the Triton forward keeps q's memory layout; the Gluon
-        forward returns it contiguous).
+        o with q's shape, dtype and memory layout (a ``(batch, seq, heads, head_dim)`` tensor
+        passed as ``x.transpose(1, 2)`` gives an o whose ``transpose(1, 2)`` is contiguous),
+        whichever kernel ran, compiled or not.
     """
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     if dropout_p != 0.0 or deterministic or return_attn_probs is not False:   # the defaults need no check
@@ -145,12 +145,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             raise ValueError(f"{name} must be a 4-D tensor in flash-attn's layout (batch, seq, heads, head_dim), "
                              f"got {shape}")
     views = [x.transpose(1, 2) for x in (q, k, v)]
+    call = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                alibi_slopes=alibi_slopes, dropout_p=dropout_p, deterministic=deterministic,
+                return_attn_probs=return_attn_probs)
+    if torch.compiler.is_compiling():   # checked while tracing, the shapes as passed
+        autograd.check_arguments(*views, causal, shown=(q, k, v))
+        return flash_attention(*views, **call).transpose(1, 2).contiguous()
     try:
-        o = flash_attention(*views, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-                            softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                            deterministic=deterministic, return_attn_probs=return_attn_probs)
+        o = flash_attention(*views, **call)
     except (TypeError, ValueError):
-        autograd.check_inputs(*views, causal, None, shown=(q, k, v))   # the shapes as passed, if they are the cause
+        autograd.check_arguments(*views, causal, shown=(q, k, v))   # the shapes as passed, if they are the cause
         raise
     return o.transpose(1, 2).contiguous()
 
@@ -182,11 +186,18 @@ _CHOICES = Plans()   # call signature -> (backend, why, the mask as the kernels 
 
 def _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes):
     if chosen == "gluon":
-        from .hopper import gluon_forward
-
-        return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, gluon_forward)
+        return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, _gluon_forward)
     return autograd.FlashAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, None, prefix,
                                          alibi_slopes)
+
+
+def _gluon_forward(q, k, v, **kwargs):
+    """``hopper.gluon_forward`` with o in q's memory layout, as the Triton forward gives it (the
+    Gluon kernel writes it contiguous): code written on one backend runs on the other."""
+    from .hopper import gluon_forward
+
+    o, lse = gluon_forward(q, k, v, **kwargs)
+    return in_layout_of(o, q), lse
 
 
 def last_backend() -> str | None:
@@ -210,53 +221,52 @@ def explain_backend() -> tuple[str | None, str | None]:
 # Called eagerly, flash_attention checks its inputs, chooses a kernel and launches it from Python,
 # remembering each call signature (launch.Plans). None of that can be traced: the compiler would
 # follow Triton's launcher into code it does not know, and fail. So while
-# torch.compiler.is_compiling(), flash_attention calls two custom operators instead,
+# torch.compiler.is_compiling(), flash_attention checks what the arguments alone decide (shapes,
+# dtypes, flags, the mask: inputs.check_arguments, kernel_mask), which the compiler traces, so a
+# bad call fails while compiling, and then calls two custom operators,
 # flashbook::attention_forward (o and lse) and flashbook::attention_backward (dq, dk, dv);
 # flash_attention_varlen has two of its own (varlen.py), flash_decode one (decode.py, no gradient).
-# The compiler sees each as one opaque
-# call whose outputs' shapes it knows from register_fake; when the compiled code runs, each does
-# what an eager call does (the same checks, the same choice of backend, the same kernels), so
-# compiled and eager results are the same bits. The gradient is registered with
-# register_autograd, as flash-attn does for its own kernels. q, k and v go in contiguous, so the
-# outputs' layout is one the compiler can predict (flash-attn's layout passed as
-# x.transpose(1, 2) is copied once there).
+# The compiler sees each as one opaque call whose outputs it knows from register_fake: the
+# inputs' shapes, in the inputs' memory layout (inputs.in_layout_of), as eagerly. When the
+# compiled code runs, each does what an eager call does (the same checks, the same choice of
+# backend, the same kernels), so compiled and eager results are the same bits. The gradient is
+# registered with register_autograd, as flash-attn does for its own kernels. The schemas are
+# written out (PyTorch infers them from type annotations, which this module's postponed
+# annotations would make strings).
 
-@torch.library.custom_op("flashbook::attention_forward", mutates_args=())
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],
-                      window: Optional[list[int]], softcap: Optional[float], prefix: int,
-                      alibi_slopes: Optional[Tensor], backend: str, dq_mode: str) -> tuple[Tensor, Tensor]:
+@torch.library.custom_op("flashbook::attention_forward", mutates_args=(), schema=(
+    "(Tensor q, Tensor k, Tensor v, bool causal, float? scale, int[]? window, float? softcap, int prefix, "
+    "Tensor? alibi_slopes, str backend, str dq_mode) -> (Tensor, Tensor)"))
+def attention_forward(q, k, v, causal, scale, window, softcap, prefix, alibi_slopes, backend, dq_mode):
     """(o, lse) of ``flash_attention``'s forward, with the backend it would choose eagerly."""
     chosen, why, causal, window, softcap, prefix = resolve(
         q, k, v, causal, scale, backend, dq_mode, None if window is None else tuple(window), softcap, prefix,
         alibi_slopes)
     record_backend(chosen, why)
-    if chosen == "gluon":
-        from .hopper import gluon_forward
-
-        return gluon_forward(q, k, v, causal=causal, scale=scale)
-    return autograd.flash_forward(q, k, v, causal=causal, scale=scale,
-                                  **masked_args(window, softcap, None, prefix, alibi_slopes))
+    forward = _gluon_forward if chosen == "gluon" else autograd.flash_forward
+    o, lse = forward(q, k, v, causal=causal, scale=scale, **masked_args(window, softcap, None, prefix, alibi_slopes))
+    return in_layout_of(o, q), lse
 
 
 @attention_forward.register_fake
 def _(q, k, v, *flags):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("flashbook::attention_backward", mutates_args=())
-def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
-                       scale: Optional[float], window: Optional[list[int]], softcap: Optional[float], prefix: int,
-                       alibi_slopes: Optional[Tensor], dq_mode: str) -> tuple[Tensor, Tensor, Tensor]:
+@torch.library.custom_op("flashbook::attention_backward", mutates_args=(), schema=(
+    "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, float? scale, int[]? window, "
+    "float? softcap, int prefix, Tensor? alibi_slopes, str dq_mode) -> (Tensor, Tensor, Tensor)"))
+def attention_backward(do, q, k, v, o, lse, causal, scale, window, softcap, prefix, alibi_slopes, dq_mode):
     """(dq, dk, dv): chapter 8's kernels, whichever forward ran."""
     causal, window, softcap, prefix = plain_mask(causal, None if window is None else tuple(window), softcap, prefix)
-    dq, dk, dv = autograd.flash_backward(q, k, v, o, lse, do, causal=causal, scale=scale, dq_mode=dq_mode,
-                                         **masked_args(window, softcap, None, prefix, alibi_slopes))
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    grads = autograd.flash_backward(q, k, v, o, lse, do, causal=causal, scale=scale, dq_mode=dq_mode,
+                                    **masked_args(window, softcap, None, prefix, alibi_slopes))
+    return tuple(in_layout_of(g, x) for g, x in zip(grads, (q, k, v)))
 
 
 @attention_backward.register_fake
 def _(do, q, k, v, *rest):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
@@ -287,6 +297,7 @@ attention_backward.register_autograd(no_second_order, setup_context=no_context)
 
 def attention(q, k, v, causal, scale, backend, dq_mode, window, softcap, prefix, alibi_slopes) -> Tensor:
     """``flash_attention``'s output through the operators (its arguments already in flashbook's names)."""
-    q, k, v = (x.contiguous() for x in (q, k, v))
-    return attention_forward(q, k, v, bool(causal), *operator_flags(scale, window, softcap, prefix), alibi_slopes,
+    autograd.check_arguments(q, k, v, causal, dq_mode)
+    autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)
+    return attention_forward(q, k, v, causal, *operator_flags(scale, window, softcap, prefix), alibi_slopes,
                              backend, dq_mode)[0]

@@ -72,14 +72,8 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
     Raises TypeError / ValueError naming the argument and what was expected.
     """
     qn, kn, vn = names
-    check_shapes(q, k, v, names=names, shown=shown)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    if dq_mode not in DQ_MODES:
-        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    check_arguments(q, k, v, causal, dq_mode, names=names, shown=shown)
     head_dim = q.shape[3]
-    if head_dim > configs.MAX_HEAD_DIM:
-        raise ValueError(f"{qn}'s head_dim must be at most {configs.MAX_HEAD_DIM}, got {head_dim}")
 
     if runtime.device() == "cuda":
         if q.device.type != "cuda":
@@ -99,6 +93,28 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
             raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
                             "correctly; use float16 or float32 here, or run on a CUDA GPU")
     return resolve_scale(scale, head_dim)
+
+
+def check_arguments(q, k, v, causal, dq_mode="separate", *, names=("q", "k", "v"), shown=None) -> None:
+    """``check_inputs``' checks that read only the arguments (shapes, dtypes, flags), not the
+    machine: the compiled path runs them while it traces, so a bad call fails there."""
+    check_shapes(q, k, v, names=names, shown=shown)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    if q.shape[3] > configs.MAX_HEAD_DIM:
+        raise ValueError(f"{names[0]}'s head_dim must be at most {configs.MAX_HEAD_DIM}, got {q.shape[3]}")
+
+
+def in_layout_of(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` (shaped as ``like``) in ``torch.empty_like(like)``'s memory layout: ``x`` itself when
+    its strides are ``like``'s already, else a copy. The front door's outputs and gradients have
+    their input's layout whichever kernel made them, as SDPA's do."""
+    if x.stride() == like.stride():
+        return x
+    out = torch.empty_like(like)
+    return x if x.stride() == out.stride() else out.copy_(x)
 
 
 @functools.lru_cache(maxsize=1)

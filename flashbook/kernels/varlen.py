@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from .. import masks
 from ..validation import check_count
 from . import autograd, dispatch
-from .inputs import flash_attn_extras, flash_attn_names, operator_flags
+from .inputs import flash_attn_extras, flash_attn_names, in_layout_of, operator_flags
 from .launch import Plans, call_key
 from .mask_args import masked_args
 
@@ -167,7 +165,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         alibi_slopes: float32 (heads,) or (documents, heads), flash-attn's ALiBi: within
             document b, query i and key j get -slope * |i + seq_k_b - seq_q_b - j| (positions
             counted from the document's start).
-        check_values: check ``cu_seqlens`` on the host first (``check_packed``).
+        check_values: check ``cu_seqlens``' values on the host first (``check_packed``): one device
+            synchronisation a call, and none of the launch plans that skip the checks. A training
+            loop whose lengths are known good passes False; then a wrong value (a document past
+            the packed length, longer than ``max_seqlen``) makes the kernels read and write
+            outside the tensors, as in flash-attn.
         softmax_scale, window_size: flash-attn's names for ``scale`` and ``window``.
         dropout_p, deterministic, return_attn_probs: flash-attn's, as ``flash_attention`` takes them.
 
@@ -183,8 +185,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes),
         (max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix, dq_mode))
     if torch.compiler.is_compiling():   # two operators the compiler calls (below)
-        q, k, v = (x.contiguous() for x in (q, k, v))
-        return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal),
+        for name, x in (("q", q), ("k", k), ("v", v)):   # what the arguments alone decide, checked while tracing
+            _check_3d(x, name)
+        autograd.check_arguments(*(x.transpose(0, 1)[None] for x in (q, k, v)), causal, dq_mode, shown=(q, k, v))
+        autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)
+        return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                               *operator_flags(scale, window, softcap, prefix), alibi_slopes, dq_mode,
                               bool(check_values))[0]
     if key is not None and key in _CHECKED:
@@ -194,7 +199,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         packed = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window,
                           softcap, prefix, alibi_slopes, dq_mode, check_values)
         if packed.documents == 0:
-            return torch.zeros_like(q) + 0 * (k.sum() + v.sum())   # no document: nothing to attend, gradients 0
+            return torch.zeros_like(q) + 0 * (q.sum() + k.sum() + v.sum())   # no document: zeros, gradients 0
         _CHECKED.remember(key, True)
     o = PackedAttention.apply(q, k, v, causal, scale, dq_mode, None, window, softcap, packed, prefix, alibi_slopes)
     dispatch.record_backend("triton", "packed documents run on the Triton kernels only")
@@ -212,6 +217,22 @@ def _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     packed = check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_values=check_values)
     autograd.alibi_args(alibi_slopes, q4, packed.documents)   # checked: (heads,) or (documents, heads)
     return packed
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """flash-attn's ``flash_attn_varlen_func`` in its order of arguments (``flash_attention_varlen``
+    takes the same tensors, but everything after the seventh by keyword): a call written for
+    flash-attn runs with its import changed. ``block_table`` (flash-attn's paged KV cache for
+    packed documents) must be None: ``flash_decode`` reads paged caches."""
+    if block_table is not None:
+        raise ValueError("block_table must be None here (packed documents read dense k and v); "
+                         "flashbook.kernels.flash_decode reads a paged KV cache")
+    return flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                  softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, dropout_p=dropout_p, deterministic=deterministic,
+                                  return_attn_probs=return_attn_probs)
 
 
 class PackedAttention(torch.autograd.Function):
@@ -238,13 +259,15 @@ _CHECKED = Plans()   # the signatures of calls that passed the checks
 
 # ------------------------------------------------------------------ inside torch.compile
 # As ``dispatch.attention_forward`` and ``attention_backward`` (which say why): the call as two
-# custom operators, q, k and v contiguous, the checks and kernels of an eager call when they run.
+# custom operators, the checks and kernels of an eager call when they run, outputs in the
+# inputs' layout.
 
-@torch.library.custom_op("flashbook::varlen_forward", mutates_args=())
-def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                   max_seqlen_k: int, causal: bool, scale: Optional[float], window: Optional[list[int]],
-                   softcap: Optional[float], prefix: int, alibi_slopes: Optional[Tensor], dq_mode: str,
-                   check_values: bool) -> tuple[Tensor, Tensor]:
+@torch.library.custom_op("flashbook::varlen_forward", mutates_args=(), schema=(
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+    "bool causal, float? scale, int[]? window, float? softcap, int prefix, Tensor? alibi_slopes, str dq_mode, "
+    "bool check_values) -> (Tensor, Tensor)"))
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
+                   prefix, alibi_slopes, dq_mode, check_values):
     """(o, lse) of ``flash_attention_varlen``: o (total_q, heads, head_dim), lse (1, heads, total_q)."""
     window = None if window is None else tuple(window)
     packed = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
@@ -254,20 +277,21 @@ def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seq
         return torch.zeros_like(q), torch.full((1, *q.shape[1::-1]), float("-inf"), device=q.device)
     o, lse = autograd.flash_forward(*packed_views(q, k, v), causal=causal, scale=scale,
                                     **masked_args(window, softcap, packed, prefix, alibi_slopes))
-    return _packed(o).contiguous(), lse
+    return in_layout_of(_packed(o), q), lse
 
 
 @varlen_forward.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *flags):
-    return q.new_empty(q.shape), q.new_empty((1, *q.shape[1::-1]), dtype=torch.float32)
+def _(q, k, v, *flags):
+    return torch.empty_like(q), q.new_empty((1, *q.shape[1::-1]), dtype=torch.float32)
 
 
-@torch.library.custom_op("flashbook::varlen_backward", mutates_args=())
-def varlen_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
-                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: Optional[float],
-                    window: Optional[list[int]], softcap: Optional[float], prefix: int, alibi_slopes: Optional[Tensor],
-                    dq_mode: str) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of ``flash_attention_varlen``, each shaped as its input."""
+@torch.library.custom_op("flashbook::varlen_backward", mutates_args=(), schema=(
+    "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "int max_seqlen_q, int max_seqlen_k, bool causal, float? scale, int[]? window, float? softcap, int prefix, "
+    "Tensor? alibi_slopes, str dq_mode) -> (Tensor, Tensor, Tensor)"))
+def varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                    window, softcap, prefix, alibi_slopes, dq_mode):
+    """(dq, dk, dv) of ``flash_attention_varlen``, each shaped and laid out as its input."""
     packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, longest_first(cu_seqlens_q, cu_seqlens_k))
     if packed.documents == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -275,12 +299,12 @@ def varlen_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse:
                                     scale=scale, dq_mode=dq_mode, **masked_args(
                                         None if window is None else tuple(window), softcap, packed, prefix,
                                         alibi_slopes))
-    return tuple(_packed(g).contiguous() for g in grads)
+    return tuple(in_layout_of(_packed(g), x) for g, x in zip(grads, (q, k, v)))
 
 
 @varlen_backward.register_fake
 def _(do, q, k, v, *rest):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
