@@ -129,7 +129,6 @@ def flash_attention(q, k, v, *, causal: bool = False, scale=None, backend: str =
     return _apply(chosen, q, k, v, causal, scale, dq_mode, window, softcap, prefix, alibi_slopes)
 
 
-
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """flash-attn's ``flash_attn_func``, in its layout and its order of arguments: a call written for
@@ -157,6 +156,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         autograd.check_arguments(*views, causal, shown=(q, k, v))   # the shapes as passed, if they are the cause
         raise
     return o.transpose(1, 2).contiguous()
+
 
 def resolve(q, k, v, causal, scale, backend, dq_mode, window, softcap, prefix, alibi_slopes) -> tuple:
     """(backend, why, causal, window, softcap, prefix) for a call of ``flash_attention``: the

@@ -48,12 +48,13 @@ class Packed:
         return self.cu_seqlens_q.numel() - 1
 
 
-def _check_3d(x, name: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3:
-        raise ValueError(f"{name} must have 3 dimensions (total tokens, heads, head_dim) as flash-attn's "
-                         f"varlen functions take it, got shape {tuple(x.shape)}")
+def _check_3d(q, k, v) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dimensions (total tokens, heads, head_dim) as flash-attn's "
+                             f"varlen functions take it, got shape {tuple(x.shape)}")
 
 
 def check_packed(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, check_values: bool = True) -> Packed:
@@ -179,19 +180,18 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     if dropout_p != 0.0 or deterministic or return_attn_probs is not False:   # the defaults need no check
         flash_attn_extras(dropout_p, deterministic, return_attn_probs, dq_mode)
-    # a signature that passed the checks before passes them again (``launch``); the values in
-    # cu_seqlens are not in it, so only a call without value checks is remembered
-    key = None if check_values is not False else call_key(
-        (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes),
-        (max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix, dq_mode))
     if torch.compiler.is_compiling():   # two operators the compiler calls (below)
-        for name, x in (("q", q), ("k", k), ("v", v)):   # what the arguments alone decide, checked while tracing
-            _check_3d(x, name)
+        _check_3d(q, k, v)   # what the arguments alone decide, checked while tracing
         autograd.check_arguments(*(x.transpose(0, 1)[None] for x in (q, k, v)), causal, dq_mode, shown=(q, k, v))
         autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)
         return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                               *operator_flags(scale, window, softcap, prefix), alibi_slopes, dq_mode,
                               bool(check_values))[0]
+    # a signature that passed the checks before passes them again (``launch``); the values in
+    # cu_seqlens are not in it, so only a call without value checks is remembered
+    key = None if check_values is not False else call_key(
+        (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes),
+        (max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix, dq_mode))
     if key is not None and key in _CHECKED:
         packed = Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         longest_first(cu_seqlens_q, cu_seqlens_k))
@@ -209,8 +209,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
 def _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, prefix,
              alibi_slopes, dq_mode, check_values) -> Packed:
     """Every argument checked, the errors naming it; the documents (perhaps none) as ``Packed``."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_3d(x, name)
+    _check_3d(q, k, v)
     q4, k4, v4 = packed_views(q, k, v)
     autograd.check_inputs(q4, k4, v4, causal, scale, dq_mode, shown=(q, k, v))   # errors show the caller's shapes
     autograd.kernel_mask(causal, window, softcap, 1, 1, 1.0, prefix=prefix)   # the mask's arguments, checked
