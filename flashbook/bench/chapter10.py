@@ -52,7 +52,6 @@ NO_OPS_UNMASKED = ("skip masked tiles", "heaviest first")
 GLUED_BY_NOTEBOOK = {
     "1791dcf8": ("exp2_ops_full", "exp2_ops_causal", "exp2_saved_lo", "exp2_saved_hi", "exp2_bound_lo",
                  "exp2_bound_hi"),
-    "6041c7eb": ("live_phrase",),   # recorded on the GPU with this name; the prose quotes live_note
     "c10-live-note": ("live_note",),
     "38a7f663": ("exact_n", "exact_d", "exact_tol"),
     "c10-ptx-waits": ("ptx_triton_version", "ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_wgmma", "ptx_gl_tma",
