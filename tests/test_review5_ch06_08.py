@@ -301,24 +301,25 @@ def test_the_dkdv_register_count_is_chapter_6s_arithmetic():
 
 
 def test_few_atomic_dq_elements_differ_because_bf16_rounding_hides_the_fp32_order():
-    """The recorded run: 38 of 16,777,216 elements of dQ differ, by at most 1.2e-04, which is one
-    bfloat16 step (2^-13) for values in [2^-6, 2^-5); bf16 keeps 8 significant bits."""
+    """The recorded run (relaxed adds, 2026-12-05): 606 of 16,777,216 elements of dQ differ, by at
+    most 4.9e-04, which is one bfloat16 step (2^-11) for values in [2^-4, 2^-3); bf16 keeps 8
+    significant bits."""
     recorded = runs.recorded_output("08_triton_backward", "43428188")
     require(recorded is not None, "no recorded chapter 8 outputs")
     glued, _ = run_glued(cell_source(CH8, "c08-determinism-glue"), math=math, torch=torch, runtime=runtime)
     line = re.search(r"dq_mode='atomic'\s+dQ: bitwise equal: False\s+\((\d+) of (\d+) elements differ, "
                      r"max difference (\S+)\)", recorded)
     differ, total, biggest = int(line[1]), int(line[2]), float(line[3])
-    assert (glued["det_differ"], glued["det_total"]) == (f"{differ:,}", f"{total:,}") == ("38", "16,777,216")
+    assert (glued["det_differ"], glued["det_total"]) == (f"{differ:,}", f"{total:,}") == ("606", "16,777,216")
     assert glued["det_gpu"] == "H200" and "H200" in runs.gpu_record("08_triton_backward")["provenance"]["gpu"]
     assert glued["bf16_bits"] == "8" and torch.finfo(torch.bfloat16).eps == 2.0 ** -7
-    # one bf16 step between 2^-6 and 2^-5 is 2^-13, and that is the difference printed
-    for x in (2.0 ** -6, 0.02, 2.0 ** -5 - 2.0 ** -13):
+    # one bf16 step between 2^-4 and 2^-3 is 2^-11, and that is the difference printed
+    for x in (2.0 ** -4, 0.1, 2.0 ** -3 - 2.0 ** -11):
         v = torch.tensor(x, dtype=torch.bfloat16)
-        assert float(torch.nextafter(v, torch.tensor(1.0, dtype=torch.bfloat16)) - v) == 2.0 ** -13
-    assert f"{2.0 ** -13:.1e}" == f"{biggest:.1e}" == glued["det_max"] == "1.2e-04"
-    assert glued["det_binade"] == "2⁻⁶ and 2⁻⁵"
-    assert differ < 1e-5 * total
+        assert float(torch.nextafter(v, torch.tensor(1.0, dtype=torch.bfloat16)) - v) == 2.0 ** -11
+    assert f"{2.0 ** -11:.1e}" == f"{biggest:.1e}" == glued["det_max"] == "4.9e-04"
+    assert glued["det_binade"] == "2⁻⁴ and 2⁻³"
+    assert differ < 1e-4 * total
     ids = cell_ids(CH8)
     assert ids.index("43428188") < ids.index("c08-determinism-glue") < ids.index("c08-determinism-md")
     assert ids.index("c08-determinism-md") == ids.index("1f02617c") - 1
@@ -361,12 +362,19 @@ def test_tl_atomic_add_compiles_to_vector_adds_on_sm90(tmp_path):
             "shared memory was not measured here.") in text
 
 
-def test_the_recording_note_is_said_plainly():
-    """The note quotes the page's box word for word and says what changed: one argument."""
+def test_chapter_8_was_recorded_as_it_stands_so_no_note_is_explained():
+    """Every recorded chapter-8 cell has its current source, so the page shows no "recorded with an
+    earlier version" box and the prose explains none."""
+    import hashlib
+
     sys.path.insert(0, os.path.join(ROOT, "book", "_ext"))
     import gpu_outputs
 
+    record = runs.gpu_record("08_triton_backward")
+    require(record is not None, "no recorded chapter 8 outputs")
+    for cell in record["cells"]:
+        source = cell_source(CH8, cell["id"])
+        assert hashlib.sha256(source.encode("utf-8")).hexdigest() == cell["source_sha256"], cell["id"]
     text = flat(cell_source(CH8, "aacbec1b"))
-    assert f'(The note above the table, "{gpu_outputs.CHANGED_NOTE}", means that the cell differs only by ' \
-           '`backend="triton"`, an argument added later; the recorded run already used the Triton kernels.)' in text
+    assert gpu_outputs.CHANGED_NOTE not in text and "The note above the table" not in text
     assert "at the recording it always ran these" not in text
