@@ -11,7 +11,8 @@ One module per idea, in the order the book teaches them:
                  windows and soft caps); ``flash_attn_func`` (flash-attn's layout and order of
                  arguments); ``flash_attention_varlen`` (packed documents; ``flash_attn_varlen_func``
                  in flash-attn's order);
-                 ``flash_decode`` (dense or paged KV cache); ``stress`` (many seeds, poisoned outputs)
+                 ``flash_decode`` (dense or paged KV cache; ``flash_attn_with_kvcache`` in flash-attn's
+                 layout, appending the step's keys and values); ``stress`` (many seeds, poisoned outputs)
 - ``masks``:     windows, soft caps, documents, prefixes in NumPy: the float64 truth, tiles skipped
 - ``distributed``: ring attention over ``torch.distributed`` (chapter 11)
 - ``runtime``:   GPU or Triton interpreter (decided before triton is imported)
@@ -29,7 +30,7 @@ from .display import show_source
 
 __version__ = "0.26.0"  # the one version: pyproject reads it; releases are tagged v<version>
 __all__ = ["runtime", "show_source", "flash_attention", "flash_attn_func", "flash_attention_varlen",
-           "flash_attn_varlen_func", "last_backend"]
+           "flash_attn_varlen_func", "flash_decode", "flash_attn_with_kvcache", "last_backend"]
 
 
 #: The subpackages and modules, each imported on first use as ``flashbook.NAME`` (``flashbook.kernels``
@@ -53,4 +54,8 @@ def __getattr__(name):
         from .kernels import varlen
 
         return getattr(varlen, name)
+    if name in ("flash_decode", "flash_attn_with_kvcache"):
+        from .kernels import kvcache
+
+        return getattr(kvcache, name)
     raise AttributeError(f"module 'flashbook' has no attribute {name!r}")

@@ -88,6 +88,18 @@ def test_interpreter_decode_few_seeds(n_new, page_size):
     assert result.passed, stress.report(result)
 
 
+def test_the_decode_softcap_classes_run_the_cap_against_a_capped_truth():
+    """The GPU suite's decode soft-cap classes (dense and paged, fp16 and bf16, 1 and 4 new
+    tokens) exist, and one of them passes here with two seeds against the capped float64 truth."""
+    names = [name for name, _ in stress.all_classes(kernels=("decode",), runs=2) if "softcap" in name]
+    assert len(names) == 8 and all(name.endswith("-softcap5-causal") for name in names)
+    cases = stress.decode_class(3, "fp16", True, 2, n_max=40, heads=4, groups=(1, 4), head_dims=(16,),
+                                page_size=16, softcap=5.0)
+    assert all(c.softcap == 5.0 for c in cases)
+    result = stress.run_class("decode-softcap", cases, DEVICE, first_seed=7)
+    assert result.passed, stress.report(result)
+
+
 def test_a_key_seen_alone_lets_dk_sum_the_roundings_of_an_exact_zero():
     """One key, no mask: P = 1 in every row, so dK = 0 exactly, while the kernel's dS is
     dP (a dot product) minus delta (a row sum in another order): a few float32 ulps per

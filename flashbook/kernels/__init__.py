@@ -35,6 +35,7 @@ from .autograd import (
     set_fp32_precision,
 )
 from .decode import flash_decode
+from .kvcache import flash_attn_with_kvcache
 from .dispatch import BACKENDS, explain_backend, flash_attention, flash_attn_func, last_backend
 from .varlen import flash_attention_varlen, flash_attn_varlen_func
 
@@ -42,5 +43,5 @@ __all__ = [
     "flash_attention", "FlashAttention", "flash_forward", "flash_backward", "check_inputs", "dot_precision",
     "flash_decode", "set_autotune", "set_fp32_precision", "DQ_MODES", "configs",
     "BACKENDS", "last_backend", "explain_backend", "flash_attention_varlen", "flash_attn_func",
-    "flash_attn_varlen_func",
+    "flash_attn_varlen_func", "flash_attn_with_kvcache",
 ]

@@ -64,17 +64,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
-from ..validation import check_choice, check_flag
+from .. import masks, runtime
+from ..validation import check_flag
 from .autograd import LOG2E, check_inputs, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
 from .inputs import flash_attn_names, operator_flags
 from .launch import Launch, Plans, tensor_key
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
-                             _check_paged, _check_range, check_num_splits, choose_num_splits, decode_tiles, sm_count,
-                             warn_if_flash_attn_layout, window_offsets)
+                             _check_paged, _check_range, _contiguous_strides, _lengths_from_int, check_num_splits,
+                             choose_num_splits, decode_tiles, paginate, sm_count, warn_if_flash_attn_layout,
+                             window_offsets)
 from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, load_tile, normalised_rows,
-                      shifted_scores, window_bounds)
+                      shifted_scores, soft_cap, window_bounds)
 
 MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
 #: Pages of at least a key tile's tokens take one page index per tile (``_paged_stage``'s
@@ -82,7 +83,7 @@ MAX_NEW_TOKENS = 16   # new tokens per step that flash_decode accepts
 TILE_IN_PAGE = True
 #: The compile-time switch a window adds to the split kernel, and the run-time values only it
 #: uses (as ``forward.LATER``): ``display.source(_decode_fwd, without=LATER)`` shows it without.
-LATER = {"WINDOW": ("first", "last")}
+LATER = {"WINDOW": ("first", "last"), "SOFTCAP": ("cap_scale",)}
 
 
 # ------------------------------------------------------------------ the kernels
@@ -92,7 +93,7 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
                  rows, offs_n, offs_d, seq_k, diagonal, lo, hi, qk_scale, PAGE_SIZE: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, CAUSAL: tl.constexpr,
                  EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr = False, first=0,
-                 TILE_IN_PAGE: tl.constexpr = False):
+                 TILE_IN_PAGE: tl.constexpr = False, SOFTCAP: tl.constexpr = False, cap_scale=1.0):
     """``_fwd_inner`` over a paged cache: key tiles [lo, hi) of a sequence whose
     positions [p * PAGE_SIZE, (p + 1) * PAGE_SIZE) live in physical page ``table[p]``.
 
@@ -131,6 +132,8 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
             v_rows, v_stride = v_head + (page * stride_vp + slot * stride_vn)[:, None], 0
         k = load_tile(k_rows, cols, k_stride, seq_k, offs_d, HEAD_DIM, STAGE == MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if SOFTCAP:   # as _fwd_inner
+            qk = soft_cap(qk * cap_scale)
         qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, STAGE, CAUSAL,
                                      WINDOW, first)
         p = tl.exp2(qk)
@@ -147,7 +150,8 @@ def _paged_stage(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
 @triton.jit
 def _window_edge(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, stride_vp, stride_kn, stride_vn,
                  rows, offs_n, offs_d, seq_k, diagonal, first, lo, hi, qk_scale, PAGE_SIZE: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 SOFTCAP: tl.constexpr = False, cap_scale=1.0):
     """A window's lower edge, key tiles [lo, hi) masked, of a dense cache at ``k_head`` (PAGE_SIZE
     0) or a paged one (as ``_paged_stage``): token t sees keys [t + first, t + diagonal].
 
@@ -168,6 +172,8 @@ def _window_edge(acc, row_max, row_sum, q, k_head, v_head, table, stride_kp, str
         kept = tl.where(read, cols, seq_k)   # load_tile reads the rows below seq_k
         k = load_tile(k_rows, kept, 0, seq_k, offs_d, HEAD_DIM, True, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if SOFTCAP:
+            qk = soft_cap(qk * cap_scale)
         qk, new_max = shifted_scores(qk, row_max, rows, cols, seq_k, diagonal, qk_scale, MASKED, False,
                                      True, first)
         p = tl.exp2(qk)
@@ -184,11 +190,11 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
                 stride_kb, stride_kh, stride_kn,
                 stride_vb, stride_vh, stride_vn,
                 stride_ob, stride_oh, stride_os, stride_om, stride_tb,
-                kv_heads, n_rows, seq_max, num_splits, qk_scale, first, last,
+                kv_heads, n_rows, seq_max, num_splits, qk_scale, first, last, cap_scale,
                 N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WINDOW: tl.constexpr = False, TILE_IN_PAGE: tl.constexpr = False):
+                WINDOW: tl.constexpr = False, TILE_IN_PAGE: tl.constexpr = False, SOFTCAP: tl.constexpr = False):
     """One program: one split of the keys, one tile of query rows, one (batch, KV head).
 
     Grid (num_splits, cdiv(n_rows, BLOCK_M), batch * kv_heads). Q is viewed as
@@ -207,6 +213,9 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
     window touches (``window_bounds``, its rows being the N_NEW tokens), in three stages:
     the masked lower edge, the tiles every token sees whole, the masked upper edge. The
     tiles outside are never loaded.
+
+    ``SOFTCAP`` (Gemma 2's c * tanh(s / c), as ``forward._fwd_inner``): ``qk_scale`` is then
+    c * log2(e) and ``cap_scale`` scale / c (``mask_args.kernel_mask``).
     """
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     split = tl.program_id(0)
@@ -263,22 +272,23 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
         acc, row_max, row_sum = _window_edge(
             acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, first, lo, edge, qk_scale, PAGE_SIZE,
-            HEAD_DIM, BLOCK_N, EVEN_D, DOT_PRECISION)
+            HEAD_DIM, BLOCK_N, EVEN_D, DOT_PRECISION, SOFTCAP, cap_scale)
         lo = edge
     if PAGE_SIZE == 0:
         acc, row_max, row_sum = attend(
             acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, lo, mid, hi, qk_scale,
-            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first)
+            HEAD_DIM, BLOCK_N, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, SOFTCAP, cap_scale)
     else:   # the two stages of attend, page by page
         acc, row_max, row_sum = _paged_stage(
             acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, lo, mid, qk_scale, PAGE_SIZE,
-            HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, TILE_IN_PAGE)
+            HEAD_DIM, BLOCK_N, MAIN, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, TILE_IN_PAGE, SOFTCAP, cap_scale)
         acc, row_max, row_sum = _paged_stage(
             acc, row_max, row_sum, q, k_base, v_base, table, stride_kb, stride_vb, stride_kn, stride_vn,
             token, offs_n, offs_d, seq_k, diagonal, mid, hi, qk_scale, PAGE_SIZE,
-            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, TILE_IN_PAGE)
+            HEAD_DIM, BLOCK_N, MASKED, CAUSAL, EVEN_D, DOT_PRECISION, WINDOW, first, TILE_IN_PAGE, SOFTCAP,
+            cap_scale)
     acc, lse = normalised_rows(acc, row_max, row_sum)
 
     row_ok = rows < n_rows
@@ -289,8 +299,9 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS, TABLE,
 
 
 @triton.jit
-def _decode_combine(O_PART, LSE, O, stride_ob, stride_oh, stride_om, kv_heads, n_rows, num_splits,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _decode_combine(O_PART, LSE, O, LSE_OUT, stride_ob, stride_oh, stride_om, kv_heads, n_rows, num_splits,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                    WRITE_LSE: tl.constexpr = False):
     """Chapter 3's merge of every split's (o_s, lse_s) for one query row.
 
     Grid (n_rows, batch * kv_heads). With m = max_s lse_s (0 if every split is empty):
@@ -298,7 +309,9 @@ def _decode_combine(O_PART, LSE, O, stride_ob, stride_oh, stride_om, kv_heads, n
         o = sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m)
 
     the merge of the states (m, l, o) = (lse_s, 1, o_s). An empty split has lse_s =
-    -inf, weight 0; a row that no split saw gets 0.
+    -inf, weight 0; a row that no split saw gets 0. ``WRITE_LSE``: the row's own lse,
+    m + log(sum_s exp(lse_s - m)), goes to LSE_OUT (batch * kv_heads, n_rows); -inf for a row
+    no split saw.
     """
     r = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -315,45 +328,15 @@ def _decode_combine(O_PART, LSE, O, stride_ob, stride_oh, stride_om, kv_heads, n
     b, h_kv = bh // kv_heads, bh % kv_heads
     tl.store(O + b * stride_ob + h_kv * stride_oh + r * stride_om + offs_d, o.to(O.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
-
-
-# ------------------------------------------------------------------ the layout
-
-def paginate(k, v, page_size: int, *, generator: torch.Generator | None = None, spare: int = 0):
-    """A dense cache (batch, kv_heads, n_max, d) cut into pages of ``page_size`` tokens and
-    stored in a shuffled order: returns (k_pages, v_pages, block_table), the layout
-    ``flash_decode(..., block_table=)`` reads (as vLLM and flash-attn's paged KV cache).
-
-    Sequence b's positions [p * page_size, (p + 1) * page_size) land in physical page
-    ``block_table[b, p]`` of k_pages / v_pages (num_pages, kv_heads, page_size, d);
-    n_max is padded up to whole pages with zeros. ``spare`` unused pages are added (a
-    real cache has free pages); the order is a random permutation from ``generator``."""
-    check_choice(page_size, "page_size", PAGE_SIZES)
-    batch, kv_heads, n_max, d = k.shape
-    per_seq = max(1, -(-n_max // page_size))
-    pad = per_seq * page_size - n_max
-
-    def pages(x):
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-        return x.reshape(batch, kv_heads, per_seq, page_size, d).permute(0, 2, 1, 3, 4).reshape(-1, kv_heads, page_size, d)
-
-    n_pages = batch * per_seq + spare
-    order = torch.randperm(n_pages, generator=generator)
-    table = order[:batch * per_seq].reshape(batch, per_seq)   # logical page -> physical page
-
-    def place(x):
-        out = torch.zeros((n_pages, kv_heads, page_size, d), dtype=x.dtype, device=x.device)
-        out[table.reshape(-1).to(x.device)] = pages(x)
-        return out
-
-    return place(k), place(v), table.to(torch.int32).to(k.device)
+    if WRITE_LSE:
+        tl.store(LSE_OUT + bh * n_rows + r, tl.where(row_sum > 0.0, m + tl.log(tl.where(row_sum > 0.0, row_sum, 1.0)), float("-inf")))
 
 
 # ------------------------------------------------------------------ the entry point
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None,
-                 causal: bool = True, window=None, scale=None, check_values: bool = False,
-                 softmax_scale=None, window_size=None):
+                 causal: bool = True, window=None, scale=None, softcap=None, check_values: bool = False,
+                 return_softmax_lse: bool = False, softmax_scale=None, window_size=None):
     """Attention of a few new tokens over a KV cache, split over the keys: returns o.
 
     Args:
@@ -383,15 +366,21 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
             model with a window of W keys including the token's own (Mistral's and Gemma's
             ``sliding_window = W``, as vLLM passes it to flash-attn) is ``window=(W - 1, 0)``.
         scale: multiplies the scores; None means 1/sqrt(head_dim).
+        softcap: c > 0 makes the scores c * tanh(scale * q.k / c) (Gemma 2's soft cap, as
+            ``flash_attention`` and flash-attn's ``softcap``); None or 0 is off.
         check_values: also check the *values* of ``cache_seqlens`` (in [0, n_max]) and
             ``block_table`` (in [0, num_pages)), which costs a device synchronisation, so
             it is off by default (a decoding loop calls this once per layer and token).
             Without it, the kernel clamps each length to [0, n_max], so no length makes it
             read outside the cache; the page indices are the caller's promise, as in vLLM.
+        return_softmax_lse: also return each row's log-sum-exp of its scaled (and capped)
+            scores, natural log, float32, (batch, heads, n_new): -inf for a row that sees no
+            key. With it, attention over two parts of a cache merges exactly (chapter 3).
         softmax_scale, window_size: flash-attn's names for ``scale`` and ``window``.
 
     Returns:
-        o, (batch, heads, n_new, head_dim), q's dtype, contiguous. Inference only, as flash-attn's
+        o, (batch, heads, n_new, head_dim), q's dtype, contiguous; ``(o, lse)`` with
+        ``return_softmax_lse``. Inference only, as flash-attn's
         ``flash_attn_with_kvcache``: no backward, so inputs that require a gradient are refused
         while autograd records (``flash_attention`` is the differentiable call).
     """
@@ -403,44 +392,39 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
         cache_seqlens = _lengths_from_int(int(cache_seqlens), q, k_cache, block_table)
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     if torch.compiler.is_compiling():   # one operator the compiler calls (below; dispatch.py says why)
-        return decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, bool(causal),
-                               *operator_flags(scale, window, None, 0)[:2], bool(check_values))
+        check_flag(return_softmax_lse, "return_softmax_lse")
+        o, lse = decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, bool(causal),
+                                 *operator_flags(scale, window, softcap, 0)[:3], bool(check_values))
+        return (o, lse) if return_softmax_lse else o
     key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
-                     window)
+                     window, softcap, return_softmax_lse)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         warn_if_flash_attn_layout(q, k_cache)
         plan = _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
-                     window)
+                     window, softcap, return_softmax_lse)
         if plan is None:   # nobody attending: an empty output, nothing launched
-            return torch.zeros_like(q)
+            o = torch.zeros_like(q)
+            return (o, torch.full(q.shape[:3], float("-inf"), device=q.device)) if return_softmax_lse else o
         _PLANS.remember(key, plan)
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
 
 
 @torch.library.custom_op("flashbook::decode", mutates_args=(), schema=(
     "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? block_table, int? num_splits, "
-    "bool causal, float? scale, int[]? window, bool check_values) -> Tensor"))   # written out: dispatch.py says why
-def decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, window, check_values):
-    """``flash_decode`` inside ``torch.compile``: the eager call's checks and kernels when it runs."""
+    "bool causal, float? scale, int[]? window, float? softcap, bool check_values) -> (Tensor, Tensor)"))
+def decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, window, softcap,
+                    check_values):
+    """``flash_decode`` inside ``torch.compile`` (its schema written out: dispatch.py says why): the
+    eager call's checks and kernels when it runs, returning (o, lse) whichever the caller keeps."""
     return flash_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
                         num_splits=num_splits, causal=causal, window=None if window is None else tuple(window),
-                        scale=scale, check_values=check_values)
+                        scale=scale, softcap=softcap, check_values=check_values, return_softmax_lse=True)
 
 
 @decode_operator.register_fake
 def _(q, *rest):
-    return q.new_empty(q.shape)
-
-
-def _lengths_from_int(n: int, q, k_cache, block_table):
-    """flash-attn's int ``cache_seqlens``, checked on the host (no device synchronisation to
-    avoid) and made the (batch,) int32 tensor the kernels read."""
-    if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
-        n_max = k_cache.shape[2] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
-        if not 0 <= n <= n_max:
-            raise ValueError(f"cache_seqlens must be in [0, {n_max}] (the cache's length), got {n}")
-    return torch.full(q.shape[:1], n, dtype=torch.int32, device=q.device)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 # ------------------------------------------------------------------ the launch of a call signature
@@ -449,7 +433,7 @@ _PLANS = Plans()   # at most launch.MAX_PLANS call signatures; forgotten all at 
 
 
 def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
-               window=None):
+               window=None, softcap=None, return_lse=False):
     """Everything the checks and the launch of a call depend on, as a dict key; None when
     the call must take the checked path (a value check asked for, an argument that is
     not a tensor, a scale that is not a plain number, a window that is not None or a
@@ -464,12 +448,14 @@ def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, caus
     if (check_values is not False or runtime.INTERPRET or (causal is not True and causal is not False)
             or not (num_splits is None or type(num_splits) is int)
             or not (scale is None or type(scale) is float or type(scale) is int)
+            or not (softcap is None or type(softcap) is float or type(softcap) is int)
+            or (return_lse is not True and return_lse is not False)
             or not (window is None or type(window) is tuple and len(window) == 2
                     and type(window[0]) is int and type(window[1]) is int)):
         return None
     try:
         tensors = tuple(tensor_key(x) for x in (q, k_cache, v_cache, cache_seqlens, block_table))
-        return tensors + (num_splits, causal, scale, dot_precision(q.dtype), window)
+        return tensors + (num_splits, causal, scale, dot_precision(q.dtype), window, softcap, return_lse)
     except (AttributeError, TypeError):
         return None
 
@@ -477,13 +463,14 @@ def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, caus
 class _Plan:
     """What one call signature launches: the buffers' sizes, the two kernels, and which
     inputs the kernel can read as they are (``as_is``: q, k_cache, v_cache, cache_seqlens,
-    block_table; fixed by the signature's shapes, strides and dtypes)."""
+    block_table; fixed by the signature's shapes, strides and dtypes), and whether the call
+    returns the rows' lse (``lse_rows``, (batch, heads, n_new)) too."""
 
-    __slots__ = ("rows", "out", "n_part", "n_lse", "split", "combine", "as_is")
+    __slots__ = ("rows", "out", "n_part", "n_lse", "split", "combine", "as_is", "lse_rows")
 
-    def __init__(self, rows, out, n_part, n_lse, split, combine, as_is):
+    def __init__(self, rows, out, n_part, n_lse, split, combine, as_is, lse_rows=None):
         self.rows, self.out, self.n_part, self.n_lse = rows, out, n_part, n_lse
-        self.split, self.combine, self.as_is = split, combine, as_is
+        self.split, self.combine, self.as_is, self.lse_rows = split, combine, as_is, lse_rows
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table):
         q_ok, k_ok, v_ok, seqlens_ok, table_ok = self.as_is
@@ -500,20 +487,19 @@ class _Plan:
                    else cache_seqlens.to(torch.int32).contiguous())
         table = lse if block_table is None else block_table if table_ok else block_table.contiguous()
         self.split(q_rows, k_cache, v_cache, o_part, lse, seqlens, table)
-        if self.combine:
-            self.combine(o_part, lse, o)
-        return o
+        if self.lse_rows is None:
+            if self.combine:
+                self.combine(o_part, lse, o, lse)   # the last: a stand-in, unused without WRITE_LSE
+            return o
+        if self.combine:   # one split: its lse is the rows' own
+            lse_out = new_buffer(self.lse_rows, device=q.device, dtype=torch.float32)
+            self.combine(o_part, lse, o, lse_out)
+            lse = lse_out
+        return o, lse.view(self.lse_rows)
 
 
-def _contiguous_strides(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
-def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window=None):
+def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window=None,
+          softcap=None, return_lse=False):
     """Check a call's arguments (errors name them) and decide its launch; None when there
     is nothing to compute (no batch or no new token)."""
     names = ("q", "k_cache", "v_cache")
@@ -526,6 +512,8 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
         scale = check_inputs(q, k_cache, v_cache, causal, scale, names=names)
         n_max = k_cache.shape[2]
     check_flag(check_values, "check_values")
+    check_flag(return_lse, "return_softmax_lse")
+    cap = masks.check_softcap(softcap)
     batch, heads, n_new, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     if n_new > MAX_NEW_TOKENS:
@@ -574,20 +562,21 @@ def _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, s
         [None] * 7 + [q_rows.stride(0), q_rows.stride(1), q_rows.stride(2),
                       k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                       v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                      *part_strides, table_stride, kv_heads, n_rows, n_max, num_splits, scale * LOG2E,
-                      first, last],
+                      *part_strides, table_stride, kv_heads, n_rows, n_max, num_splits, (cap or scale) * LOG2E,
+                      first, last, scale / cap if cap else 1.0],
         dict(N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
              CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None, PAGE_SIZE=page_size,
              DOT_PRECISION=dot_precision(q.dtype), WINDOW=windowed,
              TILE_IN_PAGE=TILE_IN_PAGE and page_size >= block_n,   # no pages: page_size 0
-             num_warps=num_warps, num_stages=num_stages),
+             SOFTCAP=bool(cap), num_warps=num_warps, num_stages=num_stages),
         slots=range(7))
     combine = None
     if num_splits > 1:
         combine = Launch(
             for_lengths(_decode_combine, (n_rows, num_splits), ("n_rows", "num_splits")), (n_rows, batch * kv_heads),
-            [None] * 3 + [o_strides[0], o_strides[1], o_strides[2], kv_heads, n_rows, num_splits],
+            [None] * 4 + [o_strides[0], o_strides[1], o_strides[2], kv_heads, n_rows, num_splits],
             dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=triton.next_power_of_2(num_splits),
-                 num_warps=4),
-            slots=range(3))
-    return _Plan(rows, (batch, heads, n_new, head_dim), n_part, n_lse, split, combine, as_is)
+                 WRITE_LSE=bool(return_lse), num_warps=4),
+            slots=range(4))
+    return _Plan(rows, (batch, heads, n_new, head_dim), n_part, n_lse, split, combine, as_is,
+                 (batch, heads, n_new) if return_lse else None)

@@ -16,7 +16,7 @@ import torch
 import triton
 
 from .. import masks, runtime
-from ..validation import check_count
+from ..validation import check_choice, check_count
 from .autograd import check_shapes, kernel_mask
 from .configs import block_d
 
@@ -208,3 +208,53 @@ def warn_if_flash_attn_layout(q, k_cache) -> None:
         warnings.warn(f"q {tuple(q.shape)} is read as (batch, heads=1, new tokens={q.shape[2]}, head_dim); if it is "
                       "flash-attn's (batch, new tokens, heads, head_dim), pass q.transpose(1, 2) (and the caches as "
                       "(batch, kv_heads, length, head_dim))", stacklevel=3)
+
+
+# ------------------------------------------------------------------ the layout
+
+def paginate(k, v, page_size: int, *, generator: torch.Generator | None = None, spare: int = 0):
+    """A dense cache (batch, kv_heads, n_max, d) cut into pages of ``page_size`` tokens and
+    stored in a shuffled order: returns (k_pages, v_pages, block_table), the layout
+    ``flash_decode(..., block_table=)`` reads (as vLLM and flash-attn's paged KV cache).
+
+    Sequence b's positions [p * page_size, (p + 1) * page_size) land in physical page
+    ``block_table[b, p]`` of k_pages / v_pages (num_pages, kv_heads, page_size, d);
+    n_max is padded up to whole pages with zeros. ``spare`` unused pages are added (a
+    real cache has free pages); the order is a random permutation from ``generator``."""
+    check_choice(page_size, "page_size", PAGE_SIZES)
+    batch, kv_heads, n_max, d = k.shape
+    per_seq = max(1, -(-n_max // page_size))
+    pad = per_seq * page_size - n_max
+
+    def pages(x):
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return x.reshape(batch, kv_heads, per_seq, page_size, d).permute(0, 2, 1, 3, 4).reshape(-1, kv_heads, page_size, d)
+
+    n_pages = batch * per_seq + spare
+    order = torch.randperm(n_pages, generator=generator)
+    table = order[:batch * per_seq].reshape(batch, per_seq)   # logical page -> physical page
+
+    def place(x):
+        out = torch.zeros((n_pages, kv_heads, page_size, d), dtype=x.dtype, device=x.device)
+        out[table.reshape(-1).to(x.device)] = pages(x)
+        return out
+
+    return place(k), place(v), table.to(torch.int32).to(k.device)
+
+
+def _lengths_from_int(n: int, q, k_cache, block_table):
+    """flash-attn's int ``cache_seqlens``, checked on the host (no device synchronisation to
+    avoid) and made the (batch,) int32 tensor the kernels read."""
+    if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+        n_max = k_cache.shape[2] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
+        if not 0 <= n <= n_max:
+            raise ValueError(f"cache_seqlens must be in [0, {n_max}] (the cache's length), got {n}")
+    return torch.full(q.shape[:1], n, dtype=torch.int32, device=q.device)
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))

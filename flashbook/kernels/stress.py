@@ -66,7 +66,7 @@ class Case:
     dq_mode: str = "separate"
     page_size: int = 0       # decode: 0 a dense cache, else a paged one (shuffled pages)
     window: tuple = (-1, -1)  # attention: flash_attention's sliding window (left, right)
-    softcap: float = 0.0     # attention: the soft cap c (0: off)
+    softcap: float = 0.0     # attention, decode: the soft cap c (0: off)
     prefix: int = 0          # attention (causal): a prefix-LM's prefix, keys every row sees
     alibi: bool = False      # attention, varlen: ALiBi biases with ``alibi_slopes(heads)``
     fused: bool = False      # varlen: the backward in one launch (``autograd.fuse_backward``) forced, heads ungrouped
@@ -147,7 +147,8 @@ def _launch(case: Case, seed: int, device):
             *caches, pages = paginate(k, v, case.page_size, generator=gen, spare=3)
             table = {"block_table": pages}
         with poisoned_outputs():
-            o = flash_decode(q, *caches, cache_seqlens=lengths.to(device), causal=case.causal, **table)
+            o = flash_decode(q, *caches, cache_seqlens=lengths.to(device), causal=case.causal,
+                             softcap=case.softcap or None, **table)
         return (q, k, v), lengths.tolist(), (o,)
     if case.kernel == "varlen":   # `batch` documents of random lengths, the first one at full length
         from .varlen import flash_attention_varlen
@@ -238,8 +239,9 @@ def run_decode(case: Case, seed: int, device) -> list:
     problems = []
     for i, n in enumerate(lengths):
         ks, vs = k[i:i + 1, :, :n], v[i:i + 1, :, :n]
-        truth = checks.torch_attention(q[i:i + 1].double(), ks.double(), vs.double(), causal=case.causal)
-        yardstick = checks.torch_attention(q[i:i + 1], ks, vs, causal=case.causal)
+        cap = case.softcap or None
+        truth = checks.torch_attention(q[i:i + 1].double(), ks.double(), vs.double(), causal=case.causal, softcap=cap)
+        yardstick = checks.torch_attention(q[i:i + 1], ks, vs, causal=case.causal, softcap=cap)
         problems += [f"sequence {i} (length {n}): {p}"
                      for p in _compare(("o",), (o[i:i + 1],), (truth,), (yardstick,), case.head_dim)]
     return problems
@@ -327,11 +329,12 @@ def mask_name(window, causal: bool, softcap: float, prefix: int = 0, alibi: bool
 
 
 def decode_class(n_new: int, dtype: str, causal: bool, runs: int, *, batch: int = 3, heads: int = 8,
-                 n_max: int = 300, groups=GROUPS, head_dims=HEAD_DIMS, page_size: int = 0) -> list:
+                 n_max: int = 300, groups=GROUPS, head_dims=HEAD_DIMS, page_size: int = 0, softcap: float = 0.0) -> list:
     """``runs`` decode cases with ``n_new`` new tokens, cycling through (group, head_dim);
-    ``page_size``: on a paged cache."""
+    ``page_size``: on a paged cache; ``softcap``: with the soft cap."""
     combos = list(itertools.product(groups, head_dims))
-    return [Case("decode", batch, heads, heads // g, n_new, n_max, d, causal, dtype, page_size=page_size)
+    return [Case("decode", batch, heads, heads // g, n_new, n_max, d, causal, dtype, page_size=page_size,
+                 softcap=softcap)
             for g, d in itertools.islice(itertools.cycle(combos), runs)]
 
 
@@ -384,6 +387,12 @@ def all_classes(kernels=KERNELS, runs: int = 60) -> list:
                 for n_new in (1, 4):
                     found.append((f"decode-paged{page_size}-{dtype}-new{n_new}-causal",
                                   decode_class(n_new, dtype, True, runs, page_size=page_size)))
+        for dtype in ("fp16", "bf16"):   # the soft cap (Gemma 2), dense and paged
+            for page_size in (0, 16):
+                for n_new in (1, 4):
+                    paged = f"-paged{page_size}" if page_size else ""
+                    found.append((f"decode{paged}-{dtype}-new{n_new}-softcap5-causal",
+                                  decode_class(n_new, dtype, True, runs, page_size=page_size, softcap=5.0)))
     if "varlen" in kernels:   # packed documents: 4 of random lengths up to the longest
         for dtype in ("fp16", "bf16"):
             for longest in (17, 65, 129):

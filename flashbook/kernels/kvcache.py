@@ -1,0 +1,168 @@
+"""flash-attn's ``flash_attn_with_kvcache`` on ``flash_decode``: its layout, its order of
+arguments, its in-place append of the step's keys and values (chapter 11).
+
+    o = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths,
+                                causal=True)          # q: (batch, new tokens, heads, head_dim)
+
+A decoding step of a model written for flash-attn makes this one call: the new token's keys
+and values go into the cache at each sequence's length, then its query attends to the cache
+up to there. Here the append is two indexed copies (``index_put_``, on the dense cache or
+through ``block_table`` into its pages) and the attention is ``flash_decode`` on
+``x.transpose(1, 2)`` views of q and the caches (no copy of the cache: the kernel reads
+any strides). flash-attn fuses the append into its kernel; the copies write
+2 x batch x new tokens x kv_heads x head_dim values, a few kilobytes a step, and are
+launches of their own.
+
+What flash-attn's call has and this one refuses, naming the argument: rotary embeddings
+(``rotary_cos``/``rotary_sin``: rotate q and k before the call), ``cache_batch_idx``,
+``cache_leftpad``, ``alibi_slopes``; and more than ``decode.MAX_NEW_TOKENS`` new tokens
+(a prompt goes through ``flash_attn_func`` or ``flash_attn_varlen_func``).
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import torch
+
+from .decode import MAX_NEW_TOKENS, flash_decode
+from .decode_choices import _check_index_tensor, _check_range
+
+__all__ = ["flash_attn_with_kvcache", "append_to_cache"]
+
+_LAYOUT = "flash-attn's layout"
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _check_4d(x, name: str, meaning: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"{name} must be a 4-D tensor in {_LAYOUT} {meaning}, got {_shape(x)}")
+
+
+def _refuse(name: str, value, why: str) -> None:
+    if value is not None:
+        raise NotImplementedError(f"flashbook's flash_attn_with_kvcache does not take {name} (got a value): {why}")
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            *, check_values=False):
+    """flash-attn's ``flash_attn_with_kvcache``, in its layout and its order of arguments: a
+    decoding step written for flash-attn runs with this function's import in place of its own.
+
+    Args:
+        q: (batch, new tokens, heads, head_dim), 1 to 16 new tokens, float16, bfloat16 or float32.
+        k_cache, v_cache: (batch, capacity, kv_heads, head_dim), kv_heads dividing heads; or, with
+            ``block_table``, pages (num_pages, page_size, kv_heads, head_dim), page_size one of
+            ``decode.PAGE_SIZES``. The last axis contiguous (as flash-attn asserts).
+        k, v: the step's keys and values, (batch, new keys, kv_heads, head_dim), or None. Given,
+            they are written into the caches *in place* at positions cache_seqlens[b] + i (through
+            ``block_table`` into its pages), and attention sees cache_seqlens + new keys.
+        cache_seqlens: int, or (batch,) int32/int64 on q's device: each cache's length before
+            this step (needed with k and v). None: every cache is full.
+        block_table: (batch, pages per sequence) int32/int64: a paged cache, as ``flash_decode``.
+        softmax_scale: None is 1/sqrt(head_dim). causal: False by default, as flash-attn's
+            (bottom-right aligned: new token i sits at position length - new tokens + i).
+        window_size: (left, right), -1 no limit. softcap: c > 0 for c * tanh(s / c); 0 off.
+        num_splits: 0 chooses (``decode.choose_num_splits``), else 1 to 128.
+        return_softmax_lse: also return the rows' lse, (batch, heads, new tokens), float32.
+        check_values: (flashbook's, keyword only) check the lengths and page indices on the host
+            first: one device synchronisation. Off, as flash-attn never checks them: lengths are
+            clamped by the kernel, but a write past the cache's end is an indexing error on the GPU.
+        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: refused unless None
+            (``rotary_interleaved`` is then unused).
+
+    Returns:
+        out, (batch, new tokens, heads, head_dim), q's dtype, contiguous; ``(out, lse)`` with
+        ``return_softmax_lse``. Inference only, as flash-attn's.
+    """
+    del rotary_interleaved   # only with rotary_cos/rotary_sin, which are refused
+    _refuse("rotary_cos", rotary_cos, "apply the rotary embedding to q and k before the call")
+    _refuse("rotary_sin", rotary_sin, "apply the rotary embedding to q and k before the call")
+    _refuse("cache_batch_idx", cache_batch_idx, "index the caches (or pass block_table) so that row b is sequence b")
+    _refuse("cache_leftpad", cache_leftpad, "caches that start at position 0 only")
+    _refuse("alibi_slopes", alibi_slopes, "flash_decode has no ALiBi; flash_attn_func does")
+    _check_4d(q, "q", "(batch, new tokens, heads, head_dim)")
+    paged = block_table is not None
+    cache_meaning = ("(num_pages, page_size, kv_heads, head_dim)" if paged
+                     else "(batch, capacity, kv_heads, head_dim)")
+    _check_4d(k_cache, "k_cache", cache_meaning)
+    _check_4d(v_cache, "v_cache", cache_meaning)
+    if q.shape[1] > MAX_NEW_TOKENS:
+        raise ValueError(f"q must hold 1 to {MAX_NEW_TOKENS} new tokens per sequence (axis 1 in {_LAYOUT}), got "
+                         f"shape {tuple(q.shape)}; a prompt goes through flash_attn_func or flash_attn_varlen_func")
+    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the step's keys and values) or both be None")
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        capacity = k_cache.shape[1] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
+        new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
+        if not 0 <= cache_seqlens <= capacity - new:
+            raise ValueError(f"cache_seqlens must be in [0, {capacity - new}] (the cache holds {capacity} positions"
+                             f"{f' and k adds {new}' if new else ''}), got {cache_seqlens}")
+        cache_seqlens = torch.full(q.shape[:1], int(cache_seqlens), dtype=torch.int32, device=q.device)
+    lengths = cache_seqlens
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("k and v need cache_seqlens: the position in each cache where they are written")
+        lengths = append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, check_values=check_values)
+    views = [x.transpose(1, 2) for x in (q, k_cache, v_cache)]
+    call = dict(cache_seqlens=lengths, block_table=block_table, num_splits=num_splits or None, causal=causal,
+                window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, check_values=check_values,
+                return_softmax_lse=return_softmax_lse)
+    if q.shape[2] == 1 < q.shape[1] and k_cache.shape[2] == 1:   # flash_decode's layout warning would misfire
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"q \(.*\) is read as")
+            result = flash_decode(*views, **call)
+    else:
+        result = flash_decode(*views, **call)
+    o, lse = result if return_softmax_lse else (result, None)
+    o = o.transpose(1, 2).contiguous()
+    return (o, lse) if return_softmax_lse else o
+
+
+def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, check_values=False):
+    """Write the step's keys and values into the caches in place, in flash-attn's layout, at
+    positions cache_seqlens[b] + i; returns the new lengths, cache_seqlens + new keys (int32).
+
+    Dense caches (batch, capacity, kv_heads, head_dim): row b at those positions. Paged caches
+    (num_pages, page_size, kv_heads, head_dim): position p of sequence b is slot p % page_size of
+    page block_table[b, p // page_size]. Two ``index_put_`` calls, no synchronisation; with
+    ``check_values`` the positions are checked against the capacity first (one)."""
+    batch = k_cache.shape[0] if block_table is None else block_table.shape[0]
+    for name, x in (("k", k), ("v", v)):
+        _check_4d(x, name, "(batch, new keys, kv_heads, head_dim)")
+        if x.shape[0] != batch or x.shape[2:] != k_cache.shape[2:]:
+            raise ValueError(f"{name} must have shape ({batch}, new keys, {k_cache.shape[2]}, {k_cache.shape[3]}) "
+                             f"(batch, new keys, kv_heads, head_dim of the cache), got {tuple(x.shape)}")
+        if x.dtype != k_cache.dtype or x.device != k_cache.device:
+            raise ValueError(f"{name} must have the cache's dtype and device ({k_cache.dtype}, {k_cache.device}), "
+                             f"got {x.dtype}, {x.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
+    _check_index_tensor(cache_seqlens, "cache_seqlens", (batch,), k_cache.device, "one length per sequence")
+    new = k.shape[1]
+    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+    if check_values:
+        _check_range(cache_seqlens, "cache_seqlens", 0, capacity - new,
+                     f"the cache holds {capacity} positions and k adds {new}")
+    positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(new, device=k.device)
+    if block_table is None:
+        where = (torch.arange(batch, device=k.device)[:, None].expand(-1, new), positions)
+    else:
+        _check_index_tensor(block_table, "block_table", (batch, block_table.shape[1]), k_cache.device,
+                            "batch, pages per sequence")
+        page_size = k_cache.shape[1]
+        where = (block_table.to(torch.int64).gather(1, positions // page_size), positions % page_size)
+    k_cache.index_put_(where, k)
+    v_cache.index_put_(where, v)
+    return (cache_seqlens + new).to(torch.int32)

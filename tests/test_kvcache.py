@@ -1,0 +1,313 @@
+"""flash_decode's soft cap and lse, and ``flash_attn_with_kvcache`` (flash-attn's decoding call).
+
+Every output is compared with float64 attention (``reference.torch_attention``, each sequence
+cut to its own length) by the book's rule (``checks.within_twice_yardstick``: at most twice the
+error of the same PyTorch math in the input dtype, plus floors). The lse is compared with the
+float64 logsumexp of the same scores: the kernel forms them in float32 from the rounded inputs,
+so its error is float32 accumulation (head_dim products of size |q||k|), a few 1e-6 here;
+1e-4 leaves room for the GPU's approximate exp2/log2 and stays far below any real mistake
+(a missing scale or cap moves the lse by whole units). On the interpreter: fp16 and fp32;
+``-m gpu``: bf16 and fp16 at serving sizes, many seeds, outputs poisoned.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from flashbook import flash_attn_with_kvcache, runtime
+from flashbook.kernels import autograd, checks, decode, flash_decode
+from flashbook.kernels.decode import paginate
+
+DEVICE = runtime.device()
+LSE_TOLERANCE = 1e-4
+
+
+def _truth(q, k, v, lengths, *, causal=True, softcap=None, window=None, scale=None):
+    """float64 (o, lse) and the same-dtype yardstick o, (batch, heads, n_new, ...), per sequence
+    over its own keys; ``window`` (left, right) as flash-attn, bottom-right aligned."""
+    n_new = q.shape[2]
+    want = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full(q.shape[:3], -math.inf, dtype=torch.float64)
+    yard = torch.zeros(q.shape, dtype=q.dtype)
+    for b, n in enumerate(lengths):
+        if n == 0:
+            continue
+        qb, kb, vb = q[b:b + 1].cpu(), k[b:b + 1, :, :n].cpu(), v[b:b + 1, :, :n].cpu()
+        position = torch.arange(n_new)[:, None] + n - n_new
+        key = torch.arange(n)[None, :]
+        allowed = key <= position if causal else torch.ones(n_new, n, dtype=torch.bool)
+        if window is not None:
+            left, right = window
+            allowed = allowed & ((key >= position - left) if left >= 0 else True) & (
+                (key <= position + right) if right >= 0 else True)
+        o64, l64 = checks.torch_attention(qb.double(), kb.double(), vb.double(), allowed=allowed, softcap=softcap,
+                                          scale=scale, return_lse=True)
+        want[b], lse[b] = o64[0], l64[0]
+        yard[b] = checks.torch_attention(qb, kb, vb, allowed=allowed, softcap=softcap, scale=scale)[0]
+    return want, lse, yard
+
+
+def _inputs(seed, b=3, h=4, h_kv=2, n_new=2, n_max=70, d=32, dtype=torch.float16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n_new, d, generator=g).to(dtype).to(DEVICE)
+    k, v = (torch.randn(b, h_kv, n_max, d, generator=g).mul(s).to(dtype).to(DEVICE) for s in (3.0, 1.0))
+    return q, k, v
+
+
+def _check(o, lse, want, want_lse, yard, head_dim):
+    assert not o.isnan().any()
+    problem = checks.within_twice_yardstick("o", o.cpu(), want, yard, head_dim=head_dim)
+    assert problem is None, problem
+    seen = torch.isfinite(want_lse)
+    assert seen.any()
+    assert torch.equal(torch.isfinite(lse.cpu()), seen) and (lse.cpu()[~seen] == -math.inf).all()
+    assert (lse.cpu().double() - want_lse)[seen].abs().max() <= LSE_TOLERANCE
+
+
+# ------------------------------------------------------------ flash_decode: softcap and lse
+
+@pytest.mark.parametrize("window", [None, (5, 0)], ids=["no-window", "window5"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged16"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_softcap_and_lse_match_float64(dtype, paged, num_splits, window):
+    """Scores scaled by 3 so that the cap of 2.5 bends them; lengths full, empty and ragged."""
+    q, k, v = _inputs(int(torch.randint(0, 2**30, ())), dtype=dtype)
+    lengths = [70, 0, 33]
+    caches, extra = (k, v), {}
+    if paged:
+        *caches, table = paginate(k, v, 16, generator=torch.Generator().manual_seed(1), spare=2)
+        extra = dict(block_table=table)
+    with autograd.poisoned_outputs():
+        o, lse = flash_decode(q, *caches, cache_seqlens=torch.tensor(lengths, device=DEVICE), num_splits=num_splits,
+                              softcap=2.5, window=window, return_softmax_lse=True, **extra)
+    assert o.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    _check(o, lse, *_truth(q, k, v, lengths, softcap=2.5, window=window), q.shape[-1])
+    # the cap changes the answer: without it the same call is another attention
+    plain = flash_decode(q, *caches, cache_seqlens=torch.tensor(lengths, device=DEVICE), window=window, **extra)
+    assert (plain - o).abs().max() > 0.01
+
+
+def test_lse_merges_two_halves_of_a_cache_exactly():
+    """What the lse is for: attention over keys [0, m) and [m, n) merged by their lse (chapter 3)
+    is attention over [0, n), as a cascade or a cache split across devices does it."""
+    q, k, v = _inputs(5, n_new=1, dtype=torch.float32)
+    n, m = 70, 29
+    first = flash_decode(q, k[:, :, :m], v[:, :, :m], causal=False, return_softmax_lse=True)
+    second = flash_decode(q, k[:, :, m:n], v[:, :, m:n], causal=False, return_softmax_lse=True)
+    whole, whole_lse = flash_decode(q, k, v, causal=False, return_softmax_lse=True)
+    top = torch.maximum(first[1], second[1])
+    w1, w2 = torch.exp(first[1] - top)[..., None], torch.exp(second[1] - top)[..., None]
+    merged = (w1 * first[0] + w2 * second[0]) / (w1 + w2)
+    assert torch.allclose(merged, whole, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(top + torch.log(w1 + w2)[..., 0], whole_lse, atol=1e-6, rtol=1e-6)
+
+
+def test_without_softcap_or_lse_the_call_is_unchanged():
+    """softcap=None / 0 and return_softmax_lse=False are the plain call, bit for bit."""
+    q, k, v = _inputs(7)
+    lengths = torch.tensor([70, 12, 0], device=DEVICE)
+    plain = flash_decode(q, k, v, cache_seqlens=lengths, num_splits=2)
+    assert torch.equal(flash_decode(q, k, v, cache_seqlens=lengths, num_splits=2, softcap=0), plain)
+    o, _ = flash_decode(q, k, v, cache_seqlens=lengths, num_splits=2, softcap=None, return_softmax_lse=True)
+    assert torch.equal(o, plain)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(softcap=-1.0), ValueError, "softcap must be a finite number > 0"),
+    (dict(softcap="5"), TypeError, "softcap must be a real number"),
+    (dict(return_softmax_lse=1), TypeError, "return_softmax_lse"),
+])
+def test_bad_softcap_and_lse_flags_are_named(kwargs, error, match):
+    q, k, v = _inputs(1)
+    with pytest.raises(error, match=match):
+        flash_decode(q, k, v, **kwargs)
+
+
+def test_softcap_and_lse_are_part_of_the_call_signature(monkeypatch):
+    monkeypatch.setattr(decode.runtime, "INTERPRET", False)   # the short path's key, as on a GPU
+    q, k, v = _inputs(2)
+
+    def key(softcap=None, lse=False):
+        return decode._signature(q, k, v, None, None, None, True, None, False, None, softcap, lse)
+
+    keys = [key(), key(softcap=5.0), key(softcap=6.0), key(lse=True)]
+    assert None not in keys and len(set(keys)) == 4
+    assert key(softcap=torch.tensor(5.0)) is None and key(lse=1) is None
+
+
+# ------------------------------------------------------------ flash_attn_with_kvcache
+
+def _flash_attn_inputs(seed, b=3, capacity=80, h=4, h_kv=2, d=32, n_new=2, dtype=torch.float16):
+    g = torch.Generator().manual_seed(seed)
+    caches = [torch.randn(b, capacity, h_kv, d, generator=g).to(dtype).to(DEVICE) for _ in range(2)]
+    q = torch.randn(b, n_new, h, d, generator=g).to(dtype).to(DEVICE)
+    new = [torch.randn(b, n_new, h_kv, d, generator=g).to(dtype).to(DEVICE) for _ in range(2)]
+    return q, caches, new
+
+
+@pytest.mark.parametrize("int_lengths", [False, True], ids=["tensor-lengths", "int-length"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged16"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_kvcache_appends_in_place_then_attends(dtype, paged, int_lengths):
+    """flash-attn's step: k and v land in the caches at each length (through block_table into its
+    pages), then q attends to lengths + new keys, causal, capped; the output in flash-attn's layout."""
+    seed = int(torch.randint(0, 2**30, ()))
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(seed, dtype=dtype)
+    n_new = k.shape[1]
+    lengths = [40, 40, 40] if int_lengths else [10, 0, 78]
+    appended = [x.clone() for x in (k_cache, v_cache)]
+    for b, n in enumerate(lengths):
+        appended[0][b, n:n + n_new], appended[1][b, n:n + n_new] = k[b], v[b]
+    extra = {}
+    if paged:   # the caches as shuffled 16-token pages in flash-attn's (num_pages, page_size, kv_heads, d)
+        *pages, table = paginate(k_cache.transpose(1, 2), v_cache.transpose(1, 2), 16,
+                                 generator=torch.Generator().manual_seed(seed), spare=2)
+        k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in pages)
+        extra = dict(block_table=table)
+    else:
+        k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    seqlens = 40 if int_lengths else torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    with autograd.poisoned_outputs():
+        o, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True, softcap=4.0,
+                                         return_softmax_lse=True, **extra)
+    assert o.shape == q.shape and o.is_contiguous() and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    if paged:   # every appended row is in its page and slot
+        for b, n in enumerate(lengths):
+            position = torch.arange(n, n + n_new, device=DEVICE)
+            page, slot = table[b, position // 16].long(), position % 16
+            assert torch.equal(k_cache[page, slot], k[b]) and torch.equal(v_cache[page, slot], v[b])
+    else:
+        assert torch.equal(k_cache, appended[0]) and torch.equal(v_cache, appended[1])
+    want, want_lse, yard = _truth(q.transpose(1, 2), *(x.transpose(1, 2) for x in appended),
+                                  [n + n_new for n in lengths], softcap=4.0)
+    _check(o.transpose(1, 2), lse, want, want_lse, yard, q.shape[-1])
+
+
+def test_kvcache_without_new_keys_is_flash_decode_in_flash_attns_layout():
+    """No k/v: the caches are read, not written; causal defaults to False, as flash-attn's."""
+    q, (k_cache, v_cache), _ = _flash_attn_inputs(11, dtype=torch.float32)
+    before = k_cache.clone()
+    lengths = torch.tensor([80, 5, 33], dtype=torch.int32, device=DEVICE)
+    o = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, window_size=(6, -1), num_splits=2)
+    assert torch.equal(k_cache, before)
+    want = flash_decode(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), cache_seqlens=lengths,
+                        causal=False, window=(6, -1), num_splits=2)
+    assert torch.equal(o, want.transpose(1, 2))
+
+
+def test_kvcache_one_head_several_tokens_does_not_warn():
+    """q (batch, 4 tokens, 1 head, d) over one KV head is flash-attn's layout by construction:
+    flash_decode's layout warning, meant for its own callers, stays quiet."""
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(3, h=1, h_kv=1, n_new=4, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=20, causal=True)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(rotary_cos=0), NotImplementedError, "does not take rotary_cos"),
+    (dict(rotary_sin=0), NotImplementedError, "does not take rotary_sin"),
+    (dict(cache_batch_idx=0), NotImplementedError, "does not take cache_batch_idx"),
+    (dict(cache_leftpad=0), NotImplementedError, "does not take cache_leftpad"),
+    (dict(alibi_slopes=0), NotImplementedError, "does not take alibi_slopes"),
+    (dict(v=None), ValueError, "k and v must be given together"),
+    (dict(cache_seqlens=None), ValueError, "k and v need cache_seqlens"),
+    (dict(cache_seqlens=79), ValueError, r"cache_seqlens must be in \[0, 78\]"),
+    (dict(num_splits=-1), ValueError, "num_splits must be an int >= 0"),
+    (dict(k="k"), ValueError, "k must be a 4-D tensor in flash-attn's layout"),
+    (dict(q="q"), ValueError, "q must be a 4-D tensor in flash-attn's layout"),
+    (dict(q_tokens=17), ValueError, r"q must hold 1 to 16 new tokens per sequence \(axis 1 in flash-attn.s layout\)"),
+    (dict(k_heads=3), ValueError, r"k must have shape \(3, new keys, 2, 32\)"),
+    (dict(k_dtype=torch.float64), ValueError, "k must have the cache's dtype"),
+    (dict(cache_seqlens="tensor-too-long", check_values=True), ValueError,
+     r"cache_seqlens must be in \[0, 78\] \(the cache holds 80 positions and k adds 2\)"),
+])
+def test_kvcache_bad_arguments_are_named(change, error, match):
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(4, dtype=torch.float32)
+    call = dict(k=k, v=v, cache_seqlens=torch.tensor([1, 2, 3], dtype=torch.int32, device=DEVICE))
+    if "q_tokens" in change:
+        q = torch.randn(3, change.pop("q_tokens"), 4, 32, device=DEVICE)
+    if "k_heads" in change:
+        call["k"] = torch.randn(3, 2, change.pop("k_heads"), 32, device=DEVICE)
+    if "k_dtype" in change:
+        call["k"] = k.to(change.pop("k_dtype"))
+    if change.get("cache_seqlens") == "tensor-too-long":
+        change["cache_seqlens"] = torch.tensor([1, 79, 3], dtype=torch.int32, device=DEVICE)
+    call.update(change)
+    q = call.pop("q", q)
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(q, k_cache, v_cache, **call)
+
+
+def test_kvcache_step_compiles_to_the_eager_bits():
+    """A decoding step (append, attend) inside torch.compile: the append traced as index_put_ on
+    the caches (an input mutation the compiler keeps), the attention as flashbook::decode."""
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(8, dtype=torch.float32)
+    lengths = torch.tensor([3, 50, 0], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k_cache, v_cache, k, v, lengths):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, causal=True, softcap=3.0)
+
+    eager_caches = [x.clone() for x in (k_cache, v_cache)]
+    eager = step(q, *eager_caches, k, v, lengths)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k_cache, v_cache, k, v, lengths)
+    assert torch.equal(compiled, eager) and eager.abs().max() > 0
+    assert torch.equal(k_cache, eager_caches[0]) and torch.equal(v_cache, eager_caches[1])
+
+
+def test_kvcache_is_exported_where_flash_attn_users_look():
+    import flashbook
+    from flashbook import kernels
+
+    assert flashbook.flash_attn_with_kvcache is kernels.flash_attn_with_kvcache
+    assert flashbook.flash_decode is kernels.flash_decode
+    names = flash_attn_with_kvcache.__code__.co_varnames[:flash_attn_with_kvcache.__code__.co_argcount]
+    assert names == ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+                     "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
+                     "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse")
+
+
+# ------------------------------------------------------------ on a GPU
+
+GPU_SHAPES = {   # (batch, capacity, heads, kv_heads, head_dim, new tokens, page_size)
+    "b4-8k-gqa-1-token": (4, 8192, 32, 8, 128, 1, 0),
+    "b8-4k-mqa-4-tokens-paged": (8, 4096, 16, 1, 128, 4, 64),
+    "b2-16k-d64-2-tokens-paged16": (2, 16384, 8, 2, 64, 2, 16),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", list(GPU_SHAPES))
+def test_gpu_kvcache_softcap_and_lse_many_seeds(shape, dtype):
+    """13 seeds of ragged lengths per shape (one at the cache's end, one empty), outputs poisoned:
+    the appended caches exact, o within the rule, lse within LSE_TOLERANCE of float64."""
+    b, capacity, h, h_kv, d, n_new, page_size = GPU_SHAPES[shape]
+    for seed in range(13):
+        q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(seed, b, capacity, h, h_kv, d, n_new, dtype)
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(0, capacity - n_new + 1, (b,), generator=g)
+        lengths[0], lengths[1] = capacity - n_new, 0
+        appended = [x.clone() for x in (k_cache, v_cache)]
+        for i, n in enumerate(lengths.tolist()):
+            appended[0][i, n:n + n_new], appended[1][i, n:n + n_new] = k[i], v[i]
+        extra = {}
+        if page_size:
+            *pages, table = paginate(k_cache.transpose(1, 2), v_cache.transpose(1, 2), page_size, generator=g)
+            k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in pages)
+            extra = dict(block_table=table)
+        with autograd.poisoned_outputs():
+            o, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths.to(DEVICE).int(),
+                                             causal=True, softcap=30.0, return_softmax_lse=True, **extra)
+        torch.cuda.synchronize()
+        if not page_size:
+            assert torch.equal(k_cache, appended[0]) and torch.equal(v_cache, appended[1]), seed
+        want, want_lse, yard = _truth(q.transpose(1, 2), *(x.transpose(1, 2) for x in appended),
+                                      [n + n_new for n in lengths.tolist()], softcap=30.0)
+        _check(o.transpose(1, 2), lse, want, want_lse, yard, d)
