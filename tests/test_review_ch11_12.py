@@ -65,7 +65,9 @@ def test_chapter_12_says_the_mask_classes_ran_again_on_the_gpu():
     again = [c for c in cases if "[varlen-fp16-max17-window3,0-causal]" in c.get("name")]
     assert again and all(c.find("failure") is None and c.find("error") is None for c in again)
     stress_md = sources_by_id("12_masks.ipynb")["808d4022"]
-    assert "have not been run again" not in stress_md and "{glue:text}`st_not_rerun`" in stress_md
+    assert "have not been run again" not in stress_md and "{glue:text}`st_not_rerun_phrase`" in stress_md
+    # run 19 (v0.26.0) took every mask class again, so none of the failed run's classes is left out
+    assert got["not_rerun"] == 0 and got["classes"] >= 190
     assert "Runs 11 and 12" not in stress_md
 
 

@@ -136,8 +136,10 @@ def test_which_kernel_maps_flash_attn_and_flex_to_the_real_signatures():
         flash_decode(q, k, k, num_splits=0)
     dec = inspect.signature(flash_decode).parameters
     assert dec["causal"].default is True and "defaults to `causal=True`" in section
-    for absent in ("k", "v", "rotary_cos", "rotary_sin", "softcap", "alibi_slopes"):
+    for absent in ("k", "v", "rotary_cos", "rotary_sin", "alibi_slopes"):
         assert absent not in dec, absent
+    assert "softcap" in dec and "return_softmax_lse" in dec   # as flash-attn's
+    assert "`flashbook.flash_attn_with_kvcache(...)`, the same layout, arguments and order" in section
     assert "does not write the new tokens' keys and values into the cache" in section
     assert "block_table" in dec and "cache_seqlens" in dec
     assert "layout" in inspect.signature(ring_attention).parameters

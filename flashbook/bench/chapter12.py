@@ -293,25 +293,28 @@ def _junit_cases(path):
 def stress_reruns(root=None) -> dict | None:
     """The mask classes' GPU stress tests after the one that failed (run ``stress``, its
     ``*classes_masks*`` junit files): ``failed``, the class names that failed in the last of
-    those; ``files``, ``tests`` and ``failures`` over every ``*stress*.junit.xml`` in the folders
-    of ``STRESS_RUNS`` (each run 60 seeded calls per class against float64); ``rerun_failed``:
-    every failed class passed again in at least one of them; ``classes``: how many classes the
-    last of the earlier files ran, and ``not_rerun``: how many classes of
-    that last run none of the later files ran, or None when nothing is recorded."""
+    those with a failure; ``files``, ``tests`` and ``failures`` over every
+    ``*stress*.junit.xml`` in the folders of ``STRESS_RUNS`` and the later ``*classes_masks*``
+    files (each run 60 seeded calls per class against float64); ``rerun_failed``: every failed
+    class passed again in at least one of them; ``classes``: how many classes the failed run
+    ran, and ``not_rerun``: how many of them none of the later files ran, or None when nothing
+    is recorded."""
     stress = run_path("stress", root)
     if stress is None or not stress.is_dir():
         return None
     masks_runs = sorted(stress.glob("*classes_masks*.junit.xml"), key=lambda p: int(p.name.split("_")[0]))
     if not masks_runs:
         return None
-    last = _junit_cases(masks_runs[-1])
+    failing = [i for i, path in enumerate(masks_runs) if any(bad for _, bad in _junit_cases(path))]
+    base = failing[-1] if failing else len(masks_runs) - 1
+    last = _junit_cases(masks_runs[base])
     folders = []
     for name in STRESS_RUNS:
         for path in run_paths(name, root):
             folder = path if path.is_dir() else path.parent
             if folder.is_dir() and folder not in folders:
                 folders.append(folder)
-    files = sorted({f for folder in folders for f in folder.glob("*stress*.junit.xml")})
+    files = sorted({f for folder in folders for f in folder.glob("*stress*.junit.xml")} | set(masks_runs[base + 1:]))
     later = [case for f in files for case in _junit_cases(f)]
     passed = {name for name, failed in later if not failed}
     failed = sorted({name for name, bad in last if bad})
