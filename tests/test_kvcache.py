@@ -209,9 +209,15 @@ def test_kvcache_one_head_several_tokens_does_not_warn():
 
 
 @pytest.mark.parametrize("change,error,match", [
-    (dict(rotary_cos=0), NotImplementedError, "does not take rotary_cos"),
-    (dict(rotary_sin=0), NotImplementedError, "does not take rotary_sin"),
-    (dict(cache_batch_idx=0), NotImplementedError, "does not take cache_batch_idx"),
+    (dict(rotary_cos="cos"), ValueError, "rotary_cos and rotary_sin must be given together"),
+    (dict(rotary_cos="cos", rotary_sin="cos", k=None, v=None), ValueError, "only with k and v"),
+    (dict(rotary_cos="wide", rotary_sin="wide"), ValueError, r"rotary_cos must have 1 to head_dim / 2 = 16 columns"),
+    (dict(rotary_cos="cos", rotary_sin="cos", check_values=True), ValueError,
+     r"the rotary positions \(cache_seqlens \+ i\) must be in \[0, 3\]"),
+    (dict(cache_batch_idx=torch.tensor([0, 1, 2]), block_table="table"), ValueError,
+     "cache_batch_idx and block_table cannot be given together"),
+    (dict(cache_batch_idx=torch.tensor([0, 1, 5]), check_values=True), ValueError,
+     r"cache_batch_idx must be in \[0, 2\]"),
     (dict(cache_leftpad=0), NotImplementedError, "does not take cache_leftpad"),
     (dict(alibi_slopes=0), NotImplementedError, "does not take alibi_slopes"),
     (dict(v=None), ValueError, "k and v must be given together"),
@@ -235,6 +241,13 @@ def test_kvcache_bad_arguments_are_named(change, error, match):
         call["k"] = torch.randn(3, 2, change.pop("k_heads"), 32, device=DEVICE)
     if "k_dtype" in change:
         call["k"] = k.to(change.pop("k_dtype"))
+    for name in ("rotary_cos", "rotary_sin"):   # 4 positions; "wide": 17 columns for head_dim 32
+        if change.get(name) in ("cos", "wide"):
+            change[name] = torch.randn(4, 17 if change[name] == "wide" else 8, device=DEVICE)
+    if change.get("block_table") == "table":
+        change["block_table"] = torch.zeros(3, 5, dtype=torch.int32, device=DEVICE)
+    if isinstance(change.get("cache_batch_idx"), torch.Tensor):
+        change["cache_batch_idx"] = change["cache_batch_idx"].to(DEVICE)
     if change.get("cache_seqlens") == "tensor-too-long":
         change["cache_seqlens"] = torch.tensor([1, 79, 3], dtype=torch.int32, device=DEVICE)
     call.update(change)
@@ -243,14 +256,97 @@ def test_kvcache_bad_arguments_are_named(change, error, match):
         flash_attn_with_kvcache(q, k_cache, v_cache, **call)
 
 
+def _rotary_tables(positions, rotary_dim, base=10000.0):
+    """cos and sin (positions, rotary_dim / 2) in float32, from float64 angles, and the angles."""
+    inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().float().to(DEVICE), angles.sin().float().to(DEVICE), angles
+
+
+def _rotate_float64(x, angles, positions, interleaved):
+    """The rotation as complex multiplication in float64, independent of ``apply_rotary``: each
+    pair of features is a complex number times e^(i angle) (x: (batch, n, heads, d) on the CPU)."""
+    x = x.double().cpu()
+    half = angles.shape[1]
+    turn = torch.polar(torch.ones_like(angles), angles)[positions.cpu()][:, :, None, :]   # (batch, n, 1, half)
+    head = x[..., :2 * half]
+    if interleaved:
+        z = torch.view_as_complex(head.reshape(*head.shape[:-1], half, 2).contiguous()) * turn
+        head = torch.view_as_real(z).flatten(-2)
+    else:
+        z = torch.complex(head[..., :half], head[..., half:]) * turn
+        head = torch.cat((z.real, z.imag), dim=-1)
+    return torch.cat((head, x[..., 2 * half:]), dim=-1)
+
+
+@pytest.mark.parametrize("rotary_dim", [32, 16], ids=["full", "half-of-head"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["gpt-j", "neox"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_kvcache_rotary_matches_complex_rotation_in_float64(causal, interleaved, rotary_dim):
+    """k rotated at its cache positions (and stored so), q at the same positions when causal, at
+    each cache's length when not (flash-attn's rule); features past rotary_dim untouched."""
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(21, dtype=torch.float32)
+    lengths = torch.tensor([7, 0, 60], dtype=torch.int32, device=DEVICE)
+    cos, sin, angles = _rotary_tables(100, rotary_dim)
+    k_before, q_before = k.clone(), q.clone()
+    eager_caches = [x.clone() for x in (k_cache, v_cache)]
+    o = flash_attn_with_kvcache(q, *eager_caches, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths,
+                                causal=causal, rotary_interleaved=interleaved)
+    assert torch.equal(k, k_before) and torch.equal(q, q_before)   # inputs are not rotated in place
+    n_new = k.shape[1]
+    k_positions = lengths.long()[:, None] + torch.arange(n_new, device=DEVICE)
+    q_positions = k_positions if causal else lengths.long()[:, None].expand(-1, n_new)
+    k_rot = _rotate_float64(k, angles, k_positions, interleaved)
+    q_rot = _rotate_float64(q, angles, q_positions, interleaved)
+    for b, n in enumerate(lengths.tolist()):   # the caches hold the rotated keys, to float32 rounding
+        assert torch.allclose(eager_caches[0][b, n:n + n_new].cpu().double(), k_rot[b], atol=1e-5, rtol=1e-5)
+        assert torch.equal(eager_caches[1][b, n:n + n_new], v[b])
+    if rotary_dim < q.shape[-1]:
+        assert torch.equal(eager_caches[0][2, 60:62, :, rotary_dim:], k[2, :, :, rotary_dim:])
+    appended = [x.cpu().double() for x in (k_cache, v_cache)]
+    for b, n in enumerate(lengths.tolist()):
+        appended[0][b, n:n + n_new], appended[1][b, n:n + n_new] = k_rot[b], v[b].cpu().double()
+    want, _, yard = _truth(q_rot.transpose(1, 2), *(x.transpose(1, 2) for x in appended),
+                           [n + n_new for n in lengths.tolist()], causal=causal)
+    problem = checks.within_twice_yardstick("o", o.transpose(1, 2).cpu().double(), want, yard.double(),
+                                            head_dim=q.shape[-1])
+    assert problem is None, problem
+
+
+def test_kvcache_batch_index_reads_and_writes_the_rows_it_names():
+    """cache_batch_idx: sequence b uses cache row idx[b] of a cache with more rows than the batch,
+    read as pages over the rows (a view); the same answer as the rows gathered by hand."""
+    q, _, (k, v) = _flash_attn_inputs(31, dtype=torch.float32)
+    g = torch.Generator().manual_seed(31)
+    k_cache, v_cache = (torch.randn(5, 96, 2, 32, generator=g).to(DEVICE) for _ in range(2))   # 96: pages of 32
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=DEVICE)
+    lengths = torch.tensor([90, 3, 41], dtype=torch.int32, device=DEVICE)
+    gathered = [x[idx.long()].clone() for x in (k_cache, v_cache)]
+    o = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, cache_batch_idx=idx, causal=True,
+                                softcap=6.0, num_splits=2)
+    want = flash_attn_with_kvcache(q, *gathered, k, v, cache_seqlens=lengths, causal=True, softcap=6.0)
+    assert torch.allclose(o, want, atol=1e-6, rtol=1e-5)
+    for b, row in enumerate(idx.tolist()):   # appended into the named rows, the others untouched
+        assert torch.equal(k_cache[row], gathered[0][b]) and torch.equal(v_cache[row], gathered[1][b])
+    with pytest.raises(ValueError, match=r"capacity \(axis 1\) must be a multiple of 16, got 90"):
+        flash_attn_with_kvcache(q, k_cache[:, :90], v_cache[:, :90], cache_seqlens=5, cache_batch_idx=idx)
+    with pytest.raises(ValueError, match=r"k_cache must be one block per row"):
+        wide = torch.randn(5, 192, 2, 32, device=DEVICE)[:, :96]
+        flash_attn_with_kvcache(q, wide, v_cache, cache_seqlens=5, cache_batch_idx=idx)
+
+
 def test_kvcache_step_compiles_to_the_eager_bits():
-    """A decoding step (append, attend) inside torch.compile: the append traced as index_put_ on
-    the caches (an input mutation the compiler keeps), the attention as flashbook::decode."""
+    """A decoding step (rotary, append, attend) inside torch.compile: the rotation and the append
+    traced as PyTorch operations (index_put_ on the caches, an input mutation the compiler keeps),
+    the attention as flashbook::decode."""
     q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(8, dtype=torch.float32)
     lengths = torch.tensor([3, 50, 0], dtype=torch.int32, device=DEVICE)
 
+    cos, sin, _ = _rotary_tables(100, 16)
+
     def step(q, k_cache, v_cache, k, v, lengths):
-        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, causal=True, softcap=3.0)
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                       cache_seqlens=lengths, causal=True, softcap=3.0)
 
     eager_caches = [x.clone() for x in (k_cache, v_cache)]
     eager = step(q, *eager_caches, k, v, lengths)

@@ -13,10 +13,14 @@ any strides). flash-attn fuses the append into its kernel; the copies write
 2 x batch x new tokens x kv_heads x head_dim values, a few kilobytes a step, and are
 launches of their own.
 
-What flash-attn's call has and this one refuses, naming the argument: rotary embeddings
-(``rotary_cos``/``rotary_sin``: rotate q and k before the call), ``cache_batch_idx``,
-``cache_leftpad``, ``alibi_slopes``; and more than ``decode.MAX_NEW_TOKENS`` new tokens
-(a prompt goes through ``flash_attn_func`` or ``flash_attn_varlen_func``).
+Rotary embeddings (``rotary_cos``, ``rotary_sin``) are applied as flash-attn applies them, in
+float32 by PyTorch operations before the kernel (``apply_rotary``): k at its positions in the cache, q
+at the same positions (causal or windowed) or all at the cache's length (neither).
+``cache_batch_idx`` (row b of the batch reads cache row ``cache_batch_idx[b]``) reads a dense
+cache through a page table over it (``batch_index_pages``), so no cache is copied. What
+flash-attn's call has and this one refuses, naming the argument: ``cache_leftpad``,
+``alibi_slopes``; and more than ``decode.MAX_NEW_TOKENS`` new tokens (a prompt goes through
+``flash_attn_func`` or ``flash_attn_varlen_func``).
 """
 from __future__ import annotations
 
@@ -26,9 +30,9 @@ import warnings
 import torch
 
 from .decode import MAX_NEW_TOKENS, flash_decode
-from .decode_choices import _check_index_tensor, _check_range
+from .decode_choices import PAGE_SIZES, _check_index_tensor, _check_range
 
-__all__ = ["flash_attn_with_kvcache", "append_to_cache"]
+__all__ = ["flash_attn_with_kvcache", "append_to_cache", "apply_rotary", "batch_index_pages"]
 
 _LAYOUT = "flash-attn's layout"
 
@@ -71,20 +75,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         window_size: (left, right), -1 no limit. softcap: c > 0 for c * tanh(s / c); 0 off.
         num_splits: 0 chooses (``decode.choose_num_splits``), else 1 to 128.
         return_softmax_lse: also return the rows' lse, (batch, heads, new tokens), float32.
-        check_values: (flashbook's, keyword only) check the lengths and page indices on the host
-            first: one device synchronisation. Off, as flash-attn never checks them: lengths are
-            clamped by the kernel, but a write past the cache's end is an indexing error on the GPU.
-        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: refused unless None
-            (``rotary_interleaved`` is then unused).
+        rotary_cos, rotary_sin: (positions, rotary_dim / 2), rotary_dim <= head_dim and even: the
+            first rotary_dim features of k (and of q) are rotated at their positions, pairs (0, 1),
+            (2, 3), ... with ``rotary_interleaved`` (GPT-J), else (i, i + rotary_dim / 2) (GPT-NeoX).
+            Only with k and v. q's positions: as k's when causal or windowed, else all
+            cache_seqlens (flash-attn's rule). The caches hold the rotated keys.
+        cache_batch_idx: (batch,) int32/int64: sequence b reads (and appends to) dense cache row
+            ``cache_batch_idx[b]``; the caches may then have more rows than the batch.
+        check_values: (flashbook's, keyword only) check the lengths, page indices, cache rows and
+            rotary positions on the host first: one device synchronisation. Off, as flash-attn
+            never checks them: lengths are clamped by the kernel, but a write past the cache's end
+            is an indexing error on the GPU.
+        cache_leftpad, alibi_slopes: refused unless None.
 
     Returns:
         out, (batch, new tokens, heads, head_dim), q's dtype, contiguous; ``(out, lse)`` with
         ``return_softmax_lse``. Inference only, as flash-attn's.
     """
-    del rotary_interleaved   # only with rotary_cos/rotary_sin, which are refused
-    _refuse("rotary_cos", rotary_cos, "apply the rotary embedding to q and k before the call")
-    _refuse("rotary_sin", rotary_sin, "apply the rotary embedding to q and k before the call")
-    _refuse("cache_batch_idx", cache_batch_idx, "index the caches (or pass block_table) so that row b is sequence b")
     _refuse("cache_leftpad", cache_leftpad, "caches that start at position 0 only")
     _refuse("alibi_slopes", alibi_slopes, "flash_decode has no ALiBi; flash_attn_func does")
     _check_4d(q, "q", "(batch, new tokens, heads, head_dim)")
@@ -100,6 +107,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the step's keys and values) or both be None")
+    if (rotary_cos is None) != (rotary_sin is None) or rotary_cos is not None and k is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together, and only with k and v (as flash-attn's)")
+    if cache_batch_idx is not None:
+        if paged:
+            raise ValueError("cache_batch_idx and block_table cannot be given together: the page table already "
+                             "says where each sequence's cache is")
+        block_table, k_cache, v_cache = batch_index_pages(k_cache, v_cache, cache_batch_idx, q.shape[0], q.device,
+                                                          check_values=check_values)
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         capacity = k_cache.shape[1] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
         new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
@@ -111,6 +126,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("k and v need cache_seqlens: the position in each cache where they are written")
+        _check_4d(k, "k", "(batch, new keys, kv_heads, head_dim)")
+        if rotary_cos is not None:
+            positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(k.shape[1], device=k.device)
+            k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved, check_values=check_values)
+            moving = causal or tuple(window_size) != (-1, -1)   # flash-attn's rule for q's positions
+            q_positions = cache_seqlens.to(torch.int64)[:, None] + (
+                torch.arange(q.shape[1], device=q.device) if moving else torch.zeros(q.shape[1], dtype=torch.int64,
+                                                                                    device=q.device))
+            q = apply_rotary(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved, check_values=check_values)
         lengths = append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, check_values=check_values)
     views = [x.transpose(1, 2) for x in (q, k_cache, v_cache)]
     call = dict(cache_seqlens=lengths, block_table=block_table, num_splits=num_splits or None, causal=causal,
@@ -166,3 +190,59 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, 
     k_cache.index_put_(where, k)
     v_cache.index_put_(where, v)
     return (cache_seqlens + new).to(torch.int32)
+
+
+def apply_rotary(x, cos, sin, positions, interleaved: bool = True, *, check_values=False):
+    """x (batch, n, heads, head_dim) with its first rotary_dim = 2 * cos.shape[1] features rotated
+    by the angles of ``positions`` (batch, n): a new tensor in x's dtype, computed in float32 (or
+    float64 for float64 x). Pairs (2i, 2i + 1) when ``interleaved`` (GPT-J), else (i, i +
+    rotary_dim / 2) (GPT-NeoX); each pair (a, b) becomes (a cos - b sin, a sin + b cos)."""
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a 2-D float tensor (positions, rotary_dim / 2), got {_shape(t)}")
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on {x.device}, got {t.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary_cos and rotary_sin must have the same shape, got {tuple(cos.shape)}, "
+                         f"{tuple(sin.shape)}")
+    half = cos.shape[1]
+    if not 0 < 2 * half <= x.shape[-1]:
+        raise ValueError(f"rotary_cos must have 1 to head_dim / 2 = {x.shape[-1] // 2} columns (rotary_dim / 2), "
+                         f"got {half}")
+    if check_values:
+        _check_range(positions, "the rotary positions (cache_seqlens + i)", 0, cos.shape[0] - 1,
+                     f"rotary_cos holds {cos.shape[0]} positions")
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    c, s = (t.to(work)[positions][:, :, None, :] for t in (cos, sin))   # (batch, n, 1, half)
+    rotated = x[..., :2 * half].to(work)
+    a, b = (rotated[..., 0::2], rotated[..., 1::2]) if interleaved else (rotated[..., :half], rotated[..., half:])
+    a, b = a * c - b * s, a * s + b * c
+    rotated = torch.stack((a, b), dim=-1).flatten(-2) if interleaved else torch.cat((a, b), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def batch_index_pages(k_cache, v_cache, cache_batch_idx, batch: int, device, *, check_values=False):
+    """flash-attn's ``cache_batch_idx`` as a page table: the dense caches (rows, capacity, kv_heads,
+    head_dim) viewed as pages of P tokens (the largest of ``PAGE_SIZES`` that divides the capacity;
+    a view, no copy) and the table that gives sequence b the pages of row cache_batch_idx[b].
+    Returns (block_table, k_pages, v_pages)."""
+    _check_index_tensor(cache_batch_idx, "cache_batch_idx", (batch,), device, "one cache row per sequence")
+    rows, capacity = k_cache.shape[:2]
+    fits = [p for p in PAGE_SIZES if capacity % p == 0]
+    if not fits:
+        raise ValueError(f"with cache_batch_idx the caches' capacity (axis 1) must be a multiple of {PAGE_SIZES[0]}, "
+                         f"got {capacity}")
+    if check_values:
+        _check_range(cache_batch_idx, "cache_batch_idx", 0, rows - 1, "rows of k_cache")
+    page = max(fits)
+    per_row = capacity // page
+    pages = []
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        try:
+            pages.append(x.view(rows * per_row, page, *x.shape[2:]))
+        except RuntimeError:
+            raise ValueError(f"with cache_batch_idx, {name} must be one block per row (stride(0) = capacity x "
+                             f"stride(1)), got strides {x.stride()}") from None
+    table = cache_batch_idx.to(torch.int32)[:, None] * per_row + torch.arange(per_row, dtype=torch.int32,
+                                                                               device=device)
+    return table, *pages
