@@ -170,6 +170,8 @@ def test_chapter_11_shows_how_to_call_it_from_a_model():
     cells = sources_by_id("11_decoding_and_many_gpus.ipynb")
     call = cells["c11-call"]
     assert "block_table=table" in call and "cache_seqlens=lens" in call and "k_pages[where" in call
+    # and the same step through flash-attn's call, which writes k and v itself
+    assert "flash_attn_with_kvcache(q_new.transpose(1, 2), *fa_pages, k_new, v_new" in call
     ring = cells["c11-ring-call"]
     assert "ring_attention(q, k, v, causal=True, layout=\"zigzag\")" in ring and "distributed.shard" in ring
     text = markdown("11_decoding_and_many_gpus.ipynb")
