@@ -212,8 +212,8 @@ def test_kvcache_one_head_several_tokens_does_not_warn():
     (dict(rotary_cos="cos"), ValueError, "rotary_cos and rotary_sin must be given together"),
     (dict(rotary_cos="cos", rotary_sin="cos", k=None, v=None), ValueError, "only with k and v"),
     (dict(rotary_cos="wide", rotary_sin="wide"), ValueError, r"rotary_cos must have 1 to head_dim / 2 = 16 columns"),
-    (dict(rotary_cos="cos", rotary_sin="cos", check_values=True), ValueError,
-     r"the rotary positions \(cache_seqlens \+ i\) must be in \[0, 3\]"),
+    (dict(rotary_cos="short", rotary_sin="short"), ValueError,
+     r"rotary_cos and rotary_sin must hold at least the cache's 80 positions \(axis 0, as flash-attn asks\)"),
     (dict(cache_batch_idx=torch.tensor([0, 1, 2]), block_table="table"), ValueError,
      "cache_batch_idx and block_table cannot be given together"),
     (dict(cache_batch_idx=torch.tensor([0, 1, 5]), check_values=True), ValueError,
@@ -241,9 +241,10 @@ def test_kvcache_bad_arguments_are_named(change, error, match):
         call["k"] = torch.randn(3, 2, change.pop("k_heads"), 32, device=DEVICE)
     if "k_dtype" in change:
         call["k"] = k.to(change.pop("k_dtype"))
-    for name in ("rotary_cos", "rotary_sin"):   # 4 positions; "wide": 17 columns for head_dim 32
-        if change.get(name) in ("cos", "wide"):
-            change[name] = torch.randn(4, 17 if change[name] == "wide" else 8, device=DEVICE)
+    for name in ("rotary_cos", "rotary_sin"):   # 80 positions, 8 columns; "short": 4 positions; "wide": 17 columns
+        if change.get(name) in ("cos", "short", "wide"):
+            change[name] = torch.randn(4 if change[name] == "short" else 80, 17 if change[name] == "wide" else 8,
+                                       device=DEVICE)
     if change.get("block_table") == "table":
         change["block_table"] = torch.zeros(3, 5, dtype=torch.int32, device=DEVICE)
     if isinstance(change.get("cache_batch_idx"), torch.Tensor):
@@ -254,6 +255,84 @@ def test_kvcache_bad_arguments_are_named(change, error, match):
     q = call.pop("q", q)
     with pytest.raises(error, match=match):
         flash_attn_with_kvcache(q, k_cache, v_cache, **call)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(q_dtype=torch.float16), TypeError, "q, k_cache and v_cache must have the same dtype"),
+    (dict(num_splits=200), ValueError, "num_splits"),
+    (dict(q_heads=3), ValueError, r"k_cache's number of heads \(2\) must divide q's \(3\) \(grouped-query "
+                                  r"attention\), got q \(3, 2, 3, 32\), k_cache \(3, 80, 2, 32\)$"),
+    (dict(q_dim=16), ValueError, r"k_cache must have q's head_dim 16, got k_cache \(3, 80, 2, 32\)"),
+    (dict(pages=8), ValueError, r"k_cache's page_size \(axis 1 of \(num_pages, page_size, kv_heads, head_dim\)\)"),
+    (dict(pages="vllm"), ValueError, r"got shape \(12, 2, 16, 32\) \(pages laid out \(num_pages, kv_heads"),
+    (dict(table_1d=True), ValueError, r"block_table must be a 2-D tensor \(batch, pages per sequence\), got \(8,\)"),
+    (dict(strided=True), ValueError, r"k_cache must have a contiguous last axis \(stride 1, as flash-attn asserts\)"),
+])
+def test_a_refused_call_leaves_the_caches_as_they_were(change, error, match):
+    """Every check runs before the append, and the errors print the shapes as passed (flash-attn's
+    layout) without advice to transpose them."""
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(41, dtype=torch.float32)
+    call = dict(cache_seqlens=torch.tensor([1, 2, 3], dtype=torch.int32, device=DEVICE), causal=True)
+    if "q_dtype" in change:
+        q = q.to(change.pop("q_dtype"))
+    if "q_heads" in change:
+        q = torch.randn(3, 2, change.pop("q_heads"), 32, device=DEVICE)
+    if "q_dim" in change:
+        q = torch.randn(3, 2, 4, change.pop("q_dim"), device=DEVICE)
+    pages = change.pop("pages", None)
+    if pages is not None:   # 12 pages of 8 tokens, or vLLM's (num_pages, kv_heads, page_size, d)
+        shape = (12, 8, 2, 32) if pages == 8 else (12, 2, 16, 32)
+        k_cache, v_cache = (torch.randn(shape, device=DEVICE) for _ in range(2))
+        call["block_table"] = torch.arange(12, dtype=torch.int32, device=DEVICE).reshape(3, 4)
+    if change.pop("table_1d", False):
+        k_cache, v_cache = (torch.randn(12, 16, 2, 32, device=DEVICE) for _ in range(2))
+        call["block_table"] = torch.arange(8, dtype=torch.int32, device=DEVICE)
+    if change.pop("strided", False):
+        k_cache = torch.randn(3, 80, 2, 64, device=DEVICE)[..., ::2]
+    call.update(change)
+    before = [x.clone() for x in (k_cache, v_cache)]
+    with pytest.raises(error, match=match) as raised:
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **call)
+    assert "transpose" not in str(raised.value)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_kvcache_one_head_compiles_whole():
+    """One query head and one KV head with three new tokens: no warning to silence, so the step
+    compiles with fullgraph=True (no graph break)."""
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(43, h=1, h_kv=1, n_new=3, dtype=torch.float32)
+    lengths = torch.tensor([5, 0, 70], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k_cache, v_cache, k, v, lengths):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, causal=True)
+
+    eager_caches = [x.clone() for x in (k_cache, v_cache)]
+    eager = step(q, *eager_caches, k, v, lengths)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k_cache, v_cache, k, v, lengths)
+    assert torch.equal(compiled, eager) and torch.equal(k_cache, eager_caches[0])
+
+
+def test_apply_rotary_reads_only_the_rows_it_needs():
+    """flash-attn users pass float16 tables of every position: the rows for this step are gathered
+    before the float32 conversion, so the table's length does not cost a conversion per call."""
+    from flashbook.kernels.kvcache import apply_rotary
+
+    table = torch.randn(4096, 8).half()
+    x = torch.randn(2, 1, 2, 16).half()
+    converted = []
+    real_to = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        converted.append(self.shape[0])
+        return real_to(self, *args, **kwargs)
+
+    torch.Tensor.to = spy
+    try:
+        apply_rotary(x, table, table, torch.tensor([[7], [300]]))
+    finally:
+        torch.Tensor.to = real_to
+    assert 4096 not in converted
 
 
 def _rotary_tables(positions, rotary_dim, base=10000.0):

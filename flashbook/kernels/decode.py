@@ -69,11 +69,11 @@ from ..validation import check_flag
 from .autograd import LOG2E, check_inputs, dot_precision, last_dim_contiguous, new_buffer
 from .configs import block_d
 from .inputs import flash_attn_names, operator_flags
-from .launch import Launch, Plans, tensor_key
+from .launch import Launch, Plans
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
-                             _check_paged, _check_range, _contiguous_strides, _lengths_from_int, check_num_splits,
-                             choose_num_splits, decode_tiles, paginate, sm_count, warn_if_flash_attn_layout,
-                             window_offsets)
+                             _check_paged, _check_range, _contiguous_strides, _lengths_from_int, _signature,
+                             check_num_splits, choose_num_splits, decode_tiles, nothing_attended, paginate, sm_count,
+                             warn_if_flash_attn_layout, window_offsets)
 from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, load_tile, normalised_rows,
                       shifted_scores, soft_cap, window_bounds)
 
@@ -396,18 +396,29 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
         o, lse = decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, bool(causal),
                                  *operator_flags(scale, window, softcap, 0)[:3], bool(check_values))
         return (o, lse) if return_softmax_lse else o
+    plan = plan_of(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window,
+                   softcap, return_softmax_lse)
+    if plan is None:   # nobody attending: an empty output, nothing launched
+        return nothing_attended(q, return_softmax_lse)
+    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+
+
+def plan_of(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window,
+            softcap, return_lse, *, warn: bool = True):
+    """A call's plan (``_Plan``): the one kept for its signature, or checked and made (every check
+    of the call runs here, before anything is launched); None when there is nothing to compute.
+    ``warn``: ``warn_if_flash_attn_layout`` (off for callers that transposed flash-attn's layout)."""
     key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
-                     window, softcap, return_softmax_lse)
+                     window, softcap, return_lse)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
-        warn_if_flash_attn_layout(q, k_cache)
+        if warn:
+            warn_if_flash_attn_layout(q, k_cache)
         plan = _plan(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
-                     window, softcap, return_softmax_lse)
-        if plan is None:   # nobody attending: an empty output, nothing launched
-            o = torch.zeros_like(q)
-            return (o, torch.full(q.shape[:3], float("-inf"), device=q.device)) if return_softmax_lse else o
-        _PLANS.remember(key, plan)
-    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+                     window, softcap, return_lse)
+        if plan is not None:
+            _PLANS.remember(key, plan)
+    return plan
 
 
 @torch.library.custom_op("flashbook::decode", mutates_args=(), schema=(
@@ -416,10 +427,15 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
 def decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, window, softcap,
                     check_values):
     """``flash_decode`` inside ``torch.compile`` (its schema written out: dispatch.py says why): the
-    eager call's checks and kernels when it runs, returning (o, lse) whichever the caller keeps."""
-    return flash_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
-                        num_splits=num_splits, causal=causal, window=None if window is None else tuple(window),
-                        scale=scale, softcap=softcap, check_values=check_values, return_softmax_lse=True)
+    eager call's checks and kernels when it runs, returning (o, lse) whichever the caller keeps.
+    The layout warning is left to eager calls (``flash_attn_with_kvcache`` calls this on views of
+    flash-attn's layout, where it would misfire)."""
+    window = None if window is None else tuple(window)
+    plan = plan_of(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window,
+                   softcap, True, warn=False)
+    if plan is None:
+        return nothing_attended(q, True)
+    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
 
 
 @decode_operator.register_fake
@@ -430,34 +446,6 @@ def _(q, *rest):
 # ------------------------------------------------------------------ the launch of a call signature
 
 _PLANS = Plans()   # at most launch.MAX_PLANS call signatures; forgotten all at once past it
-
-
-def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
-               window=None, softcap=None, return_lse=False):
-    """Everything the checks and the launch of a call depend on, as a dict key; None when
-    the call must take the checked path (a value check asked for, an argument that is
-    not a tensor, a scale that is not a plain number, a window that is not None or a
-    tuple of two ints, or no GPU).
-
-    A call whose signature matches one that passed the checks would pass them again:
-    each property they read (types, shapes, strides, dtypes, devices, the flags) is in
-    the key, with what Triton specialises the compiled kernels on (16-byte alignment of
-    each pointer; the integers come from the shapes and strides) and the float32 dot
-    precision. The values in ``cache_seqlens`` and ``block_table`` are not: they are read
-    on the GPU, never by the host."""
-    if (check_values is not False or runtime.INTERPRET or (causal is not True and causal is not False)
-            or not (num_splits is None or type(num_splits) is int)
-            or not (scale is None or type(scale) is float or type(scale) is int)
-            or not (softcap is None or type(softcap) is float or type(softcap) is int)
-            or (return_lse is not True and return_lse is not False)
-            or not (window is None or type(window) is tuple and len(window) == 2
-                    and type(window[0]) is int and type(window[1]) is int)):
-        return None
-    try:
-        tensors = tuple(tensor_key(x) for x in (q, k_cache, v_cache, cache_seqlens, block_table))
-        return tensors + (num_splits, causal, scale, dot_precision(q.dtype), window, softcap, return_lse)
-    except (AttributeError, TypeError):
-        return None
 
 
 class _Plan:

@@ -17,7 +17,8 @@ import triton
 
 from .. import masks, runtime
 from ..validation import check_choice, check_count
-from .autograd import check_shapes, kernel_mask
+from .autograd import check_shapes, dot_precision, kernel_mask
+from .launch import tensor_key
 from .configs import block_d
 
 MAX_SPLITS = 128      # the combine kernel holds every split of a row at once
@@ -258,3 +259,37 @@ def _contiguous_strides(shape) -> tuple:
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
+
+
+def nothing_attended(q, return_lse: bool):
+    """The result of a call with no batch or no new token: zeros (and an lse of -inf)."""
+    o = torch.zeros_like(q)
+    return (o, torch.full(q.shape[:3], float("-inf"), device=q.device)) if return_lse else o
+
+
+def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values,
+               window=None, softcap=None, return_lse=False):
+    """Everything the checks and the launch of a call depend on, as a dict key; None when
+    the call must take the checked path (a value check asked for, an argument that is
+    not a tensor, a scale that is not a plain number, a window that is not None or a
+    tuple of two ints, or no GPU).
+
+    A call whose signature matches one that passed the checks would pass them again:
+    each property they read (types, shapes, strides, dtypes, devices, the flags) is in
+    the key, with what Triton specialises the compiled kernels on (16-byte alignment of
+    each pointer; the integers come from the shapes and strides) and the float32 dot
+    precision. The values in ``cache_seqlens`` and ``block_table`` are not: they are read
+    on the GPU, never by the host."""
+    if (check_values is not False or runtime.INTERPRET or (causal is not True and causal is not False)
+            or not (num_splits is None or type(num_splits) is int)
+            or not (scale is None or type(scale) is float or type(scale) is int)
+            or not (softcap is None or type(softcap) is float or type(softcap) is int)
+            or (return_lse is not True and return_lse is not False)
+            or not (window is None or type(window) is tuple and len(window) == 2
+                    and type(window[0]) is int and type(window[1]) is int)):
+        return None
+    try:
+        tensors = tuple(tensor_key(x) for x in (q, k_cache, v_cache, cache_seqlens, block_table))
+        return tensors + (num_splits, causal, scale, dot_precision(q.dtype), window, softcap, return_lse)
+    except (AttributeError, TypeError):
+        return None

@@ -9,13 +9,13 @@ and values go into the cache at each sequence's length, then its query attends t
 up to there. Here the append is two indexed copies (``index_put_``, on the dense cache or
 through ``block_table`` into its pages) and the attention is ``flash_decode`` on
 ``x.transpose(1, 2)`` views of q and the caches (no copy of the cache: the kernel reads
-any strides). flash-attn fuses the append into its kernel; the copies write
-2 x batch x new tokens x kv_heads x head_dim values, a few kilobytes a step, and are
-launches of their own.
+any strides). Every check runs before the append, so a refused call leaves the caches as they
+were. flash-attn fuses the append (and the rotation) into its kernel; here they are PyTorch
+operations of their own, each a small launch on the GPU (not timed).
 
 Rotary embeddings (``rotary_cos``, ``rotary_sin``) are applied as flash-attn applies them, in
-float32 by PyTorch operations before the kernel (``apply_rotary``): k at its positions in the cache, q
-at the same positions (causal or windowed) or all at the cache's length (neither).
+float32 by PyTorch operations before the kernel (``apply_rotary``): k at its positions in the
+cache, q at the same positions (causal or windowed) or all at the cache's length (neither).
 ``cache_batch_idx`` (row b of the batch reads cache row ``cache_batch_idx[b]``) reads a dense
 cache through a page table over it (``batch_index_pages``), so no cache is copied. What
 flash-attn's call has and this one refuses, naming the argument: ``cache_leftpad``,
@@ -25,12 +25,13 @@ flash-attn's call has and this one refuses, naming the argument: ``cache_leftpad
 from __future__ import annotations
 
 import numbers
-import warnings
 
 import torch
 
+from . import decode
 from .decode import MAX_NEW_TOKENS, flash_decode
 from .decode_choices import PAGE_SIZES, _check_index_tensor, _check_range
+from .inputs import check_shapes
 
 __all__ = ["flash_attn_with_kvcache", "append_to_cache", "apply_rotary", "batch_index_pages"]
 
@@ -94,8 +95,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     _refuse("cache_leftpad", cache_leftpad, "caches that start at position 0 only")
     _refuse("alibi_slopes", alibi_slopes, "flash_decode has no ALiBi; flash_attn_func does")
+    # Everything is checked before the caches are written: a refused call leaves them as they were.
     _check_4d(q, "q", "(batch, new tokens, heads, head_dim)")
-    paged = block_table is not None
+    batch, paged = q.shape[0], block_table is not None
     cache_meaning = ("(num_pages, page_size, kv_heads, head_dim)" if paged
                      else "(batch, capacity, kv_heads, head_dim)")
     _check_4d(k_cache, "k_cache", cache_meaning)
@@ -109,46 +111,82 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError("k and v must be given together (the step's keys and values) or both be None")
     if (rotary_cos is None) != (rotary_sin is None) or rotary_cos is not None and k is None:
         raise ValueError("rotary_cos and rotary_sin must be given together, and only with k and v (as flash-attn's)")
+    if cache_batch_idx is not None and paged:
+        raise ValueError("cache_batch_idx and block_table cannot be given together: the page table already "
+                         "says where each sequence's cache is")
+    _check_caches(q, k_cache, v_cache, block_table, rows_free=paged or cache_batch_idx is not None)
     if cache_batch_idx is not None:
-        if paged:
-            raise ValueError("cache_batch_idx and block_table cannot be given together: the page table already "
-                             "says where each sequence's cache is")
-        block_table, k_cache, v_cache = batch_index_pages(k_cache, v_cache, cache_batch_idx, q.shape[0], q.device,
+        block_table, k_cache, v_cache = batch_index_pages(k_cache, v_cache, cache_batch_idx, batch, q.device,
                                                           check_values=check_values)
+    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        capacity = k_cache.shape[1] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
         new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
         if not 0 <= cache_seqlens <= capacity - new:
             raise ValueError(f"cache_seqlens must be in [0, {capacity - new}] (the cache holds {capacity} positions"
                              f"{f' and k adds {new}' if new else ''}), got {cache_seqlens}")
-        cache_seqlens = torch.full(q.shape[:1], int(cache_seqlens), dtype=torch.int32, device=q.device)
+        cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=q.device)
     lengths = cache_seqlens
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("k and v need cache_seqlens: the position in each cache where they are written")
         _check_4d(k, "k", "(batch, new keys, kv_heads, head_dim)")
-        if rotary_cos is not None:
+        _check_index_tensor(cache_seqlens, "cache_seqlens", (batch,), q.device, "one length per sequence")
+        if check_values:   # then every position written (and rotated) is in the cache (and the tables)
+            _check_range(cache_seqlens, "cache_seqlens", 0, capacity - k.shape[1],
+                         f"the cache holds {capacity} positions and k adds {k.shape[1]}")
+        if rotary_cos is not None:   # new tensors: q and k themselves are left as they are
+            if isinstance(rotary_cos, torch.Tensor) and rotary_cos.dim() == 2 and rotary_cos.shape[0] < capacity:
+                raise ValueError(f"rotary_cos and rotary_sin must hold at least the cache's {capacity} positions "
+                                 f"(axis 0, as flash-attn asks), got shape {tuple(rotary_cos.shape)}")
             positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(k.shape[1], device=k.device)
-            k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved, check_values=check_values)
+            k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
             moving = causal or tuple(window_size) != (-1, -1)   # flash-attn's rule for q's positions
-            q_positions = cache_seqlens.to(torch.int64)[:, None] + (
-                torch.arange(q.shape[1], device=q.device) if moving else torch.zeros(q.shape[1], dtype=torch.int64,
-                                                                                    device=q.device))
-            q = apply_rotary(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved, check_values=check_values)
-        lengths = append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, check_values=check_values)
+            q_positions = positions[:, :1] + (torch.arange(q.shape[1], device=q.device) if moving else 0)
+            q = apply_rotary(q, rotary_cos, rotary_sin, q_positions.expand(-1, q.shape[1]), rotary_interleaved)
+        lengths = (cache_seqlens + k.shape[1]).to(torch.int32)
     views = [x.transpose(1, 2) for x in (q, k_cache, v_cache)]
-    call = dict(cache_seqlens=lengths, block_table=block_table, num_splits=num_splits or None, causal=causal,
-                window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, check_values=check_values,
-                return_softmax_lse=return_softmax_lse)
-    if q.shape[2] == 1 < q.shape[1] and k_cache.shape[2] == 1:   # flash_decode's layout warning would misfire
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"q \(.*\) is read as")
-            result = flash_decode(*views, **call)
+    if torch.compiler.is_compiling():   # traced: the append, then the decode operator (which checks when it runs)
+        if k is not None:
+            append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        result = flash_decode(*views, cache_seqlens=lengths, block_table=block_table, num_splits=num_splits or None,
+                              causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
+                              check_values=check_values, return_softmax_lse=True)
     else:
-        result = flash_decode(*views, **call)
-    o, lse = result if return_softmax_lse else (result, None)
+        plan = decode.plan_of(*views, lengths, block_table, num_splits or None, causal, softmax_scale, check_values,
+                              window_size, softcap, True, warn=False)   # every check of the attention, before the append
+        if k is not None:
+            append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        result = decode.nothing_attended(views[0], True) if plan is None else plan.run(*views, lengths, block_table)
+    o, lse = result
     o = o.transpose(1, 2).contiguous()
     return (o, lse) if return_softmax_lse else o
+
+
+def _check_caches(q, k_cache, v_cache, block_table, *, rows_free: bool) -> None:
+    """The caches against q, the shapes printed as passed (flash-attn's layout): one dtype and device,
+    kv_heads dividing heads, q's head_dim, a contiguous last axis (as flash-attn asserts), and for
+    pages a page size ``flash_decode`` reads and a 2-D table. ``rows_free``: the caches' rows are
+    not the batch (pages, or ``cache_batch_idx``)."""
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last axis (stride 1, as flash-attn asserts), got "
+                             f"strides {x.stride()}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
+    if block_table is not None:
+        if k_cache.shape[1] not in PAGE_SIZES:
+            raise ValueError(f"k_cache's page_size (axis 1 of (num_pages, page_size, kv_heads, head_dim)) must be one "
+                             f"of {PAGE_SIZES}, got shape {tuple(k_cache.shape)} (pages laid out (num_pages, kv_heads, "
+                             f"page_size, head_dim) are flash_decode's layout)")
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+            raise ValueError(f"block_table must be a 2-D tensor (batch, pages per sequence), got {_shape(block_table)}")
+        _check_index_tensor(block_table, "block_table", (q.shape[0], block_table.shape[1]), q.device,
+                            "batch, pages per sequence")
+    caches = [x.transpose(1, 2) for x in (k_cache, v_cache)]
+    if rows_free:   # the rows' count is not checked against the batch
+        caches = [x[:1].expand(q.shape[0], -1, -1, -1) for x in caches]
+    check_shapes(q.transpose(1, 2), *caches, names=("q", "k_cache", "v_cache"), shown=(q, k_cache, v_cache))
 
 
 def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, check_values=False):
@@ -213,7 +251,7 @@ def apply_rotary(x, cos, sin, positions, interleaved: bool = True, *, check_valu
         _check_range(positions, "the rotary positions (cache_seqlens + i)", 0, cos.shape[0] - 1,
                      f"rotary_cos holds {cos.shape[0]} positions")
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    c, s = (t.to(work)[positions][:, :, None, :] for t in (cos, sin))   # (batch, n, 1, half)
+    c, s = (t[positions].to(work)[:, :, None, :] for t in (cos, sin))   # (batch, n, 1, half): only those rows
     rotated = x[..., :2 * half].to(work)
     a, b = (rotated[..., 0::2], rotated[..., 1::2]) if interleaved else (rotated[..., :half], rotated[..., half:])
     a, b = a * c - b * s, a * s + b * c
