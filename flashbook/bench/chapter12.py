@@ -305,9 +305,10 @@ def stress_reruns(root=None) -> dict | None:
     masks_runs = sorted(stress.glob("*classes_masks*.junit.xml"), key=lambda p: int(p.name.split("_")[0]))
     if not masks_runs:
         return None
-    failing = [i for i, path in enumerate(masks_runs) if any(bad for _, bad in _junit_cases(path))]
+    read = [_junit_cases(path) for path in masks_runs]   # each file parsed once
+    failing = [i for i, cases in enumerate(read) if any(bad for _, bad in cases)]
     base = failing[-1] if failing else len(masks_runs) - 1
-    last = _junit_cases(masks_runs[base])
+    last = read[base]
     folders = []
     for name in STRESS_RUNS:
         for path in run_paths(name, root):

@@ -71,9 +71,9 @@ from .configs import block_d
 from .inputs import flash_attn_names, operator_flags
 from .launch import Launch, Plans
 from .decode_choices import (MAX_ROWS, MAX_SPLITS, PAGE_SIZES, PAGED_EXTRA_STAGES, _check_index_tensor,  # noqa: F401
-                             _check_paged, _check_range, _contiguous_strides, _lengths_from_int, _signature,
-                             check_num_splits, choose_num_splits, decode_tiles, nothing_attended, paginate, sm_count,
-                             warn_if_flash_attn_layout, window_offsets)
+                             _cache_length, _check_paged, _check_range, _contiguous_strides, _lengths_from_int,
+                             _signature, check_num_splits, choose_num_splits, decode_tiles, paginate, run_plan,
+                             sm_count, warn_if_flash_attn_layout, window_offsets)
 from .forward import (MAIN, MASKED, attend, finite, fold_values, for_lengths, load_tile, normalised_rows,
                       shifted_scores, soft_cap, window_bounds)
 
@@ -389,7 +389,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
                            "or v_cache requires a gradient: call it under torch.no_grad() or torch.inference_mode(), "
                            "or use flash_attention, which is differentiable")
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
-        cache_seqlens = _lengths_from_int(int(cache_seqlens), q, k_cache, block_table)
+        cache_seqlens = _lengths_from_int(int(cache_seqlens), q, _cache_length(k_cache, block_table))
     scale, window = flash_attn_names(scale, window, softmax_scale, window_size)
     if torch.compiler.is_compiling():   # one operator the compiler calls (below; dispatch.py says why)
         check_flag(return_softmax_lse, "return_softmax_lse")
@@ -398,9 +398,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, n
         return (o, lse) if return_softmax_lse else o
     plan = plan_of(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window,
                    softcap, return_softmax_lse)
-    if plan is None:   # nobody attending: an empty output, nothing launched
-        return nothing_attended(q, return_softmax_lse)
-    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+    return run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, return_softmax_lse)
 
 
 def plan_of(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window,
@@ -433,9 +431,7 @@ def decode_operator(q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
     window = None if window is None else tuple(window)
     plan = plan_of(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, check_values, window,
                    softcap, True, warn=False)
-    if plan is None:
-        return nothing_attended(q, True)
-    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
+    return run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, True)
 
 
 @decode_operator.register_fake

@@ -157,7 +157,14 @@ def _check_paged(q, k_cache, v_cache, block_table):
     if page_size not in PAGE_SIZES:
         raise ValueError(f"k_cache's page_size (axis 2) must be one of {PAGE_SIZES}, got {page_size}")
     check_shapes(q, q, q, names=("q", "q", "q"))   # q first: the table is checked against its batch
-    batch, device = q.shape[0], q.device
+    batch = q.shape[0]
+    _check_block_table(block_table, batch, q.device)
+    as_dense = tuple(x[:1].expand(batch, -1, -1, -1) for x in (k_cache, v_cache))
+    return as_dense, page_size, block_table.shape[1]
+
+
+def _check_block_table(block_table, batch: int, device) -> None:
+    """A page table: a 2-D int tensor (batch, pages per sequence) on ``device``, one page at least."""
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
         raise ValueError(f"block_table must be a 2-D tensor (batch, pages per sequence), got "
                          f"{tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
@@ -166,8 +173,6 @@ def _check_paged(q, k_cache, v_cache, block_table):
     if block_table.shape[1] == 0:
         raise ValueError("block_table must list at least one page per sequence, got shape "
                          f"{tuple(block_table.shape)}")
-    as_dense = tuple(x[:1].expand(batch, -1, -1, -1) for x in (k_cache, v_cache))
-    return as_dense, page_size, block_table.shape[1]
 
 
 def window_offsets(window, causal: bool, n_new: int, n_max: int) -> tuple[bool, bool, int, int, int]:
@@ -243,13 +248,19 @@ def paginate(k, v, page_size: int, *, generator: torch.Generator | None = None, 
     return place(k), place(v), table.to(torch.int32).to(k.device)
 
 
-def _lengths_from_int(n: int, q, k_cache, block_table):
-    """flash-attn's int ``cache_seqlens``, checked on the host (no device synchronisation to
-    avoid) and made the (batch,) int32 tensor the kernels read."""
-    if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
-        n_max = k_cache.shape[2] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
-        if not 0 <= n <= n_max:
-            raise ValueError(f"cache_seqlens must be in [0, {n_max}] (the cache's length), got {n}")
+def _cache_length(k_cache, block_table) -> int | None:
+    """The positions a cache in flash_decode's layout holds (None: not a 4-D tensor, left to the checks)."""
+    if not (isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4):
+        return None
+    return k_cache.shape[2] * (block_table.shape[-1] if isinstance(block_table, torch.Tensor) else 1)
+
+
+def _lengths_from_int(n: int, q, n_max: int | None, what: str = "the cache's length"):
+    """flash-attn's int ``cache_seqlens``, checked on the host against [0, n_max] (no device
+    synchronisation to avoid; None: not checked here) and made the (batch,) int32 tensor the
+    kernels read. ``what`` says what n_max is, in the error."""
+    if n_max is not None and not 0 <= n <= n_max:
+        raise ValueError(f"cache_seqlens must be in [0, {n_max}] ({what}), got {n}")
     return torch.full(q.shape[:1], n, dtype=torch.int32, device=q.device)
 
 
@@ -261,8 +272,11 @@ def _contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
-def nothing_attended(q, return_lse: bool):
-    """The result of a call with no batch or no new token: zeros (and an lse of -inf)."""
+def run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, return_lse: bool):
+    """What a call gives: its plan run (``decode.plan_of``), or, with no plan (no batch or no new
+    token), zeros (and an lse of -inf) with nothing launched."""
+    if plan is not None:
+        return plan.run(q, k_cache, v_cache, cache_seqlens, block_table)
     o = torch.zeros_like(q)
     return (o, torch.full(q.shape[:3], float("-inf"), device=q.device)) if return_lse else o
 

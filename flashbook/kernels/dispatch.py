@@ -32,7 +32,8 @@ from torch import Tensor
 
 from .. import masks, runtime
 from . import autograd
-from .inputs import NO_DOUBLE_BACKWARD, flash_attn_extras, flash_attn_names, in_layout_of, operator_flags
+from .inputs import (NO_DOUBLE_BACKWARD, check_flash_attn_4d, flash_attn_extras, flash_attn_names, in_layout_of,
+                     operator_flags)
 from .launch import Plans, call_key
 from .mask_args import masked_args
 
@@ -139,10 +140,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     ``x.transpose(1, 2)`` views (no copy; the output transposed back), with the same keywords and
     limits: ``dropout_p`` must be 0.0 and ``return_attn_probs`` False (``inputs.flash_attn_extras``)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a 4-D tensor in flash-attn's layout (batch, seq, heads, head_dim), "
-                             f"got {shape}")
+        check_flash_attn_4d(x, name)
     views = [x.transpose(1, 2) for x in (q, k, v)]
     call = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
                 alibi_slopes=alibi_slopes, dropout_p=dropout_p, deterministic=deterministic,

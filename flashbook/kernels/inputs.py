@@ -167,6 +167,14 @@ def flash_attn_extras(dropout_p, deterministic, return_attn_probs, dq_mode) -> N
                          f"(flashbook.kernels.flash_forward returns each row's lse), got {return_attn_probs!r}")
 
 
+def check_flash_attn_4d(x, name: str, meaning: str = "(batch, seq, heads, head_dim)") -> None:
+    """``x`` a 4-D tensor, in the words of flash-attn's layout (``flash_attn_func``,
+    ``flash_attn_with_kvcache``): the error names the argument and the layout ``meaning``."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a 4-D tensor in flash-attn's layout {meaning}, got {shape}")
+
+
 def flash_attn_names(scale, window, softmax_scale=None, window_size=None) -> tuple:
     """(scale, window) from this library's names or flash-attn's (``softmax_scale``,
     ``window_size``), so a call written for ``flash_attn_func`` keeps its keywords. Giving

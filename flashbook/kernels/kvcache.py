@@ -30,22 +30,11 @@ import torch
 
 from . import decode
 from .decode import MAX_NEW_TOKENS, flash_decode
-from .decode_choices import PAGE_SIZES, _check_index_tensor, _check_range
-from .inputs import check_shapes
+from .decode_choices import (PAGE_SIZES, _check_block_table, _check_index_tensor, _check_range, _lengths_from_int,
+                             run_plan)
+from .inputs import check_flash_attn_4d, check_shapes
 
 __all__ = ["flash_attn_with_kvcache", "append_to_cache", "apply_rotary", "batch_index_pages"]
-
-_LAYOUT = "flash-attn's layout"
-
-
-def _shape(x) -> str:
-    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
-
-
-def _check_4d(x, name: str, meaning: str) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"{name} must be a 4-D tensor in {_LAYOUT} {meaning}, got {_shape(x)}")
-
 
 def _refuse(name: str, value, why: str) -> None:
     if value is not None:
@@ -96,15 +85,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _refuse("cache_leftpad", cache_leftpad, "caches that start at position 0 only")
     _refuse("alibi_slopes", alibi_slopes, "flash_decode has no ALiBi; flash_attn_func does")
     # Everything is checked before the caches are written: a refused call leaves them as they were.
-    _check_4d(q, "q", "(batch, new tokens, heads, head_dim)")
+    check_flash_attn_4d(q, "q", "(batch, new tokens, heads, head_dim)")
     batch, paged = q.shape[0], block_table is not None
     cache_meaning = ("(num_pages, page_size, kv_heads, head_dim)" if paged
                      else "(batch, capacity, kv_heads, head_dim)")
-    _check_4d(k_cache, "k_cache", cache_meaning)
-    _check_4d(v_cache, "v_cache", cache_meaning)
+    check_flash_attn_4d(k_cache, "k_cache", cache_meaning)
+    check_flash_attn_4d(v_cache, "v_cache", cache_meaning)
     if q.shape[1] > MAX_NEW_TOKENS:
-        raise ValueError(f"q must hold 1 to {MAX_NEW_TOKENS} new tokens per sequence (axis 1 in {_LAYOUT}), got "
-                         f"shape {tuple(q.shape)}; a prompt goes through flash_attn_func or flash_attn_varlen_func")
+        raise ValueError(f"q must hold 1 to {MAX_NEW_TOKENS} new tokens per sequence (axis 1 in flash-attn's layout), "
+                         f"got shape {tuple(q.shape)}; a prompt goes through flash_attn_func or flash_attn_varlen_func")
     if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
     if (k is None) != (v is None):
@@ -121,19 +110,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
-        if not 0 <= cache_seqlens <= capacity - new:
-            raise ValueError(f"cache_seqlens must be in [0, {capacity - new}] (the cache holds {capacity} positions"
-                             f"{f' and k adds {new}' if new else ''}), got {cache_seqlens}")
-        cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=q.device)
+        cache_seqlens = _lengths_from_int(int(cache_seqlens), q, capacity - new,
+                                          f"the cache holds {capacity} positions{f' and k adds {new}' if new else ''}")
     lengths = cache_seqlens
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("k and v need cache_seqlens: the position in each cache where they are written")
-        _check_4d(k, "k", "(batch, new keys, kv_heads, head_dim)")
+        check_flash_attn_4d(k, "k", "(batch, new keys, kv_heads, head_dim)")
         _check_index_tensor(cache_seqlens, "cache_seqlens", (batch,), q.device, "one length per sequence")
         if check_values:   # then every position written (and rotated) is in the cache (and the tables)
-            _check_range(cache_seqlens, "cache_seqlens", 0, capacity - k.shape[1],
-                         f"the cache holds {capacity} positions and k adds {k.shape[1]}")
+            _check_room(cache_seqlens, capacity, k.shape[1])
         if rotary_cos is not None:   # new tensors: q and k themselves are left as they are
             if isinstance(rotary_cos, torch.Tensor) and rotary_cos.dim() == 2 and rotary_cos.shape[0] < capacity:
                 raise ValueError(f"rotary_cos and rotary_sin must hold at least the cache's {capacity} positions "
@@ -153,10 +139,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                               check_values=check_values, return_softmax_lse=True)
     else:
         plan = decode.plan_of(*views, lengths, block_table, num_splits or None, causal, softmax_scale, check_values,
-                              window_size, softcap, True, warn=False)   # every check of the attention, before the append
+                              window_size, softcap, True, warn=False)   # every check of the attention, first
         if k is not None:
             append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
-        result = decode.nothing_attended(views[0], True) if plan is None else plan.run(*views, lengths, block_table)
+        result = run_plan(plan, *views, lengths, block_table, True)
     o, lse = result
     o = o.transpose(1, 2).contiguous()
     return (o, lse) if return_softmax_lse else o
@@ -179,10 +165,7 @@ def _check_caches(q, k_cache, v_cache, block_table, *, rows_free: bool) -> None:
             raise ValueError(f"k_cache's page_size (axis 1 of (num_pages, page_size, kv_heads, head_dim)) must be one "
                              f"of {PAGE_SIZES}, got shape {tuple(k_cache.shape)} (pages laid out (num_pages, kv_heads, "
                              f"page_size, head_dim) are flash_decode's layout)")
-        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-            raise ValueError(f"block_table must be a 2-D tensor (batch, pages per sequence), got {_shape(block_table)}")
-        _check_index_tensor(block_table, "block_table", (q.shape[0], block_table.shape[1]), q.device,
-                            "batch, pages per sequence")
+        _check_block_table(block_table, q.shape[0], q.device)
     caches = [x.transpose(1, 2) for x in (k_cache, v_cache)]
     if rows_free:   # the rows' count is not checked against the batch
         caches = [x[:1].expand(q.shape[0], -1, -1, -1) for x in caches]
@@ -197,9 +180,11 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, 
     (num_pages, page_size, kv_heads, head_dim): position p of sequence b is slot p % page_size of
     page block_table[b, p // page_size]. Two ``index_put_`` calls, no synchronisation; with
     ``check_values`` the positions are checked against the capacity first (one)."""
-    batch = k_cache.shape[0] if block_table is None else block_table.shape[0]
+    batch = k_cache.shape[0] if block_table is None else len(block_table)
+    if block_table is not None:
+        _check_block_table(block_table, batch, k_cache.device)
     for name, x in (("k", k), ("v", v)):
-        _check_4d(x, name, "(batch, new keys, kv_heads, head_dim)")
+        check_flash_attn_4d(x, name, "(batch, new keys, kv_heads, head_dim)")
         if x.shape[0] != batch or x.shape[2:] != k_cache.shape[2:]:
             raise ValueError(f"{name} must have shape ({batch}, new keys, {k_cache.shape[2]}, {k_cache.shape[3]}) "
                              f"(batch, new keys, kv_heads, head_dim of the cache), got {tuple(x.shape)}")
@@ -215,19 +200,22 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, 
     new = k.shape[1]
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
     if check_values:
-        _check_range(cache_seqlens, "cache_seqlens", 0, capacity - new,
-                     f"the cache holds {capacity} positions and k adds {new}")
+        _check_room(cache_seqlens, capacity, new)
     positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(new, device=k.device)
     if block_table is None:
         where = (torch.arange(batch, device=k.device)[:, None].expand(-1, new), positions)
     else:
-        _check_index_tensor(block_table, "block_table", (batch, block_table.shape[1]), k_cache.device,
-                            "batch, pages per sequence")
         page_size = k_cache.shape[1]
         where = (block_table.to(torch.int64).gather(1, positions // page_size), positions % page_size)
     k_cache.index_put_(where, k)
     v_cache.index_put_(where, v)
     return (cache_seqlens + new).to(torch.int32)
+
+
+def _check_room(cache_seqlens, capacity: int, new: int) -> None:
+    """Every cache has room for the ``new`` keys after its length: one device synchronisation."""
+    _check_range(cache_seqlens, "cache_seqlens", 0, capacity - new,
+                 f"the cache holds {capacity} positions and k adds {new}")
 
 
 def apply_rotary(x, cos, sin, positions, interleaved: bool = True, *, check_values=False):
@@ -237,7 +225,8 @@ def apply_rotary(x, cos, sin, positions, interleaved: bool = True, *, check_valu
     rotary_dim / 2) (GPT-NeoX); each pair (a, b) becomes (a cos - b sin, a sin + b cos)."""
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
-            raise ValueError(f"{name} must be a 2-D float tensor (positions, rotary_dim / 2), got {_shape(t)}")
+            raise ValueError(f"{name} must be a 2-D float tensor (positions, rotary_dim / 2), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
         if t.device != x.device:
             raise ValueError(f"{name} must be on {x.device}, got {t.device}")
     if cos.shape != sin.shape:
