@@ -16,7 +16,16 @@ fresh standard-normal q and cache and is timed as
   where the backend takes it, else with K/V repeated to 32 heads beforehand (the
   repeat is not timed; the ``gqa`` column says which);
 * ``flash_attention``: the book's forward kernel (chapter 7), one program per
-  query tile of each head, no split of the keys.
+  query tile of each head, no split of the keys;
+* ``flash_decode-softcap``, ``flash_decode-lse``: flash_decode with ``softcap=SOFTCAP``
+  (checked against a capped reference), and with ``return_softmax_lse=True`` (its lse
+  checked too): what the two options cost;
+* ``kvcache``, ``kvcache-append``, ``kvcache-rotary``, ``kvcache-paged-append``:
+  ``flashbook.flash_attn_with_kvcache`` called as flash-attn's, with the caches in its
+  layout (batch, N, kv_heads, d): reading only; appending the step's token in place;
+  appending and rotating q and k (tables of angle 0: the work of a rotation, the same
+  output); appending into shuffled pages. What flash-attn's front door costs over
+  ``flash_decode`` (host work, the append, the rotation: unfused PyTorch ops).
 
 With one new token the causal mask hides nothing (the token is the last
 position), so SDPA runs without a mask (its ``is_causal`` is top-left aligned)
@@ -33,7 +42,8 @@ plus the bytes written (the convention of ``cudaMemcpy`` bandwidth tests).
 
 Correctness of every timed output: batch 0 against a float64 reference on the
 GPU, by the book's criterion (``checks.within_twice_yardstick``: at most twice
-the error of PyTorch attention computed in bf16), and its relative error.
+the error of PyTorch attention computed in bf16), and its relative error; an lse
+returned is held to 1e-3 of the float64 one.
 
 Writes DIR/decode.csv, DIR/provenance.json (GPU, driver, torch, triton, date,
 command, git commit...), and with ``--sweep-splits`` DIR/decode_splits.csv (the
@@ -60,11 +70,15 @@ from flashbook import bench  # noqa: E402
 from flashbook.bench import graph_replay  # noqa: E402
 from flashbook.kernels import checks, decode, flash_decode  # noqa: E402
 from flashbook.kernels.autograd import flash_attention  # noqa: E402  (the Triton kernel)
+from flashbook.reference import torch_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, N_NEW = 32, 8, 128, 1
 BATCHES = (1, 8, 64)
 SEQS = tuple(1024 * 2**i for i in range(8))            # 1K ... 128K
-IMPLS = ("flash_decode", "flash_decode-paged", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flash_attention")
+IMPLS = ("flash_decode", "flash_decode-paged", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flash_attention",
+         "flash_decode-softcap", "flash_decode-lse", "kvcache", "kvcache-append", "kvcache-rotary", "kvcache-paged-append")
+SOFTCAP = 30.0                                         # the cap of the -softcap row (Grok-1's; Gemma-2 uses 50)
+SOFTCAP_OF = {"flash_decode-softcap": SOFTCAP}         # implementations whose attention is soft-capped
 SPLIT_SHAPES = ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (64, 8192))
 SPLIT_COUNTS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128)
 TILE_SHAPES = ((1, 32768), (8, 32768), (64, 16384))
@@ -144,6 +158,45 @@ def _sdpa(backend: str):
     return prepare
 
 
+def _flash_attn_layout(k, v):
+    """The caches as flash-attn holds them: (batch, capacity, kv_heads, head_dim), contiguous."""
+    return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+
+
+def _kvcache(append: bool = False, rotary: bool = False, paged: bool = False):
+    """flash_attn_with_kvcache as a flash-attn caller makes it: q (batch, 1, heads, d), caches in
+    flash-attn's layout. With ``append``, the step's k and v are the cache's last token, written in
+    place at position N - 1 on every call (the same values, so every call attends to the same cache
+    and the output is checked against the same reference). ``rotary``: tables of cos 1 and sin 0 over
+    all 128 features (a rotation by zero: the work of a rotation, and the same output). ``paged``:
+    pages of PAGE_SIZE tokens, shuffled, as ``flash_decode-paged``. The output is transposed back to
+    (batch, heads, 1, d) by the harness, outside the timed call."""
+    def prepare(q, k, v):
+        qt = q.transpose(1, 2).contiguous()
+        kwargs = {"causal": True}
+        note = "flash-attn layout"
+        if paged:
+            gen = torch.Generator().manual_seed(0)
+            k_pages, v_pages, table = decode.paginate(k, v, PAGE_SIZE, generator=gen)
+            k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in (k_pages, v_pages))
+            kwargs["block_table"] = table.to(q.device)
+            note += f", pages of {PAGE_SIZE}, shuffled"
+        else:
+            k_cache, v_cache = _flash_attn_layout(k, v)
+        if append:
+            kwargs.update(k=k[:, :, -1:].transpose(1, 2).contiguous(), v=v[:, :, -1:].transpose(1, 2).contiguous(),
+                          cache_seqlens=k.shape[2] - 1)
+            note += ", appends 1 token"
+        if rotary:
+            kwargs["rotary_cos"] = torch.ones(k.shape[2], HEAD_DIM // 2, device=q.device, dtype=q.dtype)
+            kwargs["rotary_sin"] = torch.zeros_like(kwargs["rotary_cos"])
+            note += ", rotary (angle 0) on q and k"
+        from flashbook import flash_attn_with_kvcache
+
+        return (lambda: flash_attn_with_kvcache(qt, k_cache, v_cache, **kwargs)), note
+    return prepare
+
+
 def implementations():
     def ours(q, k, v):
         return (lambda: flash_decode(q, k, v)), "one tile per KV head"
@@ -157,27 +210,47 @@ def implementations():
         table = table.to(q.device)
         return (lambda: flash_decode(q, k_pages, v_pages, block_table=table)), f"pages of {PAGE_SIZE}, shuffled"
 
-    found = {"flash_decode": ours, "flash_decode-paged": paged, "flash_attention": forward_kernel}
+    def softcapped(q, k, v):
+        return (lambda: flash_decode(q, k, v, softcap=SOFTCAP)), f"softcap {SOFTCAP:g}"
+
+    def with_lse(q, k, v):
+        return (lambda: flash_decode(q, k, v, return_softmax_lse=True)), "returns (o, lse)"
+
+    found = {"flash_decode": ours, "flash_decode-paged": paged, "flash_attention": forward_kernel,
+             "flash_decode-softcap": softcapped, "flash_decode-lse": with_lse,
+             "kvcache": _kvcache(), "kvcache-append": _kvcache(append=True),
+             "kvcache-rotary": _kvcache(append=True, rotary=True),
+             "kvcache-paged-append": _kvcache(append=True, paged=True)}
     for backend in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"):
         found[backend] = _sdpa(backend)
     return found
 
 
-def reference_batch0(q, k, v):
-    """float64 truth and the bf16 PyTorch yardstick for batch 0 (on the GPU)."""
-    g = q.shape[1] // k.shape[1]
+def reference_batch0(q, k, v, softcap=None):
+    """float64 truth (o and each row's lse) and the bf16 PyTorch yardstick for batch 0 (on the GPU);
+    ``softcap``: the scores capped as the implementation caps them."""
     q0, k0, v0 = q[:1], k[:1], v[:1]
-    s = (q0.double() @ k0.double().repeat_interleave(g, 1).transpose(-1, -2)) / math.sqrt(HEAD_DIM)
-    want = torch.softmax(s, dim=-1) @ v0.double().repeat_interleave(g, 1)
-    return want.cpu(), checks.torch_attention(q0, k0, v0).cpu()
+    want, lse = torch_attention(q0.double(), k0.double(), v0.double(), softcap=softcap, return_lse=True)
+    return want.cpu(), checks.torch_attention(q0, k0, v0, softcap=softcap).cpu(), lse.cpu()
 
 
-def judge(row: Row, o, want, yardstick):
+def _output(name: str, result):
+    """(o in (batch, heads, new tokens, d), lse or None) of one implementation's result."""
+    o, lse = result if isinstance(result, tuple) else (result, None)
+    return (o.transpose(1, 2) if name.startswith("kvcache") else o), lse
+
+
+def judge(row: Row, o, want, yardstick, lse=None, want_lse=None):
     got = o[:1].detach().cpu()
     row.max_error, _ = checks.max_error(got, want)
     row.rel_error = float((got.double() - want).norm() / want.norm())
     problem = checks.within_twice_yardstick("o", got, want, yardstick, head_dim=HEAD_DIM)
     row.check = "pass" if problem is None else problem
+    if lse is not None:   # float32 logsumexp of ~N(0, 1) scores over N keys: a few float32 steps
+        error = float((lse[:1].detach().cpu().double() - want_lse).abs().max())
+        row.note = f"{row.note + '; ' if row.note else ''}max lse error {error:.2e}"
+        if error > 1e-3 and row.check == "pass":
+            row.check = f"lse off by {error:.2e} (> 1e-3)"
 
 
 def decode_inputs(batch: int, seq: int, device="cuda", generator=None):
@@ -192,7 +265,7 @@ def decode_inputs(batch: int, seq: int, device="cuda", generator=None):
 def run_shape(batch, seq, impls, timer, copy_tb_s, deadline) -> list[Row]:
     gen = torch.Generator(device="cuda").manual_seed(batch * 1_000_003 + seq)
     q, k, v = decode_inputs(batch, seq, generator=gen)
-    want, yardstick = reference_batch0(q, k, v)
+    references = {cap: reference_batch0(q, k, v, softcap=cap) for cap in {SOFTCAP_OF.get(name) for name in impls}}
     rows = []
     for name, prepare in impls.items():
         row = Row(batch, seq, name, kv_bytes=kv_bytes(batch, seq))
@@ -206,7 +279,9 @@ def run_shape(batch, seq, impls, timer, copy_tb_s, deadline) -> list[Row]:
             continue
         try:
             call, row.gqa = prepare(q, k, v)
-            judge(row, call(), want, yardstick)
+            want, yardstick, want_lse = references[SOFTCAP_OF.get(name)]
+            o, lse = _output(name, call())
+            judge(row, o, want, yardstick, lse, want_lse)
             row.ms = timer(call)
             try:
                 replay, _ = graph_replay(call)

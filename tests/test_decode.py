@@ -338,13 +338,25 @@ def test_decode_bench_plan_and_judge():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     q = torch.randn(1, db.HEADS, 1, db.HEAD_DIM, generator=gen)
     k, v = (torch.randn(1, db.KV_HEADS, 40, db.HEAD_DIM, generator=gen) for _ in range(2))
-    want, yardstick = db.reference_batch0(q, k, v)
     impls = db.implementations()
-    for name in ("flash_decode", "sdpa-math"):
+    for name in ("flash_decode", "sdpa-math", "flash_decode-softcap", "flash_decode-lse", "kvcache",
+                 "kvcache-append", "kvcache-rotary", "kvcache-paged-append"):
+        want, yardstick, want_lse = db.reference_batch0(q, k, v, softcap=db.SOFTCAP_OF.get(name))
         call, _ = impls[name](q, k, v)
         row = db.Row(1, 40, name)
-        db.judge(row, call(), want, yardstick)
+        o, lse = db._output(name, call())
+        db.judge(row, o, want, yardstick, lse, want_lse)
         assert row.check == "pass" and row.rel_error < 1e-5, (name, row)
+        assert (lse is None) == (name != "flash_decode-lse") and (lse is None or "max lse error" in row.note)
+    # the judge fails what is wrong: another cache's output, an lse shifted by 0.01
+    want, yardstick, want_lse = db.reference_batch0(q, k, v)
+    row = db.Row(1, 40, "flash_decode")
+    db.judge(row, flash_decode(q, k.flip(2), v), want, yardstick)
+    assert row.check != "pass"
+    row = db.Row(1, 40, "flash_decode-lse")
+    o, lse = flash_decode(q, k, v, return_softmax_lse=True)
+    db.judge(row, o, want, yardstick, lse + 0.01, want_lse)
+    assert row.check.startswith("lse off by")
 
 
 # ------------------------------------------------------------ lengths without a device sync
