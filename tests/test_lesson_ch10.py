@@ -132,7 +132,7 @@ def test_the_atomics_statement_says_what_was_measured(ch):
     ratios = []
     for name in ("atomic_dq", "atomic_dq_repeat"):
         rows = json.load(open(os.path.join(RESULTS, _index()[name]["path"])))["rows"]
-        ratios += [1 / r["vs_separate"] for r in rows if r["variant"].startswith("relaxed")]
+        ratios += [1 / r["vs_separate"] for r in rows if r["variant"] == "relaxed"]   # the plain relaxed adds
     assert (ch.values["at10_relaxed_lo"], ch.values["at10_relaxed_hi"]) == (f"{min(ratios):.2f}", f"{max(ratios):.2f}")
     assert min(ratios) > 1                                     # the separate kernel still wins everywhere
     for name in ("at10_relaxed_lo", "at10_relaxed_hi", "at10_fence_lo", "at10_stagger_lo"):
@@ -169,7 +169,7 @@ def test_the_lab_notes_page_exists_and_is_in_the_table_of_contents():
     appendix = next(p for p in toc["parts"] if p["caption"] == "Appendix")
     files = [c["file"] for c in appendix["chapters"]]
     assert files.index("notebooks/A3_lab_notes") == files.index("notebooks/A2_floating_point") + 1
-    assert "{doc}`A3_lab_notes`" in markdown(NOTEBOOK)
+    assert "{doc}`A3 <A3_lab_notes>`" in markdown(NOTEBOOK)   # link text that reads as a phrase
     assert markdown(LAB).startswith("# A3. Lab notes: what did not make it faster")
 
 

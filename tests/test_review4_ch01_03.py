@@ -90,7 +90,7 @@ def test_chapter_3_says_which_kernels_always_rescale_and_that_fa4_skips_it():
             "is cheap next to the matrix products.") in text
     assert ("FlashAttention-4 {cite}`zadouri2026flashattention4` skips it unless a row's maximum "
             "has grown by more than a threshold") in text
-    assert "{doc}`A3_lab_notes`" in text
+    assert "{doc}`A3 <A3_lab_notes>`" in text
     a3 = markdown(notebook("A3_lab_notes"))
     assert "## Lazy rescaling" in a3 and "FlashAttention-4" in a3
     # what the sentence rests on: a reference point that lags the maximum keeps the result exact

@@ -210,17 +210,17 @@ def test_small_grids_are_dealt_out_by_heads_so_the_heaviest_tiles_start_early():
     text = flat(cell_source(CH7, "e8ba3340"))
     assert "spread easily over the chip.\n\nIn plain order" in cell_source(CH7, "e8ba3340")
     assert ("In plain order one head's query tiles all start before the next head's, so under a causal "
-            "mask the last heads' heaviest tiles start late, after all earlier heads' tiles, and finish last. "
-            "One program of these tiles fills an SM's shared memory, so the grid runs in "
-            "about as many rounds as it has programs per SM. In a grid of a few rounds that tail sets the time; "
-            "in one of many rounds it is a small part of it.") in text
-    # one program of the library's sm_90 forward tiles at d = 128 fills an SM: a second would not fit
+            "mask the last heads' heaviest tiles start late and finish last: a *tail*. "
+            "Only one program of these tiles fits in an SM's shared memory (a second would need more than "
+            "the SM has), so the grid runs in about as many rounds as it has programs per SM. In a grid of a "
+            "few rounds the tail sets the time; in one of many rounds it is a small part of it.") in text
+    # only one program of the library's sm_90 forward tiles at d = 128 fits an SM: a second would not
     from flashbook import runtime as rt, smem
     from flashbook.kernels import configs as cfgs
     big = cfgs.default("forward", cc=90, block_d=128, elem_bytes=2)
     need = smem.smem_bytes(big.block_m, big.block_n, 128, num_stages=big.num_stages, arch="sm_90")
     assert need <= rt.chip("H200").smem_per_block_bytes < 2 * need
-    assert "each query tile of those heads in turn, so the heaviest tiles of more heads start early." in text
+    assert "each query tile of those heads in turn, and the heaviest tiles of more heads start early." in text
 
 
 def test_the_page_shows_how_stages_is_called():

@@ -147,41 +147,34 @@ def _front_door(ch) -> None:
     ch.put("len_left_lo", min(slow), ".2f"); ch.put("len_left_hi", max(slow), ".2f")
 
 
-def _atomic_frame(data):
-    import pandas as pd
-
-    return pd.DataFrame([{"n": r["n"], "d": r["d"], "causal": r["causal"], "variant": r["variant"],
-                          "ms": r["median_ms"], "x": 1.0 / r["vs_separate"],
-                          "spread": (max(r["ms"]) - min(r["ms"])) / r["median_ms"]} for r in data["rows"]])
-
-
 def _atomic_dq(ch) -> None:
-    """benchmarks/atomic_dq_experiment.py, run twice: each dQ variant's time over the separate kernel's."""
+    """benchmarks/atomic_dq_experiment.py, run twice: each dQ variant's time over the separate
+    kernel's; the plain acq_rel and relaxed ranges over both runs, as chapter 8 quotes them."""
     import pandas as pd
 
-    runs = [load_recorded_json(n, ch.root) for n in ("atomic_dq", "atomic_dq_repeat")]
+    from .experiments import atomic_dq_both, atomic_dq_ranges
+
     names = ("at10_fence_lo", "at10_fence_hi", "at10_relaxed_lo", "at10_relaxed_hi", "at10_stagger_lo",
              "at10_stagger_hi", "at10_spread", "at10_where")
-    if any(r is None for r in runs):
+    both = atomic_dq_both(ch.root)
+    if both is None:
         ch.say("atomic_dq", "No recorded atomic-dQ runs (runs 'atomic_dq' and 'atomic_dq_repeat' in benchmarks/results/index.json).", missing=True)
         return ch.nothing(*names)
-    frames = [_atomic_frame(r) for r in runs]
-    spans = pd.concat([f[f["variant"] != "separate"].groupby("variant", sort=False)["x"].agg(
-        lambda s: f"{s.min():.2f} to {s.max():.2f}").rename(f"run {i + 1}") for i, f in enumerate(frames)], axis=1)
+    atomic = both[both["variant"] != "separate"]
+    spans = pd.concat([f.groupby("variant", sort=False)["x_separate"].agg(lambda s: f"{s.min():.2f} to {s.max():.2f}")
+                       .rename(f"run {run}") for run, f in atomic.groupby("run")], axis=1)
     ch.table("atomic_dq", "atomic_dq", spans.rename_axis(index=None, columns="dQ variant (time over the separate kernel's)"))
-    both = pd.concat(frames)
-    fence = both[both["variant"].str.startswith("atomic")]["x"]
-    relaxed = both[both["variant"].str.startswith("relaxed")]["x"]
-    ch.put("at10_fence_lo", fence.min(), ".2f"); ch.put("at10_fence_hi", fence.max(), ".2f")
-    ch.put("at10_relaxed_lo", relaxed.min(), ".2f"); ch.put("at10_relaxed_hi", relaxed.max(), ".2f")
+    ranges = atomic_dq_ranges(both)
+    ch.put("at10_fence_lo", ranges["atomic"][0], ".2f"); ch.put("at10_fence_hi", ranges["atomic"][1], ".2f")
+    ch.put("at10_relaxed_lo", ranges["relaxed"][0], ".2f"); ch.put("at10_relaxed_hi", ranges["relaxed"][1], ".2f")
     stagger = []
-    for f in frames:
+    for _, f in both.groupby("run"):
         ms = f.pivot_table(index=["n", "d", "causal"], columns="variant", values="ms")
         stagger += list(ms["relaxed+stagger"] / ms["relaxed"] - 1) + list(ms["relaxed+stagger 64x128"]
                                                                         / ms["relaxed 64x128"] - 1)
     ch.put("at10_stagger_lo", 100 * min(stagger), "+.1f"); ch.put("at10_stagger_hi", 100 * max(stagger), "+.1f")
     ch.put("at10_spread", 100 * both["spread"].max(), ".1f")
-    env = runs[0]["environment"]
+    env = both.attrs["environment"]
     ch.put("at10_where", f"{env['gpu']['name']}, {env['date_utc'][:10]}")
 
 

@@ -107,7 +107,7 @@ def speed(ch, ceil, noise) -> None:
     ours = ok[ok["impl"] == "flashbook"]
     ch.put("fb_fwd_max", ours["fwd_tflops"].max(), ".0f"); ch.put("fb_bwd_max", ours["bwd_tflops"].max(), ".0f")
     naive = ok[ok["impl"] == "naive"]
-    ch.put("naive_fwd_max", naive["fwd_tflops"].max() if len(naive) else None, ".0f")
+    ch.put("naive_fwd_max", naive["fwd_tflops"].max() if len(naive) else None, ".1f")
     ch.put("peak", ceil["peak_tflops"] if ceil else None, "g")
     ch.put("fb_fwd_pct", 100 * ours["fwd_tflops"].max() / ceil["peak_tflops"] if ceil and len(ours) else None,
            ".0f")

@@ -229,18 +229,19 @@ def gluon_schedule_table(head_dim: int, root=None):
     return out
 
 
-#: ``benchmarks/atomic_dq_experiment.py``'s recorded run.
+#: ``benchmarks/atomic_dq_experiment.py``'s recorded runs, in the order run.
 ATOMIC_DQ_EXPERIMENT = "atomic_dq"
+ATOMIC_DQ_RUNS = (ATOMIC_DQ_EXPERIMENT, "atomic_dq_repeat")
 
 
-def atomic_dq_table(root=None):
-    """The recorded atomic-dQ experiment (chapter 8) as a DataFrame, one row per shape, mask
-    and variant: ``ms`` (median), ``x_separate`` (its time over the separate dQ kernel's),
-    ``spread`` ((slowest - fastest) / median of the repeats) and ``dq_err`` (dQ's largest
-    error against float64 over its largest value); None when it is not recorded."""
+def atomic_dq_table(root=None, run: str = ATOMIC_DQ_EXPERIMENT):
+    """One recorded run of the atomic-dQ experiment (chapter 8) as a DataFrame, one row per
+    shape, mask and variant: ``ms`` (median), ``x_separate`` (its time over the separate dQ
+    kernel's), ``spread`` ((slowest - fastest) / median of the repeats) and ``dq_err`` (dQ's
+    largest error against float64 over its largest value); None when it is not recorded."""
     import pandas as pd
 
-    data = load_recorded_json(ATOMIC_DQ_EXPERIMENT, root)
+    data = load_recorded_json(run, root)
     if data is None:
         return None
     df = pd.DataFrame([{"batch": r["batch"], "heads": r["heads"], "n": r["n"], "d": r["d"], "causal": r["causal"],
@@ -249,6 +250,20 @@ def atomic_dq_table(root=None):
                         "dq_err": r["errors"]["dq_vs_float64"]} for r in data["rows"]])
     df.attrs["environment"] = data.get("environment", {})
     return df
+
+
+def atomic_dq_both(root=None):
+    """Both recorded runs (``ATOMIC_DQ_RUNS``) as one DataFrame with a ``run`` column (1, 2),
+    the first run's environment in ``attrs``; None unless both are recorded. Chapters 8 and 10
+    quote their ranges from it, so the two give the same numbers."""
+    import pandas as pd
+
+    runs = [atomic_dq_table(root, name) for name in ATOMIC_DQ_RUNS]
+    if any(r is None for r in runs):
+        return None
+    both = pd.concat([r.assign(run=i + 1) for i, r in enumerate(runs)], ignore_index=True)
+    both.attrs["environment"] = runs[0].attrs["environment"]
+    return both
 
 
 def atomic_dq_ranges(df) -> dict:
