@@ -109,10 +109,17 @@ def gpu_record(notebook: str, root=None) -> dict | None:
     return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
-def recorded_output(notebook: str, cell_id: str, root=None) -> str | None:
+def recorded_output(notebook: str, cell_id: str, root=None, *, displays: bool = False) -> str | None:
     """What the ``gpu`` cell ``cell_id`` of ``notebook`` printed in its recorded GPU run
-    (``gpu_record``), or None. A page built without a GPU shows that output, so its prose
-    reads numbers from here."""
+    (``gpu_record``), or None; with ``displays``, also the plain text of what it displayed
+    (a table), in order. A page built without a GPU shows that output, so its prose reads
+    numbers from here."""
+    def text(o):
+        if "text" in o:
+            return "".join(o["text"])
+        plain = o.get("data", {}).get("text/plain", "") if displays else ""
+        return "".join(plain) + ("\n" if plain else "")
+
     record = gpu_record(notebook, root)
     cell = None if record is None else next((c for c in record["cells"] if c["id"] == cell_id), None)
-    return None if cell is None else "".join(o.get("text", "") for o in cell["outputs"])
+    return None if cell is None else "".join(text(o) for o in cell["outputs"])
