@@ -25,7 +25,7 @@ fresh standard-normal q and cache and is timed as
   layout (batch, N, kv_heads, d): reading only; appending the step's token in place;
   appending and rotating q and k (tables of angle 0: the work of a rotation, the same
   output); appending into shuffled pages. What flash-attn's front door costs over
-  ``flash_decode`` (host work, the append, the rotation: unfused PyTorch ops).
+  ``flash_decode`` (host work, and the writes: ``kernels.append``, a launch or two).
 
 With one new token the causal mask hides nothing (the token is the last
 position), so SDPA runs without a mask (its ``is_causal`` is top-left aligned)

@@ -184,6 +184,20 @@ def test_decode_compiles_to_the_eager_bits():
     torch.library.opcheck(decode.decode_operator, (q, k, v, lengths, None, 2, True, None, None, 4.0, False),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
+
+def test_the_write_operators_pass_opcheck():
+    """flashbook::append_kv (writes the caches in place: its schema says so) and flashbook::rotate."""
+    from flashbook.kernels import append
+
+    g = torch.Generator().manual_seed(9)
+    k, v = (torch.randn(2, 3, 2, 32, generator=g) for _ in range(2))
+    caches = [torch.randn(2, 40, 2, 32, generator=g) for _ in range(2)]
+    cos, sin = (torch.randn(40, 8, generator=g) for _ in range(2))
+    lengths = torch.tensor([4, 30], dtype=torch.int32)
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(append.append_kv_operator, (k, v, *caches, lengths, None, cos, sin, True), test_utils=utils)
+    torch.library.opcheck(append.rotate_operator, (k, cos, sin, lengths, 1, False), test_utils=utils)
+
 # --- flash_attn_func: flash-attn's layout and order of arguments ------------------------------
 
 def test_flash_attn_func_takes_flash_attns_layout_and_positional_order():

@@ -486,3 +486,168 @@ def test_gpu_kvcache_softcap_and_lse_many_seeds(shape, dtype):
         want, want_lse, yard = _truth(q.transpose(1, 2), *(x.transpose(1, 2) for x in appended),
                                       [n + n_new for n in lengths.tolist()], softcap=30.0)
         _check(o.transpose(1, 2), lse, want, want_lse, yard, d)
+
+
+# ------------------------------------------------------------ the writes' kernel (kernels/append.py)
+
+def _rotate_torch(x, cos, sin, positions, interleaved):
+    """The rotation as PyTorch float32 operations (the formula the kernel promises bit for bit):
+    (a, b) -> (a cos - b sin, a sin + b cos), products rounded before the sums; positions outside
+    the tables are left unturned."""
+    half = cos.shape[1]
+    known = (positions >= 0) & (positions < cos.shape[0])
+    at = positions.clamp(0, cos.shape[0] - 1).long()
+    c = torch.where(known[..., None], cos[at].float(), 1.0)[:, :, None, :]
+    s = torch.where(known[..., None], sin[at].float(), 0.0)[:, :, None, :]
+    head = x[..., :2 * half].float()
+    a, b = (head[..., 0::2], head[..., 1::2]) if interleaved else (head[..., :half], head[..., half:])
+    a, b = a * c - b * s, b * c + a * s
+    head = torch.stack((a, b), dim=-1).flatten(-2) if interleaved else torch.cat((a, b), dim=-1)
+    return torch.cat((head.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+@pytest.mark.parametrize("page_size", [0, 16], ids=["dense", "paged16"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["gpt-j", "neox"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_append_kernel_is_the_pytorch_formula_bit_for_bit(dtype, interleaved, page_size):
+    """append_kv and rotate against PyTorch float32 on strided inputs, a float16 table shorter than
+    some positions (left unturned), partial rotary_dim, and a length past the capacity (not
+    written: every other cache row is unchanged)."""
+    from flashbook.kernels import append
+
+    g = torch.Generator().manual_seed(5)
+    b, n, h_kv, d, capacity, half = 4, 3, 2, 40, 48, 12            # d = 40: a padded head, rotary_dim 24
+    k = torch.randn(b, n, h_kv, d, generator=g).to(dtype).to(DEVICE)
+    k_wide = torch.randn(b, n, 2 * h_kv, d, generator=g).to(dtype).to(DEVICE)[:, :, ::2]   # strided heads
+    v = torch.randn(b, n, h_kv, d, generator=g).to(dtype).to(DEVICE)
+    cos, sin = (torch.randn(30, half, generator=g).half().to(DEVICE) for _ in range(2))  # 30 positions only
+    lengths = torch.tensor([0, 25, 45, 47], dtype=torch.int32, device=DEVICE)      # 27..29 past the table; 47 + 2 past the cache
+    caches = [torch.randn(b, capacity, h_kv, d, generator=g).to(dtype).to(DEVICE) for _ in range(2)]
+    extra = {}
+    if page_size:
+        *pages, table = paginate(*(x.transpose(1, 2) for x in caches), page_size, generator=g, spare=1)
+        caches = [x.transpose(1, 2).contiguous() for x in pages]
+        extra = dict(block_table=table.to(DEVICE))
+    for src in (k, k_wide):
+        work = [x.clone() for x in caches]
+        append.append_kv(src, v, *work, lengths, extra.get("block_table"), cos, sin, interleaved)
+        positions = lengths.long()[:, None] + torch.arange(n, device=DEVICE)
+        want_k = _rotate_torch(src, cos, sin, positions, interleaved)
+        expect = [x.clone() for x in caches]
+        for i, row in enumerate(positions.tolist()):
+            for t, p in enumerate(row):
+                if p >= capacity:
+                    continue
+                if page_size:
+                    where = (extra["block_table"][i, p // page_size].long(), p % page_size)
+                else:
+                    where = (i, p)
+                expect[0][where], expect[1][where] = want_k[i, t], v[i, t]
+        assert torch.equal(work[0], expect[0]) and torch.equal(work[1], expect[1])
+    q = torch.randn(b, n, 2 * h_kv, d, generator=g).to(dtype).to(DEVICE)
+    for step in (0, 1):
+        positions = lengths.long()[:, None] + step * torch.arange(n, device=DEVICE)
+        got = append.rotate(q, cos, sin, lengths, step, interleaved)
+        assert torch.equal(got, _rotate_torch(q, cos, sin, positions, interleaved)) and got.is_contiguous()
+
+
+def test_append_to_cache_and_apply_rotary_refuse_what_the_kernel_cannot_take():
+    from flashbook.kernels.kvcache import append_to_cache, apply_rotary
+
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(2, dtype=torch.float32)
+    lengths = torch.tensor([1, 2, 3], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"positions must have shape \(3, 2\)"):
+        apply_rotary(q, torch.ones(9, 4, device=DEVICE), torch.zeros(9, 4, device=DEVICE), lengths)
+    with pytest.raises(ValueError, match=r"cache_seqlens must be in \[0, 78\]"):
+        append_to_cache(k_cache, v_cache, k, v, torch.tensor([1, 79, 3], device=DEVICE), check_values=True)
+    before = k_cache.clone()
+    far = torch.tensor([1, 79, 3], dtype=torch.int32, device=DEVICE)   # unchecked: row 1's second token is dropped
+    append_to_cache(k_cache, v_cache, k, v, far)
+    assert torch.equal(k_cache[1, 79], k[1, 0]) and torch.equal(k_cache[1, :79], before[1, :79])
+    if DEVICE == "cpu":
+        with pytest.raises(TypeError, match="k is bfloat16, which Triton's CPU interpreter cannot compute"):
+            append_to_cache(*(x.bfloat16() for x in (k_cache, v_cache, k, v)), lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_append_kernel_is_the_pytorch_formula_many_seeds(dtype):
+    """On the GPU, in bf16 too: 13 seeds x (dense, 64-token pages) x (GPT-J, NeoX) x (full, half
+    rotary_dim), serving shapes (32 query heads, 8 KV heads, d = 128, 1 and 4 new tokens); the
+    rotated q written into a NaN-filled buffer, the caches exact against PyTorch float32, then a
+    whole rotary step through flash_attn_with_kvcache against float64."""
+    from flashbook.kernels import append
+
+    for seed in range(13):
+        g = torch.Generator().manual_seed(seed)
+        n_new = 1 + 3 * (seed % 2)
+        b, capacity, h, h_kv, d = 4, 2048, 32, 8, 128
+        half = (64, 32)[seed % 2 == 0]
+        interleaved = seed % 3 == 0
+        q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(seed, b, capacity, h, h_kv, d, n_new, dtype)
+        angles = torch.arange(capacity, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(half) / half)
+        cos, sin = angles.cos().to(dtype).to(DEVICE), angles.sin().to(dtype).to(DEVICE)
+        lengths = torch.randint(0, capacity - n_new + 1, (b,), generator=g)
+        lengths[0], lengths[1] = capacity - n_new, 0
+        lengths = lengths.to(DEVICE).int()
+        for page_size in (0, 64):
+            caches = [x.clone() for x in (k_cache, v_cache)]
+            table = None
+            if page_size:
+                *pages, table = paginate(*(x.transpose(1, 2) for x in caches), page_size, generator=g)
+                caches = [x.transpose(1, 2).contiguous() for x in pages]
+            before = [x.clone() for x in caches]
+            append.append_kv(k, v, *caches, lengths, table, cos, sin, interleaved)
+            q_rot = torch.full_like(q, float("nan"))
+            append.rotate_into(q, q_rot, cos, sin, lengths, 1, interleaved)
+            torch.cuda.synchronize()
+            positions = lengths.long()[:, None] + torch.arange(n_new, device=DEVICE)
+            assert torch.equal(q_rot, _rotate_torch(q, cos, sin, positions, interleaved)), (seed, page_size)
+            k_rot = _rotate_torch(k, cos, sin, positions, interleaved)
+            for i, row in enumerate(positions.tolist()):
+                for t, pos in enumerate(row):
+                    where = (table[i, pos // page_size].long(), pos % page_size) if page_size else (i, pos)
+                    before[0][where], before[1][where] = k_rot[i, t], v[i, t]
+            assert torch.equal(caches[0], before[0]) and torch.equal(caches[1], before[1]), (seed, page_size)
+        caches = [x.clone() for x in (k_cache, v_cache)]
+        with autograd.poisoned_outputs():
+            o = flash_attn_with_kvcache(q, *caches, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths,
+                                        causal=True, rotary_interleaved=interleaved)
+        torch.cuda.synchronize()
+        q_turned = _rotate_torch(q, cos, sin, positions, interleaved)
+        want, _, yard = _truth(q_turned.transpose(1, 2), *(x.transpose(1, 2) for x in caches),
+                               [n + n_new for n in lengths.tolist()])
+        problem = checks.within_twice_yardstick("o", o.transpose(1, 2).cpu(), want, yard, head_dim=d)
+        assert problem is None, (seed, problem)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_compiled_rotary_step_gives_the_eager_bits(mode):
+    """A rotary decoding step under Inductor (and CUDA graphs, where the compiler allows them with
+    the caches mutated in place): the writes are flashbook::append_kv and flashbook::rotate, so
+    the compiled step's output and caches are the eager step's bits, 13 seeds, dense and paged."""
+    for page_size in (0, 64):
+        torch._dynamo.reset()
+
+        def step(q, k_cache, v_cache, k, v, lengths, cos, sin, table):
+            return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                           cache_seqlens=lengths, block_table=table, causal=True)
+
+        compiled = torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
+        for seed in range(13):
+            q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(seed, 4, 1024, 16, 4, 128, 1, torch.bfloat16)
+            g = torch.Generator().manual_seed(seed)
+            cos, sin = (torch.randn(1024, 64, generator=g).bfloat16().to(DEVICE) for _ in range(2))
+            lengths = torch.randint(0, 1024, (4,), generator=g).int().to(DEVICE)
+            table = None
+            if page_size:
+                *pages, table = paginate(k_cache.transpose(1, 2), v_cache.transpose(1, 2), page_size, generator=g)
+                k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in pages)
+            caches = [x.clone() for x in (k_cache, v_cache)]
+            eager = step(q, k_cache, v_cache, k, v, lengths, cos, sin, table)
+            got = compiled(q, *caches, k, v, lengths, cos, sin, table).clone()
+            assert torch.isfinite(eager).all() and torch.equal(got, eager), (page_size, seed)
+            assert torch.equal(caches[0], k_cache) and torch.equal(caches[1], v_cache), (page_size, seed)

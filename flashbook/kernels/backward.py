@@ -136,7 +136,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, cols, q_base, do_base, lse_base, delta_base, d
         if ATOMIC_DQ:
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=DOT_PRECISION)
             # relaxed: only the sum must come out right, not the order of the adds. Triton's
-            # default (acq_rel) makes every add a fence as well (chapter 8 times both)
+            # default (acq_rel) makes every add a fence as well (the book times both orderings)
             tl.atomic_add(dq_base + rows[:, None] * stride_dqm + offs_d[None, :], dq,
                           mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv

@@ -75,24 +75,31 @@ def check_inputs(q, k, v, causal, scale, dq_mode="separate", *, names=("q", "k",
     check_arguments(q, k, v, causal, dq_mode, names=names, shown=shown)
     head_dim = q.shape[3]
 
+    check_runs_here(q, f"{qn}, {kn} and {vn}", "are")
+    return resolve_scale(scale, head_dim)
+
+
+def check_runs_here(x, names: str, verb: str = "is") -> None:
+    """The tensor(s) ``names`` (``x`` stands for them all: one device and dtype, checked before)
+    can run where the kernels run: CUDA tensors on a GPU machine; CPU tensors, not bfloat16,
+    in Triton's interpreter (which the process must have been started with)."""
     if runtime.device() == "cuda":
-        if q.device.type != "cuda":
-            raise ValueError(f"{qn}, {kn} and {vn} must be CUDA tensors on this machine (the kernels run on "
-                             f"the GPU), got device {q.device}; move them with .cuda()")
+        if x.device.type != "cuda":
+            raise ValueError(f"{names} must be CUDA tensors on this machine (the kernels run on "
+                             f"the GPU), got device {x.device}; move them with .cuda()")
     else:
-        if q.device.type != "cpu":
-            raise ValueError(f"{qn}, {kn} and {vn} must be CPU tensors here (the kernels run in Triton's "
-                             f"interpreter), got device {q.device}")
+        if x.device.type != "cpu":
+            raise ValueError(f"{names} must be CPU tensors here (the kernels run in Triton's "
+                             f"interpreter), got device {x.device}")
         problem = _interpreter_problem()
         if problem:
             raise RuntimeError(problem)
         if not runtime.INTERPRET:   # triton was imported first, without a GPU: its own error names no cause
             raise RuntimeError(f"{runtime.describe()} Restart Python and import flashbook before triton, or set "
                                "TRITON_INTERPRET=1 before importing triton.")
-        if q.dtype == torch.bfloat16:
-            raise TypeError(f"{qn}, {kn} and {vn} are bfloat16, which Triton's CPU interpreter cannot compute "
+        if x.dtype == torch.bfloat16:
+            raise TypeError(f"{names} {verb} bfloat16, which Triton's CPU interpreter cannot compute "
                             "correctly; use float16 or float32 here, or run on a CUDA GPU")
-    return resolve_scale(scale, head_dim)
 
 
 def check_arguments(q, k, v, causal, dq_mode="separate", *, names=("q", "k", "v"), shown=None) -> None:

@@ -6,17 +6,17 @@ arguments, its in-place append of the step's keys and values (chapter 11).
 
 A decoding step of a model written for flash-attn makes this one call: the new token's keys
 and values go into the cache at each sequence's length, then its query attends to the cache
-up to there. Here the append is two indexed copies (``index_put_``, on the dense cache or
-through ``block_table`` into its pages) and the attention is ``flash_decode`` on
-``x.transpose(1, 2)`` views of q and the caches (no copy of the cache: the kernel reads
-any strides). Every check runs before the append, so a refused call leaves the caches as they
-were. flash-attn fuses the append (and the rotation) into its kernel; here they are PyTorch
-operations of their own, each a small launch on the GPU (not timed).
+up to there. Here the writes are one kernel (``append``: k rotated, k and v stored, on the
+dense cache or through ``block_table`` into its pages; q rotated by a second launch of it)
+and the attention is ``flash_decode`` on ``x.transpose(1, 2)`` views of q and the caches (no
+copy of the cache: the kernel reads any strides). Every check runs before the writes, so a
+refused call leaves the caches as they were. flash-attn does the writes inside its attention
+kernel; here they are a launch or two before it.
 
 Rotary embeddings (``rotary_cos``, ``rotary_sin``) are applied as flash-attn applies them, in
-float32 by PyTorch operations before the kernel (``apply_rotary``): k at its positions in the
-cache, q at the same positions (causal or windowed) or all at the cache's length (neither).
-``cache_batch_idx`` (row b of the batch reads cache row ``cache_batch_idx[b]``) reads a dense
+float32 (``append``): k at its positions in the cache, q at the same positions (causal or
+windowed) or all at the cache's length (neither). ``apply_rotary`` is the same rotation on
+its own. ``cache_batch_idx`` (row b of the batch reads cache row ``cache_batch_idx[b]``) reads a dense
 cache through a page table over it (``batch_index_pages``), so no cache is copied. What
 flash-attn's call has and this one refuses, naming the argument: ``cache_leftpad``,
 ``alibi_slopes``; and more than ``decode.MAX_NEW_TOKENS`` new tokens (a prompt goes through
@@ -32,6 +32,7 @@ from . import decode
 from .decode import MAX_NEW_TOKENS, flash_decode
 from .decode_choices import (PAGE_SIZES, _check_block_table, _check_index_tensor, _check_range, _lengths_from_int,
                              run_plan)
+from .append import append_kv, append_kv_operator, check_here, rotate, rotate_into, rotate_operator
 from .inputs import check_flash_attn_4d, check_shapes
 
 __all__ = ["flash_attn_with_kvcache", "append_to_cache", "apply_rotary", "batch_index_pages"]
@@ -116,32 +117,36 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("k and v need cache_seqlens: the position in each cache where they are written")
-        check_flash_attn_4d(k, "k", "(batch, new keys, kv_heads, head_dim)")
-        _check_index_tensor(cache_seqlens, "cache_seqlens", (batch,), q.device, "one length per sequence")
+        _check_append(k_cache, v_cache, k, v, cache_seqlens, block_table)
         if check_values:   # then every position written (and rotated) is in the cache (and the tables)
             _check_room(cache_seqlens, capacity, k.shape[1])
-        if rotary_cos is not None:   # new tensors: q and k themselves are left as they are
-            if isinstance(rotary_cos, torch.Tensor) and rotary_cos.dim() == 2 and rotary_cos.shape[0] < capacity:
+        if rotary_cos is not None:
+            _check_rotary(q, rotary_cos, rotary_sin)
+            if rotary_cos.shape[0] < capacity:
                 raise ValueError(f"rotary_cos and rotary_sin must hold at least the cache's {capacity} positions "
                                  f"(axis 0, as flash-attn asks), got shape {tuple(rotary_cos.shape)}")
-            positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(k.shape[1], device=k.device)
-            k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
-            moving = causal or tuple(window_size) != (-1, -1)   # flash-attn's rule for q's positions
-            q_positions = positions[:, :1] + (torch.arange(q.shape[1], device=q.device) if moving else 0)
-            q = apply_rotary(q, rotary_cos, rotary_sin, q_positions.expand(-1, q.shape[1]), rotary_interleaved)
         lengths = (cache_seqlens + k.shape[1]).to(torch.int32)
-    views = [x.transpose(1, 2) for x in (q, k_cache, v_cache)]
-    if torch.compiler.is_compiling():   # traced: the append, then the decode operator (which checks when it runs)
+    rotary = rotary_cos is not None
+    step = 1 if causal or tuple(window_size) != (-1, -1) else 0   # flash-attn's rule for q's positions
+    if torch.compiler.is_compiling():   # traced: the writes, then the decode operator (which checks when it runs)
         if k is not None:
-            append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
-        result = flash_decode(*views, cache_seqlens=lengths, block_table=block_table, num_splits=num_splits or None,
-                              causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
+            append_kv_operator(k, v, k_cache, v_cache, cache_seqlens, block_table, rotary_cos, rotary_sin,
+                               rotary_interleaved)
+        if rotary:
+            q = rotate_operator(q, rotary_cos, rotary_sin, cache_seqlens, step, rotary_interleaved)
+        result = flash_decode(*(x.transpose(1, 2) for x in (q, k_cache, v_cache)), cache_seqlens=lengths,
+                              block_table=block_table, num_splits=num_splits or None, causal=causal,
+                              window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
                               check_values=check_values, return_softmax_lse=True)
-    else:
+    else:   # the rotated q gets its memory first, so the plan (every check of the attention) sees its layout
+        q_seen = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else q
+        views = [x.transpose(1, 2) for x in (q_seen, k_cache, v_cache)]
         plan = decode.plan_of(*views, lengths, block_table, num_splits or None, causal, softmax_scale, check_values,
-                              window_size, softcap, True, warn=False)   # every check of the attention, first
+                              window_size, softcap, True, warn=False)
         if k is not None:
-            append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
+            append_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved)
+        if rotary:   # q itself is left as it is
+            rotate_into(q, q_seen, rotary_cos, rotary_sin, cache_seqlens, step, rotary_interleaved)
         result = run_plan(plan, *views, lengths, block_table, True)
     o, lse = result
     o = o.transpose(1, 2).contiguous()
@@ -178,8 +183,20 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, 
 
     Dense caches (batch, capacity, kv_heads, head_dim): row b at those positions. Paged caches
     (num_pages, page_size, kv_heads, head_dim): position p of sequence b is slot p % page_size of
-    page block_table[b, p // page_size]. Two ``index_put_`` calls, no synchronisation; with
-    ``check_values`` the positions are checked against the capacity first (one)."""
+    page block_table[b, p // page_size]. One kernel (``append``), no synchronisation; with
+    ``check_values`` the positions are checked against the capacity first (one); without, a
+    position past the capacity is not written."""
+    capacity = _check_append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+    if check_values:
+        _check_room(cache_seqlens, capacity, k.shape[1])
+    check_here(k, "k")
+    append_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
+    return (cache_seqlens + k.shape[1]).to(torch.int32)
+
+
+def _check_append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> int:
+    """k and v against the caches (flash-attn's layout), the lengths and the page table; returns
+    the positions each sequence's cache holds."""
     batch = k_cache.shape[0] if block_table is None else len(block_table)
     if block_table is not None:
         _check_block_table(block_table, batch, k_cache.device)
@@ -197,19 +214,7 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table=None, *, 
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
                          f"{tuple(v_cache.shape)}")
     _check_index_tensor(cache_seqlens, "cache_seqlens", (batch,), k_cache.device, "one length per sequence")
-    new = k.shape[1]
-    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-    if check_values:
-        _check_room(cache_seqlens, capacity, new)
-    positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(new, device=k.device)
-    if block_table is None:
-        where = (torch.arange(batch, device=k.device)[:, None].expand(-1, new), positions)
-    else:
-        page_size = k_cache.shape[1]
-        where = (block_table.to(torch.int64).gather(1, positions // page_size), positions % page_size)
-    k_cache.index_put_(where, k)
-    v_cache.index_put_(where, v)
-    return (cache_seqlens + new).to(torch.int32)
+    return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
 
 
 def _check_room(cache_seqlens, capacity: int, new: int) -> None:
@@ -218,11 +223,9 @@ def _check_room(cache_seqlens, capacity: int, new: int) -> None:
                  f"the cache holds {capacity} positions and k adds {new}")
 
 
-def apply_rotary(x, cos, sin, positions, interleaved: bool = True, *, check_values=False):
-    """x (batch, n, heads, head_dim) with its first rotary_dim = 2 * cos.shape[1] features rotated
-    by the angles of ``positions`` (batch, n): a new tensor in x's dtype, computed in float32 (or
-    float64 for float64 x). Pairs (2i, 2i + 1) when ``interleaved`` (GPT-J), else (i, i +
-    rotary_dim / 2) (GPT-NeoX); each pair (a, b) becomes (a cos - b sin, a sin + b cos)."""
+def _check_rotary(x, cos, sin) -> None:
+    """The rotary tables for x (..., head_dim): 2-D float (positions, rotary_dim / 2) on x's device,
+    the same shape, rotary_dim even and at most head_dim."""
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
             raise ValueError(f"{name} must be a 2-D float tensor (positions, rotary_dim / 2), got "
@@ -236,16 +239,23 @@ def apply_rotary(x, cos, sin, positions, interleaved: bool = True, *, check_valu
     if not 0 < 2 * half <= x.shape[-1]:
         raise ValueError(f"rotary_cos must have 1 to head_dim / 2 = {x.shape[-1] // 2} columns (rotary_dim / 2), "
                          f"got {half}")
+
+
+def apply_rotary(x, cos, sin, positions, interleaved: bool = True, *, check_values=False):
+    """x (batch, n, heads, head_dim) with its first rotary_dim = 2 * cos.shape[1] features rotated
+    by the angles of ``positions`` (batch, n): a new contiguous tensor in x's dtype, computed in
+    float32 (or float64 for float64 x) by one kernel (``append``). Pairs (2i, 2i + 1) when
+    ``interleaved`` (GPT-J), else (i, i + rotary_dim / 2) (GPT-NeoX); each pair (a, b) becomes
+    (a cos - b sin, a sin + b cos). A position outside the tables is left unturned unless
+    ``check_values`` refuses it (one synchronisation)."""
+    check_flash_attn_4d(x, "x", "(batch, n, heads, head_dim)")
+    _check_rotary(x, cos, sin)
+    _check_index_tensor(positions, "positions", (x.shape[0], x.shape[1]), x.device, "one position per token")
+    check_here(x, "x")
     if check_values:
         _check_range(positions, "the rotary positions (cache_seqlens + i)", 0, cos.shape[0] - 1,
                      f"rotary_cos holds {cos.shape[0]} positions")
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    c, s = (t[positions].to(work)[:, :, None, :] for t in (cos, sin))   # (batch, n, 1, half): only those rows
-    rotated = x[..., :2 * half].to(work)
-    a, b = (rotated[..., 0::2], rotated[..., 1::2]) if interleaved else (rotated[..., :half], rotated[..., half:])
-    a, b = a * c - b * s, a * s + b * c
-    rotated = torch.stack((a, b), dim=-1).flatten(-2) if interleaved else torch.cat((a, b), dim=-1)
-    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+    return rotate(x, cos, sin, positions, 0, interleaved)
 
 
 def batch_index_pages(k_cache, v_cache, cache_batch_idx, batch: int, device, *, check_values=False):
