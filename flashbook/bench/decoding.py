@@ -109,3 +109,29 @@ def ncu_steps(folder) -> list[dict]:
     for row, step in zip(out, steps):
         row.update(impl=step["impl"], batch=int(step["batch"]), seq=int(step["seq"]))
     return out
+
+
+def write_timings(folder, trees=("old", "new")):
+    """``benchmarks/decode_bench.py``'s runs of two trees in one call (``<tree>_r<i>/decode.csv``
+    under ``folder``): a DataFrame indexed by (batch, seq, impl) with each tree's median ``ms`` and
+    ``graph_ms`` over its repeats (columns ``<tree>_ms``, ``<tree>_graph_ms``) and ``repeats``.
+    Rows that did not run (out of memory) are left out; every row that ran passed its check."""
+    import pandas as pd
+
+    folder = Path(folder)
+    runs = []
+    for tree in trees:
+        for path in sorted(folder.glob(f"{tree}_r*/decode.csv")):
+            df = pd.read_csv(path)
+            df = df[df["status"] == "ok"]
+            if not (df["check"] == "pass").all():
+                raise ValueError(f"{path}: a timed output failed its correctness check")
+            runs.append(df.assign(tree=tree))
+    if not runs:
+        raise ValueError(f"no {'/'.join(trees)} runs under {folder}")
+    every = pd.concat(runs)
+    med = every.pivot_table(index=["batch", "seq", "impl"], columns="tree", values=["ms", "graph_ms"],
+                            aggfunc="median")
+    med.columns = [f"{tree}_{key}" for key, tree in med.columns]
+    med["repeats"] = every.groupby(["batch", "seq", "impl", "tree"]).size().groupby(["batch", "seq", "impl"]).min()
+    return med
