@@ -71,7 +71,9 @@ def test_the_exponentials_time_is_not_small_on_hopper():
         assert "{glue:text}`" + name + "`" in prose, name
     assert "{cite}`shah2024flashattention3`" in prose and "*and* the special-function units" not in prose
     assert "The ridges below count the tensor cores\nonly." in prose          # the table's ridges
-    assert "tensor cores and the exponentials' special-function units" in cell_source(CH6, "653d56e1")
+    summary = cell_source(CH6, "653d56e1")   # the summary gives the counted share, not an unshown limit
+    assert "the exponentials' special-function units are a second limit" in summary
+    assert "{glue:text}`exp_share_64:.0f`" in summary and "{glue:text}`exp_share_128:.0f`" in summary
 
 
 def test_tl_dot_rate_is_a_ceiling_not_a_claim():
@@ -146,7 +148,7 @@ def test_exp2_saves_instructions_not_one_multiply():
     assert "one multiply per score fewer" not in prose and "{glue:text}`exp_instrs`" in prose
     assert 'g("exp_instrs", 1 + len(NATURAL_EXP))' in cell_source(CH7, "c07-ladder")
     assert "the fully masked ones, not the masked stage's" not in prose
-    assert "skipping the tiles that are masked out entirely" in prose
+    assert "skipping the tiles above the diagonal** (`skip masked tiles`)" in prose
 
 
 def test_the_example_grid_is_dealt_out_by_head_groups_on_sm90():
@@ -160,7 +162,7 @@ def test_the_example_grid_is_dealt_out_by_head_groups_on_sm90():
     assert programs / sms < configs.SMALL_GRID_PROGRAMS_PER_SM
     prose = cell_source(CH7, "e8ba3340")
     assert "which was faster on the H200" not in prose and "per SM, a small grid" not in prose
-    assert "{glue:text}`big_per_sm` per SM, under the library's threshold" in prose
+    assert "{glue:text}`big_per_sm` per SM, under\nthe library's threshold" in prose
     assert 'g("big_per_sm", programs / runtime.chip("H100").sms, ".1f")' in cell_source(CH7, "d13711af")
     assert "{glue:text}`big_group`" in prose and "`HEAD_GROUP`" in prose
     assert "within each (batch, head) only" not in cell_source(CH7, "111fff05")

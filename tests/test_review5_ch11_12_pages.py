@@ -92,7 +92,7 @@ def test_ch11_and_which_kernel_say_every_paged_timing_used_64_token_pages():
     assert "TILE_IN_PAGE and page_size >= block_n" in " ".join(inspect.getsource(decode).split())
     # the sweeps and the profiles cut pages with the same constant
     src = open(os.path.join(ROOT, "benchmarks", "decode_bench.py"), encoding="utf-8").read()
-    assert src.count("decode.paginate(k, v, PAGE_SIZE,") == 2
+    assert src.count("decode.paginate(k, v, PAGE_SIZE,") == 3   # flash_decode-paged, the sweeps, kvcache-paged-*
     ncu = open(os.path.join(ROOT, "benchmarks", "decode_ncu.py"), encoding="utf-8").read()
     assert "from decode_bench import PAGE_SIZE" in ncu and "decode.paginate(k, v, PAGE_SIZE," in ncu
 
