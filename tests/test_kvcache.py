@@ -651,3 +651,36 @@ def test_gpu_compiled_rotary_step_gives_the_eager_bits(mode):
             got = compiled(q, *caches, k, v, lengths, cos, sin, table).clone()
             assert torch.isfinite(eager).all() and torch.equal(got, eager), (page_size, seed)
             assert torch.equal(caches[0], k_cache) and torch.equal(caches[1], v_cache), (page_size, seed)
+
+
+def test_a_known_call_signature_skips_the_shape_checks_not_the_values(monkeypatch):
+    """A call whose signature passed every check (on a GPU; here call_key made to answer in the
+    interpreter too) skips the shape checks the next time: the same bits, and the checks that read
+    values (an int length against the capacity) still run; a new signature is checked."""
+    from flashbook.kernels import kvcache, launch
+
+    def any_machine_key(tensors, flags):
+        try:
+            return tuple(launch.tensor_key(x) for x in tensors) + tuple(flags)
+        except (AttributeError, TypeError):
+            return None
+
+    monkeypatch.setattr(kvcache, "call_key", any_machine_key)
+    monkeypatch.setattr(kvcache, "_CHECKED", launch.Plans())
+    checked = []
+    real = kvcache._check_call
+    monkeypatch.setattr(kvcache, "_check_call", lambda *a: checked.append(1) or real(*a))
+    q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(12, dtype=torch.float32)
+    cos, sin, _ = _rotary_tables(80, 16)
+    outs = []
+    for _ in range(2):
+        caches = [x.clone() for x in (k_cache, v_cache)]
+        outs.append(flash_attn_with_kvcache(q, *caches, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=30,
+                                            causal=True))
+    assert checked == [1] and torch.equal(outs[0], outs[1]) and len(kvcache._CHECKED) == 1
+    with pytest.raises(ValueError, match=r"cache_seqlens must be in \[0, 78\]"):   # a value: checked every call
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=79, causal=True)
+    with pytest.raises(ValueError, match=r"k must have shape \(3, new keys, 2, 32\)"):   # a new signature
+        flash_attn_with_kvcache(q, k_cache, v_cache, k[:, :, :1], v[:, :, :1], rotary_cos=cos, rotary_sin=sin,
+                                cache_seqlens=30, causal=True)
+    assert len(checked) == 2 and len(kvcache._CHECKED) == 1   # the value error took the known path

@@ -34,8 +34,12 @@ from .decode_choices import (PAGE_SIZES, _check_block_table, _check_index_tensor
                              run_plan)
 from .append import append_kv, append_kv_operator, check_here, rotate, rotate_into, rotate_operator
 from .inputs import check_flash_attn_4d, check_shapes
+from .launch import Plans, call_key
 
 __all__ = ["flash_attn_with_kvcache", "append_to_cache", "apply_rotary", "batch_index_pages"]
+
+_CHECKED = Plans()   # call signatures of flash_attn_with_kvcache that passed every check
+
 
 def _refuse(name: str, value, why: str) -> None:
     if value is not None:
@@ -85,46 +89,33 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     _refuse("cache_leftpad", cache_leftpad, "caches that start at position 0 only")
     _refuse("alibi_slopes", alibi_slopes, "flash_decode has no ALiBi; flash_attn_func does")
-    # Everything is checked before the caches are written: a refused call leaves them as they were.
-    check_flash_attn_4d(q, "q", "(batch, new tokens, heads, head_dim)")
-    batch, paged = q.shape[0], block_table is not None
-    cache_meaning = ("(num_pages, page_size, kv_heads, head_dim)" if paged
-                     else "(batch, capacity, kv_heads, head_dim)")
-    check_flash_attn_4d(k_cache, "k_cache", cache_meaning)
-    check_flash_attn_4d(v_cache, "v_cache", cache_meaning)
-    if q.shape[1] > MAX_NEW_TOKENS:
-        raise ValueError(f"q must hold 1 to {MAX_NEW_TOKENS} new tokens per sequence (axis 1 in flash-attn's layout), "
-                         f"got shape {tuple(q.shape)}; a prompt goes through flash_attn_func or flash_attn_varlen_func")
-    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
-    if (k is None) != (v is None):
-        raise ValueError("k and v must be given together (the step's keys and values) or both be None")
-    if (rotary_cos is None) != (rotary_sin is None) or rotary_cos is not None and k is None:
-        raise ValueError("rotary_cos and rotary_sin must be given together, and only with k and v (as flash-attn's)")
-    if cache_batch_idx is not None and paged:
-        raise ValueError("cache_batch_idx and block_table cannot be given together: the page table already "
-                         "says where each sequence's cache is")
-    _check_caches(q, k_cache, v_cache, block_table, rows_free=paged or cache_batch_idx is not None)
+    # Everything is checked before the caches are written: a refused call leaves them as they were. A
+    # call whose signature passed every check before (``_CHECKED``) passes them again: only its values
+    # (an int length, cache_batch_idx) are checked each time.
+    int_lengths = isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool)
+    key = None
+    if check_values is False and not torch.compiler.is_compiling():
+        key = call_key((q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, None if int_lengths else cache_seqlens,
+                        cache_batch_idx, block_table),
+                       (int_lengths, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+                        return_softmax_lse))
+    known = key is not None and key in _CHECKED
+    if not known:
+        _check_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, num_splits)
+    batch = q.shape[0]
     if cache_batch_idx is not None:
         block_table, k_cache, v_cache = batch_index_pages(k_cache, v_cache, cache_batch_idx, batch, q.device,
                                                           check_values=check_values)
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
-    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+    if int_lengths:
         new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
         cache_seqlens = _lengths_from_int(int(cache_seqlens), q, capacity - new,
                                           f"the cache holds {capacity} positions{f' and k adds {new}' if new else ''}")
     lengths = cache_seqlens
     if k is not None:
-        if cache_seqlens is None:
-            raise ValueError("k and v need cache_seqlens: the position in each cache where they are written")
-        _check_append(k_cache, v_cache, k, v, cache_seqlens, block_table)
-        if check_values:   # then every position written (and rotated) is in the cache (and the tables)
-            _check_room(cache_seqlens, capacity, k.shape[1])
-        if rotary_cos is not None:
-            _check_rotary(q, rotary_cos, rotary_sin)
-            if rotary_cos.shape[0] < capacity:
-                raise ValueError(f"rotary_cos and rotary_sin must hold at least the cache's {capacity} positions "
-                                 f"(axis 0, as flash-attn asks), got shape {tuple(rotary_cos.shape)}")
+        if not known:
+            _check_new_keys(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, capacity,
+                            check_values)
         lengths = (cache_seqlens + k.shape[1]).to(torch.int32)
     rotary = rotary_cos is not None
     step = 1 if causal or tuple(window_size) != (-1, -1) else 0   # flash-attn's rule for q's positions
@@ -143,6 +134,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         views = [x.transpose(1, 2) for x in (q_seen, k_cache, v_cache)]
         plan = decode.plan_of(*views, lengths, block_table, num_splits or None, causal, softmax_scale, check_values,
                               window_size, softcap, True, warn=False)
+        _CHECKED.remember(key, True)   # every check passed (None: not remembered)
         if k is not None:
             append_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved)
         if rotary:   # q itself is left as it is
@@ -151,6 +143,44 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     o, lse = result
     o = o.transpose(1, 2).contiguous()
     return (o, lse) if return_softmax_lse else o
+
+
+def _check_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, num_splits) -> None:
+    """The checks of a call's shapes and flags that come before the caches' views are made."""
+    check_flash_attn_4d(q, "q", "(batch, new tokens, heads, head_dim)")
+    paged = block_table is not None
+    cache_meaning = ("(num_pages, page_size, kv_heads, head_dim)" if paged
+                     else "(batch, capacity, kv_heads, head_dim)")
+    check_flash_attn_4d(k_cache, "k_cache", cache_meaning)
+    check_flash_attn_4d(v_cache, "v_cache", cache_meaning)
+    if q.shape[1] > MAX_NEW_TOKENS:
+        raise ValueError(f"q must hold 1 to {MAX_NEW_TOKENS} new tokens per sequence (axis 1 in flash-attn's layout), "
+                         f"got shape {tuple(q.shape)}; a prompt goes through flash_attn_func or flash_attn_varlen_func")
+    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the step's keys and values) or both be None")
+    if (rotary_cos is None) != (rotary_sin is None) or rotary_cos is not None and k is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together, and only with k and v (as flash-attn's)")
+    if cache_batch_idx is not None and paged:
+        raise ValueError("cache_batch_idx and block_table cannot be given together: the page table already "
+                         "says where each sequence's cache is")
+    _check_caches(q, k_cache, v_cache, block_table, rows_free=paged or cache_batch_idx is not None)
+
+
+def _check_new_keys(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, capacity,
+                    check_values) -> None:
+    """The checks of the step's keys and values, their positions and the rotary tables."""
+    if cache_seqlens is None:
+        raise ValueError("k and v need cache_seqlens: the position in each cache where they are written")
+    _check_append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+    if check_values:   # then every position written (and rotated) is in the cache (and the tables)
+        _check_room(cache_seqlens, capacity, k.shape[1])
+    if rotary_cos is not None:
+        _check_rotary(q, rotary_cos, rotary_sin)
+        if rotary_cos.shape[0] < capacity:
+            raise ValueError(f"rotary_cos and rotary_sin must hold at least the cache's {capacity} positions "
+                             f"(axis 0, as flash-attn asks), got shape {tuple(rotary_cos.shape)}")
 
 
 def _check_caches(q, k_cache, v_cache, block_table, *, rows_free: bool) -> None:
