@@ -134,6 +134,12 @@ def _check_index_tensor(x, name: str, shape: tuple, device, meaning: str) -> Non
         raise ValueError(f"{name} must be on q's device {device}, got {x.device}")
 
 
+def _check_same_shape(a, b, names: str) -> None:
+    """Two tensors that go together (k_cache and v_cache, k and v, rotary_cos and rotary_sin)."""
+    if a.shape != b.shape:
+        raise ValueError(f"{names} must have the same shape, got {tuple(a.shape)}, {tuple(b.shape)}")
+
+
 def _check_range(x, name: str, lo: int, hi: int, what: str) -> None:
     """Every value of ``x`` in [lo, hi]: one device synchronisation (``check_values=True``)."""
     if x.numel() == 0:
@@ -150,9 +156,7 @@ def _check_paged(q, k_cache, v_cache, block_table):
             raise ValueError(f"{name} must be a 4-D tensor of pages (num_pages, kv_heads, page_size, head_dim) "
                              f"with at least one page when block_table is given, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
-                         f"{tuple(v_cache.shape)}")
+    _check_same_shape(k_cache, v_cache, "k_cache and v_cache")
     page_size = k_cache.shape[2]
     if page_size not in PAGE_SIZES:
         raise ValueError(f"k_cache's page_size (axis 2) must be one of {PAGE_SIZES}, got {page_size}")

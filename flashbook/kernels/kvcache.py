@@ -30,8 +30,8 @@ import torch
 
 from . import decode
 from .decode import MAX_NEW_TOKENS, flash_decode
-from .decode_choices import (PAGE_SIZES, _check_block_table, _check_index_tensor, _check_range, _lengths_from_int,
-                             run_plan)
+from .decode_choices import (PAGE_SIZES, _check_block_table, _check_index_tensor, _check_range, _check_same_shape,
+                             _lengths_from_int, run_plan)
 from .append import append_kv, append_kv_operator, check_here, rotate, rotate_into, rotate_operator
 from .inputs import check_flash_attn_4d, check_shapes
 from .launch import Plans, call_key
@@ -192,9 +192,7 @@ def _check_caches(q, k_cache, v_cache, block_table, *, rows_free: bool) -> None:
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last axis (stride 1, as flash-attn asserts), got "
                              f"strides {x.stride()}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
-                         f"{tuple(v_cache.shape)}")
+    _check_same_shape(k_cache, v_cache, "k_cache and v_cache")
     if block_table is not None:
         if k_cache.shape[1] not in PAGE_SIZES:
             raise ValueError(f"k_cache's page_size (axis 1 of (num_pages, page_size, kv_heads, head_dim)) must be one "
@@ -238,11 +236,8 @@ def _check_append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> int:
         if x.dtype != k_cache.dtype or x.device != k_cache.device:
             raise ValueError(f"{name} must have the cache's dtype and device ({k_cache.dtype}, {k_cache.device}), "
                              f"got {x.dtype}, {x.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)}, {tuple(v.shape)}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)}, "
-                         f"{tuple(v_cache.shape)}")
+    _check_same_shape(k, v, "k and v")
+    _check_same_shape(k_cache, v_cache, "k_cache and v_cache")
     _check_index_tensor(cache_seqlens, "cache_seqlens", (batch,), k_cache.device, "one length per sequence")
     return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
 
@@ -262,9 +257,7 @@ def _check_rotary(x, cos, sin) -> None:
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
         if t.device != x.device:
             raise ValueError(f"{name} must be on {x.device}, got {t.device}")
-    if cos.shape != sin.shape:
-        raise ValueError(f"rotary_cos and rotary_sin must have the same shape, got {tuple(cos.shape)}, "
-                         f"{tuple(sin.shape)}")
+    _check_same_shape(cos, sin, "rotary_cos and rotary_sin")
     half = cos.shape[1]
     if not 0 < 2 * half <= x.shape[-1]:
         raise ValueError(f"rotary_cos must have 1 to head_dim / 2 = {x.shape[-1] // 2} columns (rotary_dim / 2), "
