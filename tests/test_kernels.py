@@ -371,6 +371,29 @@ def test_a_rung_swaps_only_helpers_the_library_kernel_calls():
     assert [p.name for p in JITFunction(inner.fn).params] == [p.name for p in JITFunction(backward._bwd_dkdv.fn).params]
 
 
+def test_rung_kernels_are_specialised_as_the_library_compiles_its_kernel(monkeypatch):
+    """A rung is the library's kernel with helpers swapped, compiled with the same length
+    specialisation: rungs once compiled with seq_q and seq_k never specialised ran the first
+    kernel 22-24% slower than the ladder recorded it (benchmarks/results/ladder_shapes_h100)."""
+    from flashbook.kernels import forward, ladder
+
+    seen = []
+    real_jit = ladder.triton.jit
+
+    def jit(fn, **kw):
+        seen.append((fn.__name__, kw.get("do_not_specialize")))
+        return real_jit(fn, **kw)
+
+    monkeypatch.setattr(ladder.triton, "jit", jit)
+    monkeypatch.setattr(ladder, "_kernels", {})
+    for rung in ladder.RUNGS[:4]:
+        assert ladder.rung_kernel(rung.features) is not forward._attn_fwd
+    assert seen and all(dns == [] for _, dns in seen), seen   # _attn_fwd: every argument specialised
+    seen.clear()
+    ladder.kernel_with({}, constexprs=("seq_q",))
+    assert seen == [("_attn_fwd", [])]
+
+
 def test_atomic_dq_experiment_variants_are_exact_in_the_interpreter():
     """benchmarks/atomic_dq_experiment.py's relaxed and staggered dK/dV kernels give the
     library's gradients (float32, a length whose main stage has several query tiles)."""

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .autograd import forward_with
 from .configs import Config
-from .forward import LENGTH_ARGS, LOG2E, _attn_fwd, causal_bounds, fold_values, launch_position, load_tile, visible_keys
+from .forward import LOG2E, _attn_fwd, causal_bounds, fold_values, launch_position, load_tile, visible_keys
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,9 @@ def kernel_with(replaced: dict, constexprs: tuple = (), base=None):
         # the annotations say which arguments are tl.constexpr: without them a GPU launch
         # would try to pass HEAD_DIM, CAUSAL, ... as run-time values
         plain.__annotations__ = dict(fn.__annotations__, **{name: tl.constexpr for name in constexprs})
-        # chapter 10's rungs: the lengths never specialised; another base as the library compiles it
-        free = ([name for name in LENGTH_ARGS if name not in constexprs] if base is _attn_fwd
-                else list(getattr(base, "do_not_specialize", ())))
+        # specialised as the library compiles the base (a length of 1 gets forward.for_lengths'
+        # unspecialised twin at launch): a rung compiled otherwise times something else
+        free = [name for name in getattr(base, "do_not_specialize", ()) if name not in constexprs]
         _kernels[key] = (triton.jit(plain, do_not_specialize=free), replaced)   # keep the helpers alive with their id
     return _kernels[key][0]
 
