@@ -305,9 +305,11 @@ def test_the_prose_under_the_timing_cell_describes_the_recorded_table():
     that run and explains its NaN, instead of saying the cell "only said so"."""
     cells = sources_by_id(NOTEBOOK)
     assert "{glue:text}`live_note`" in cells["26110378"] and "live_phrase" not in cells["26110378"]
-    glued, _ = run_glued(cells["c10-live-note"], CPU=True)
+    from test_review3_ch10 import live_note_names
+
+    glued, _ = run_glued(cells["c10-live-note"], **live_note_names())
     recorded = json.load(open(RECORDING))
     table = "".join(o.get("text", "") for c in recorded["cells"] if c["id"] == "6041c7eb" for o in c["outputs"])
     header = table.strip().splitlines()[0]
-    assert header.startswith("NVIDIA H200") and f"recorded run ({header})" in glued["live_note"]
+    assert header.startswith(recorded["provenance"]["gpu"]) and f"recorded run ({header};" in glued["live_note"]
     assert "only said so" not in glued["live_note"] and '"x previous"' in glued["live_note"]

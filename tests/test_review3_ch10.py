@@ -233,10 +233,40 @@ def test_the_hbm_bandwidth_is_the_one_the_bytes_table_used(ch, text):
     assert "the extra time the atomic rung measured (at {glue:text}`hbm_tb_s` TB/s)" in text
 
 
-def test_the_live_note_still_names_its_run():
-    glued, _ = run_glued(sources_by_id(notebook(CH10))["c10-live-note"], CPU=True)
+def live_note_names():
+    """What the chapter's cells before the note define that it reads."""
+    import math
+
+    import pandas as pd
+
+    from flashbook.bench import chapter10
+    from flashbook.kernels.ladder import RUNGS
+
+    ch = chapter10.build()
+    return dict(CPU=True, ch=ch, fsteps=ch.frames["fsteps"], pd=pd, math=math, RUNGS=RUNGS)
+
+
+def test_the_live_note_compares_the_recorded_steps_with_the_ladder():
+    """The recorded live table times the ladder's shape; the note's range of step differences is
+    the recorded steps minus the ladder's, computed here from the recording's text and ladder.csv."""
+    import re
+
+    from flashbook.bench.runs import recorded_output
+
+    names = live_note_names()
+    glued, _ = run_glued(sources_by_id(notebook(CH10))["c10-live-note"], **names)
     note = glued["live_note"]
-    assert "not the ladder's" in note and '"x previous"' in note and "compare rungs within one run" in note
+    table = recorded_output("10_making_it_fast", "6041c7eb", displays=True).strip().splitlines()
+    assert "B=8, H=16, N=4096, d=128" in table[0] and f"recorded run ({table[0]};" in note
+    live = [float(line.split()[-1]) for line in table if re.search(r"\d (exp2|skip|unmasked|tuned|heaviest)", line)]
+    f = names["fsteps"]
+    at = f[(f["batch"] == 8) & (f["heads"] == 16) & (f["seq"] == 4096) & (f["head_dim"] == 128)]
+    want = [x for x in at.sort_values(["causal", "rung"])["vs_prev"] if x == x]
+    assert len(live) == len(want) == 10
+    gaps = [a - b for a, b in zip(live, want)]
+    assert f"by {min(gaps):+.2f} to {max(gaps):+.2f}" in note
+    assert f"x{live[0]:.2f} here, x{want[0]:.2f} in the ladder" in note
+    assert "the ladder ran on NVIDIA H200" in note and '"x previous"' in note
 
 
 def test_the_gpu_cells_match_their_recordings():
