@@ -446,6 +446,7 @@ def build(root=None) -> Chapter10:
     chapter10_beyond.build_into(ch)
     chapter10_lab.build_into(ch)
     _host_vs_ladder(ch)
+    _rung_host(ch)
     return ch
 
 
@@ -457,3 +458,24 @@ def _host_vs_ladder(ch: Chapter10) -> None:
     except (KeyError, ValueError):
         return ch.nothing("host_ladder_ratio")
     ch.put("host_ladder_ratio", ratio, ".0f")
+
+
+def _rung_host(ch: Chapter10) -> None:
+    """``run_rung``'s own CPU time per call, from benchmarks/ladder_shapes.py's newest run
+    (today's tree, every rung and shape): the ladder's calls go through it."""
+    import json
+
+    from .runs import run_path
+
+    try:
+        folder = run_path("ladder_shapes")
+    except ValueError:
+        folder = None
+    runs = sorted(p for p in folder.iterdir() if p.is_dir()) if folder is not None and folder.is_dir() else []
+    rows = [r for f in (sorted(runs[-1].glob("new_r*.json")) if runs else [])
+            for r in json.loads(f.read_text())["rows"]]
+    if not rows:
+        return ch.nothing("rung_host_lo", "rung_host_hi", "rung_host_gpu_lo")
+    ch.put("rung_host_lo", min(r["host_us"] for r in rows), ".0f")
+    ch.put("rung_host_hi", max(r["host_us"] for r in rows), ".0f")
+    ch.put("rung_host_gpu_lo", min(r["ms"] for r in rows), ".2f")   # the shortest call's GPU time there, ms
