@@ -263,3 +263,30 @@ def test_tensor_ops_are_defined_where_the_verdict_reads_them(ch):
     verdict = cell_source(notebook(A3), "a3-gluon-bwd-rows-verdict")
     assert "of the tensor math of" not in verdict
     assert "{glue:text}`gbr_ops_none` of the tensor-core operations (tensor ops) of `rows_split_red4`" in verdict
+
+
+def test_the_specialisation_note_reads_the_recorded_runs(ch):
+    """A3's note on compiling rungs as the library compiles its kernel: its numbers recomputed
+    from benchmarks/results/ladder_shapes_h100 (first run: the rungs unspecialised; last: fixed)."""
+    import glob
+    import statistics
+
+    def ratios(folder):
+        times = {}
+        for f in glob.glob(os.path.join(folder, "*_r*.json")):
+            tree = os.path.basename(f).split("_")[0]
+            for r in json.load(open(f))["rows"]:
+                times.setdefault((tree, r["batch"], r["causal"], r["rung"]), []).append(r["ms"])
+        return {k[1:]: statistics.median(times[("new",) + k[1:]]) / statistics.median(v)
+                for k, v in times.items() if k[0] == "old"}
+
+    base = os.path.join(ROOT, "benchmarks", "results", "ladder_shapes_h100")
+    first, last = ratios(os.path.join(base, "run1_316d253")), ratios(os.path.join(base, "run2_2fb604e"))
+    rung0 = [x for k, x in first.items() if k[2] == 0]
+    assert len(rung0) == 4 and len(last) == 24
+    v = ch.values
+    assert (v["spec_slow_lo"], v["spec_slow_hi"]) == (f"{100 * (min(rung0) - 1):.0f}", f"{100 * (max(rung0) - 1):.0f}")
+    assert (v["spec_fixed_lo"], v["spec_fixed_hi"]) == (f"{min(last.values()):.2f}", f"{max(last.values()):.2f}")
+    assert min(rung0) > 1.1 and 0.95 < min(last.values()) and max(last.values()) < 1.05   # found, then fixed
+    text = cell_source(notebook("A3_lab_notes.ipynb"), "a3-specialise")
+    assert "{glue:text}`spec_slow_lo`" in text and "{glue:text}`spec_fixed_hi`" in text

@@ -475,7 +475,31 @@ def _rung_host(ch: Chapter10) -> None:
     rows = [r for f in (sorted(runs[-1].glob("new_r*.json")) if runs else [])
             for r in json.loads(f.read_text())["rows"]]
     if not rows:
-        return ch.nothing("rung_host_lo", "rung_host_hi", "rung_host_gpu_lo")
+        return ch.nothing("rung_host_lo", "rung_host_hi", "rung_host_gpu_lo", "spec_slow_lo", "spec_slow_hi",
+                          "spec_fixed_lo", "spec_fixed_hi")
     ch.put("rung_host_lo", min(r["host_us"] for r in rows), ".0f")
     ch.put("rung_host_hi", max(r["host_us"] for r in rows), ".0f")
     ch.put("rung_host_gpu_lo", min(r["ms"] for r in rows), ".2f")   # the shortest call's GPU time there, ms
+    # the first run found the rungs compiled with unspecialised lengths; the last one, fixed
+    first, last = _tree_ratios(runs[0]), _tree_ratios(runs[-1])
+    ch.put("spec_slow_lo", 100 * (min(first[0]) - 1), ".0f"); ch.put("spec_slow_hi", 100 * (max(first[0]) - 1), ".0f")
+    every = [x for ratios in last.values() for x in ratios]
+    ch.put("spec_fixed_lo", min(every), ".2f"); ch.put("spec_fixed_hi", max(every), ".2f")
+
+
+def _tree_ratios(folder) -> dict:
+    """{rung: [today's median time / the ladder commit's, one per batch and mask]} of one
+    ladder_shapes run folder (its new_r*.json and old_r*.json repeats)."""
+    import json
+    import statistics
+
+    times: dict = {}
+    for f in folder.glob("*_r*.json"):
+        tree = f.name.split("_")[0]
+        for r in json.loads(f.read_text())["rows"]:
+            times.setdefault((tree, r["batch"], r["causal"], r["rung"]), []).append(r["ms"])
+    ratios: dict = {}
+    for (tree, batch, causal, rung), ms in sorted(times.items()):
+        if tree == "new":
+            ratios.setdefault(rung, []).append(statistics.median(ms) / statistics.median(times[("old", batch, causal, rung)]))
+    return ratios
