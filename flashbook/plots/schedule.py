@@ -73,3 +73,68 @@ def issue_order_figure(n_tiles: int = 3, **durations) -> Figure:
     axes[1].set_xlabel(f"time, schematic (every step drawn the same length); {n_tiles} key tiles "
                        f"end at {ends[0]:g} and {ends[1]:g}")
     return fig
+
+
+def slot_ring(n_tiles: int = 7, stages: int = 3, *, load: float = 1.0, step: float = 1.0) -> dict:
+    """The Gluon kernel's producer schedule (``hopper.producer`` and ``attend_tiles``) as events.
+
+    The producer warp copies K_t and V_t into ring slot ``t % stages``; their barriers complete
+    for the (t // stages)-th time, so a consumer waits on phase ``(t // stages) & 1``. Before
+    reusing a slot it waits until the consumers released the tile ``stages`` before. Consumer
+    step j uses K_j and V_{j-1} (S_j and P_{j-1} V_{j-1}) and releases tile j - 1 at its end, so
+    the consumers hold two tiles at once; the last tile's P V follows the loop and releases it.
+    Copies take ``load``, a consumer step ``step`` (a schematic: the copies go one after another).
+    Returns ``{"loads": [(tile, slot, phase, start, end)], "steps": [(j, start, end)],
+    "held": [(tile, slot, phase, loaded_from, released_at)]}``."""
+    if n_tiles < 1 or stages < 2:
+        raise ValueError(f"n_tiles must be >= 1 and stages >= 2 (a step holds two tiles), got {n_tiles}, {stages}")
+    if min(load, step) <= 0:
+        raise ValueError(f"durations must be > 0, got load={load}, step={step}")
+    loads, steps, released = [], [], {}
+    copier = 0.0
+    for t in range(n_tiles):
+        start = max(copier, released.get(t - stages, 0.0))   # the slot's previous tile released
+        loads.append((t, t % stages, (t // stages) & 1, start, start + load))
+        copier = start + load
+        # the consumers run every step whose tiles are in: step t needs K_t (and V_{t-1}, in before it)
+        begin = max(steps[-1][2] if steps else 0.0, start + load)
+        steps.append((t, begin, begin + step))
+        if t >= 1:
+            released[t - 1] = begin + step
+    last = steps[-1][2]
+    steps.append((n_tiles, last, last + step / 2))   # the last P V, after the loop
+    released[n_tiles - 1] = last + step / 2
+    held = [(t, slot, phase, start, released[t]) for t, slot, phase, start, _ in loads]
+    return {"loads": loads, "steps": steps, "held": held}
+
+
+def slot_ring_figure(n_tiles: int = 7, stages: int = 3, **durations) -> Figure:
+    """The producer, the consumers and the ring's slots on one time axis (``slot_ring``)."""
+    ring = slot_ring(n_tiles, stages, **durations)
+    fig = Figure(figsize=(9.0, 1.2 + 0.45 * (stages + 2)), layout="constrained")
+    ax = fig.subplots()
+    lanes = ["producer warp: TMA copies", "consumer warpgroups"] + [f"slot {s}" for s in range(stages)]
+    y = {name: len(lanes) - 1 - i for i, name in enumerate(lanes)}
+    colours = ["#4C72B0", "#55A868", "#DD8452", "#8172B3", "#937860", "#DA8BC3"]
+    for t, slot, phase, start, end in ring["loads"]:
+        ax.barh(y[lanes[0]], end - start, left=start, height=0.6, color=colours[slot % len(colours)], edgecolor="white")
+        ax.text((start + end) / 2, y[lanes[0]], f"$K_{t}V_{t}$", ha="center", va="center", fontsize=8, color="white")
+    for j, start, end in ring["steps"]:
+        label = f"$S_{{{j}}}$, $P_{{{j - 1}}}V_{{{j - 1}}}$" if 0 < j < n_tiles else (
+            "$S_0$" if j == 0 else f"$P_{{{j - 1}}}V_{{{j - 1}}}$")
+        ax.barh(y[lanes[1]], end - start, left=start, height=0.6, color="#777777", edgecolor="white")
+        ax.text((start + end) / 2, y[lanes[1]], label, ha="center", va="center", fontsize=7, color="white")
+    for t, slot, phase, start, end in ring["held"]:
+        ax.barh(y[f"slot {slot}"], end - start, left=start, height=0.6, color=colours[slot % len(colours)],
+                edgecolor="white", alpha=0.85)
+        ax.text((start + end) / 2, y[f"slot {slot}"], f"tile {t}, phase {phase}", ha="center", va="center",
+                fontsize=7, color="white")
+    ax.set_yticks([y[name] for name in lanes], lanes, fontsize=8)
+    end = max(e for *_, e in ring["held"])
+    ax.set_xlim(0, end * 1.01)
+    ax.set_xlabel(f"time, schematic (a copy and a step drawn the same length); {stages} slots, {n_tiles} key tiles")
+    ax.set_title("The producer refills a slot once the consumers release the tile it held; "
+                 "a slot's barrier phase flips each round", fontsize=9, loc="left")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return fig
