@@ -670,14 +670,24 @@ def test_a_known_call_signature_skips_the_shape_checks_not_the_values(monkeypatc
     checked = []
     real = kvcache._check_call
     monkeypatch.setattr(kvcache, "_check_call", lambda *a: checked.append(1) or real(*a))
+    looked_up = []   # the known path runs the kept launches and plan: none of these is called again
+    for name in ("append_kv", "rotate_into"):
+        real_fn = getattr(kvcache, name)
+        monkeypatch.setattr(kvcache, name, lambda *a, _f=real_fn, _n=name: looked_up.append(_n) or _f(*a))
+    real_plan = kvcache.decode.plan_of
+    monkeypatch.setattr(kvcache.decode, "plan_of", lambda *a, **kw: looked_up.append("plan_of") or real_plan(*a, **kw))
     q, (k_cache, v_cache), (k, v) = _flash_attn_inputs(12, dtype=torch.float32)
     cos, sin, _ = _rotary_tables(80, 16)
-    outs = []
+    outs, written = [], []
     for _ in range(2):
         caches = [x.clone() for x in (k_cache, v_cache)]
         outs.append(flash_attn_with_kvcache(q, *caches, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=30,
                                             causal=True))
+        written.append(caches)
     assert checked == [1] and torch.equal(outs[0], outs[1]) and len(kvcache._CHECKED) == 1
+    assert looked_up == ["plan_of", "append_kv", "rotate_into"]        # the first call only
+    assert all(torch.equal(a, b) for a, b in zip(*written))            # the kept append wrote the same
+    assert not torch.equal(written[1][0], k_cache)                     # and it did write
     with pytest.raises(ValueError, match=r"cache_seqlens must be in \[0, 78\]"):   # a value: checked every call
         flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=79, causal=True)
     with pytest.raises(ValueError, match=r"k must have shape \(3, new keys, 2, 32\)"):   # a new signature

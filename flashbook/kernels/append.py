@@ -105,12 +105,17 @@ def _rotate_write(src, v_src, dst, v_dst, cos, sin, pos, table,
 _PLANS = Plans()
 
 
-def _write(x, dst, pos, step: int, cos=None, sin=None, interleaved=True, *, v=None, v_dst=None, block_table=None,
-           to_cache=False) -> None:
-    """Launch ``_rotate_write`` for x (batch, n, heads, head_dim) (and v beside it): rotated by
-    ``cos``/``sin`` if given, into ``dst``. ``pos``: (batch,) lengths or (batch, n) positions."""
-    tensors = (x, x if v is None else v, dst, dst if v_dst is None else v_dst, x if cos is None else cos,
-               x if sin is None else sin, pos, pos if block_table is None else block_table)
+def _tensors(x, dst, pos, cos=None, sin=None, v=None, v_dst=None, block_table=None) -> tuple:
+    """``_rotate_write``'s eight tensor arguments, in order (x standing in for an absent one)."""
+    return (x, x if v is None else v, dst, dst if v_dst is None else v_dst, x if cos is None else cos,
+            x if sin is None else sin, pos, pos if block_table is None else block_table)
+
+
+def _launch_of(x, dst, pos, step: int, cos=None, sin=None, interleaved=True, *, v=None, v_dst=None, block_table=None,
+               to_cache=False):
+    """The ``Launch`` of ``_rotate_write`` for this call's signature (kept in ``_PLANS``), or
+    None when there is nothing to write; and the call's tensors for it."""
+    tensors = _tensors(x, dst, pos, cos, sin, v, v_dst, block_table)
     flags = (step, bool(interleaved), to_cache, cos is None, v is None, block_table is None)
     key = call_key(tensors, flags)
     launch = _PLANS.get(key) if key is not None else None
@@ -133,15 +138,29 @@ def _write(x, dst, pos, step: int, cos=None, sin=None, interleaved=True, *, v=No
                  F64=x.dtype == torch.float64, num_warps=1 if head_dim <= 128 else 2, enable_fp_fusion=False),
             slots=range(8))
         _PLANS.remember(key, launch)
-    if x.shape[0] * x.shape[1] and x.shape[2]:
+    return (launch if x.shape[0] * x.shape[1] and x.shape[2] else None), tensors
+
+
+def _write(x, dst, pos, step: int, cos=None, sin=None, interleaved=True, **where):
+    """Launch ``_rotate_write`` for x (batch, n, heads, head_dim) (and v beside it): rotated by
+    ``cos``/``sin`` if given, into ``dst``. ``pos``: (batch,) lengths or (batch, n) positions.
+    Returns the launch (None: nothing to write), for a caller that keeps it."""
+    launch, tensors = _launch_of(x, dst, pos, step, cos, sin, interleaved, **where)
+    if launch is not None:
         launch(*tensors)
+    return launch
 
 
-def rotate_into(x, out, cos, sin, positions, step: int, interleaved=True) -> None:
+def rotate_into(x, out, cos, sin, positions, step: int, interleaved=True):
     """x (batch, n, heads, head_dim) turned by the angles of its positions, written to ``out`` (a
     tensor of x's shape and dtype). ``positions``: (batch,) lengths (token i at length + step * i)
-    or (batch, n) positions (step 0)."""
-    _write(x, out, positions, step, cos, sin, interleaved)
+    or (batch, n) positions (step 0). Returns the launch, which ``rotate_tensors`` feeds again."""
+    return _write(x, out, positions, step, cos, sin, interleaved)
+
+
+def rotate_tensors(x, out, cos, sin, positions) -> tuple:
+    """The tensors of ``rotate_into``'s launch, for a caller that kept the launch."""
+    return _tensors(x, out, positions, cos, sin)
 
 
 def rotate(x, cos, sin, positions, step: int, interleaved=True):
@@ -152,9 +171,15 @@ def rotate(x, cos, sin, positions, step: int, interleaved=True):
 
 
 def append_kv(k, v, k_cache, v_cache, cache_seqlens, block_table=None, cos=None, sin=None, interleaved=True):
-    """k (rotated if cos/sin) and v written in place into the caches at cache_seqlens[b] + i."""
-    _write(k, k_cache, cache_seqlens, 1, cos, sin, interleaved, v=v, v_dst=v_cache, block_table=block_table,
-           to_cache=True)
+    """k (rotated if cos/sin) and v written in place into the caches at cache_seqlens[b] + i.
+    Returns the launch, which ``append_tensors`` feeds again."""
+    return _write(k, k_cache, cache_seqlens, 1, cos, sin, interleaved, v=v, v_dst=v_cache, block_table=block_table,
+                  to_cache=True)
+
+
+def append_tensors(k, v, k_cache, v_cache, cache_seqlens, block_table=None, cos=None, sin=None) -> tuple:
+    """The tensors of ``append_kv``'s launch, for a caller that kept the launch."""
+    return _tensors(k, k_cache, cache_seqlens, cos, sin, v, v_cache, block_table)
 
 
 def check_here(x, name: str) -> None:

@@ -32,13 +32,25 @@ from . import decode
 from .decode import MAX_NEW_TOKENS, flash_decode
 from .decode_choices import (PAGE_SIZES, _check_block_table, _check_index_tensor, _check_range, _check_same_shape,
                              _lengths_from_int, run_plan)
-from .append import append_kv, append_kv_operator, check_here, rotate, rotate_into, rotate_operator
+from .append import (append_kv, append_kv_operator, append_tensors, check_here, rotate, rotate_into, rotate_operator,
+                     rotate_tensors)
 from .inputs import check_flash_attn_4d, check_shapes
 from .launch import Plans, call_key
 
 __all__ = ["flash_attn_with_kvcache", "append_to_cache", "apply_rotary", "batch_index_pages"]
 
-_CHECKED = Plans()   # call signatures of flash_attn_with_kvcache that passed every check
+_CHECKED = Plans()   # call signatures of flash_attn_with_kvcache that passed every check -> _Known
+
+
+class _Known:
+    """What a checked call signature launches: the decode plan, the append's and the rotation's
+    launches (None where the call has none). The same signature binds the same way, so a known
+    call runs these without building the three lookup keys they would each need."""
+
+    __slots__ = ("plan", "append", "rotate")
+
+    def __init__(self, plan, append, rotate):
+        self.plan, self.append, self.rotate = plan, append, rotate
 
 
 def _refuse(name: str, value, why: str) -> None:
@@ -99,8 +111,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                         cache_batch_idx, block_table),
                        (int_lengths, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
                         return_softmax_lse))
-    known = key is not None and key in _CHECKED
-    if not known:
+    known = _CHECKED.get(key) if key is not None else None   # a _Known: the signature's launches
+    if known is None:
         _check_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, num_splits)
     batch = q.shape[0]
     if cache_batch_idx is not None:
@@ -113,7 +125,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                           f"the cache holds {capacity} positions{f' and k adds {new}' if new else ''}")
     lengths = cache_seqlens
     if k is not None:
-        if not known:
+        if known is None:
             _check_new_keys(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, capacity,
                             check_values)
         lengths = (cache_seqlens + k.shape[1]).to(torch.int32)
@@ -132,13 +144,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:   # the rotated q gets its memory first, so the plan (every check of the attention) sees its layout
         q_seen = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else q
         views = [x.transpose(1, 2) for x in (q_seen, k_cache, v_cache)]
-        plan = decode.plan_of(*views, lengths, block_table, num_splits or None, causal, softmax_scale, check_values,
-                              window_size, softcap, True, warn=False)
-        _CHECKED.remember(key, True)   # every check passed (None: not remembered)
-        if k is not None:
-            append_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved)
-        if rotary:   # q itself is left as it is
-            rotate_into(q, q_seen, rotary_cos, rotary_sin, cache_seqlens, step, rotary_interleaved)
+        if known is None:
+            plan = decode.plan_of(*views, lengths, block_table, num_splits or None, causal, softmax_scale,
+                                  check_values, window_size, softcap, True, warn=False)
+            written = rotated = None
+            if k is not None:
+                written = append_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, rotary_cos, rotary_sin,
+                                    rotary_interleaved)
+            if rotary:   # q itself is left as it is
+                rotated = rotate_into(q, q_seen, rotary_cos, rotary_sin, cache_seqlens, step, rotary_interleaved)
+            _CHECKED.remember(key, _Known(plan, written, rotated))   # every check passed (None: not remembered)
+        else:   # the signature's own launches: no lookup key is built again
+            plan = known.plan
+            if known.append is not None:
+                known.append(*append_tensors(k, v, k_cache, v_cache, cache_seqlens, block_table, rotary_cos,
+                                             rotary_sin))
+            if known.rotate is not None:
+                known.rotate(*rotate_tensors(q, q_seen, rotary_cos, rotary_sin, cache_seqlens))
         result = run_plan(plan, *views, lengths, block_table, True)
     o, lse = result
     o = o.transpose(1, 2).contiguous()
