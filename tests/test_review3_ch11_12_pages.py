@@ -358,5 +358,7 @@ def test_which_kernel_gives_the_kvcache_timings_of_its_recorded_run():
     assert int(glued["kv_fd_py"]) <= int(glued["kv_read_py"]) < int(glued["kv_rot_py"])
     assert glued["kv_gpu"].startswith("H100")
     text = flat(book_page("which_kernel.md"))
-    assert "have not yet run on a GPU" not in text and "(the H200 has not run them)" in text
+    assert "have not yet run on a GPU" not in text and "(the H200 has not run them)" not in text
+    assert glued["kv_gpu_h200"].startswith("H200") and glued["kv_h200_tests"] == "31"
+    assert "A later run repeated them on an {glue:text}`kv_gpu_h200`" in text
     assert "mode=\"reduce-overhead\"" in text
