@@ -119,6 +119,9 @@ def test_why_it_is_this_fast_cites_the_nsight_compute_run():
     assert sum(k["sm__inst_executed_pipe_tensor_op_gmma.sum"] for k in flash) == 0
     assert sum(k["sm__inst_executed_pipe_tensor_op_hmma.sum"] for k in flash) > 0
     assert glued["ncu_flash_wgmma"] == "0"
+    # the table shows this chapter's kernel and cuDNN's; chapter 10's kernel only in the prose
+    _, ns = run_glued(cell_source(NOTEBOOK, "c07-ncu"), bench=bench, pd=pd)
+    assert set(ns["ncu_table"].index.get_level_values("kernel")) == {"this chapter's kernel", "SDPA cuDNN"}
     prose = cell_source(NOTEBOOK, "c07-ncu-md")
     for name in ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma"):
         assert f"{{glue:text}}`{name}`" in prose, name
@@ -133,6 +136,7 @@ def test_what_the_production_kernel_adds_is_measured_rung_by_rung():
     cells = sources_by_id(NOTEBOOK)
     glued = _run("c07-ladder")
     assert glued["ladder_runs"] == str(len(bench.run_paths("ladder")))
+    skip = []
     for path in bench.run_paths("ladder"):
         ladder = bench.ladder_speedups(bench.load_results(path / "ladder.csv")[0])
         at = ladder[(ladder["pass_"] == "fwd") & (ladder["seq"] == 4096) & (ladder["head_dim"] == 128)]
@@ -141,7 +145,12 @@ def test_what_the_production_kernel_adds_is_measured_rung_by_rung():
             assert abs(step[(rung, False)] - 1) < 0.01 and step[(rung, True)] > 1.01, (path.name, rung)
         for rung in ("exp2", "unmasked main loop", "tuned tiles"):
             assert min(step[(rung, False)], step[(rung, True)]) > 1.05, (path.name, rung)
+        assert step.idxmax() == ("skip masked tiles", True)        # "gains the most"
+        skip.append(step[("skip masked tiles", True)])
+    lo, hi = f"{min(skip):.2f}", f"{max(skip):.2f}"
+    assert glued["ladder_skip_causal"] == (f"{lo}x" if lo == hi else f"{lo}-{hi}x")
     assert re.search(r"matters only\s+under the causal mask", cells["c07-ladder-md"])
+    assert "{glue:text}`ladder_skip_causal`" in cells["c07-ladder-md"]
 
 
 def test_the_page_shows_lines_not_whole_kernels():

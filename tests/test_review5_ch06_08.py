@@ -69,13 +69,18 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     table = _staging_table(prose)
     assert table["sm_80"] == [1] + [2 * (s - 1) for s in (2, 3)]
     assert table["sm_90"] == [1] + [2 * s for s in (2, 3)]
-    text = flat(prose)
-    assert "extra copies" not in text and "the pipeliner adds room" not in text
+    # the rule is stated before the pipeline figure (tests/test_plots_pipeline.py checks the figure)
+    text = flat(cell_source(CH6, "c06-buffers-md"))
+    ids = cell_ids(CH6)
+    assert ids.index("c06-buffers-md") < ids.index("c06-pipeline-fig") < ids.index("49527e1d")
+    assert "extra copies" not in text + flat(prose) and "the pipeliner adds room" not in text + flat(prose)
     assert "How many buffers depends on where `tl.dot` reads its operands." in text
     assert ("On `sm_80` it first copies a tile into registers, which frees the buffer the tile arrived "
             "in: with `num_stages` = $s$, $s - 1$ buffers each of $K$ and $V$ hold the tiles in flight.") in text
     assert ("reads its operands from shared memory while it runs, so the tile in use keeps its buffer "
-            "too: $s$ each. At one stage both keep a single buffer, for one of $K$ and $V$ at a time.") in text
+            "too: $s$ each.") in text
+    assert "At one stage nothing overlaps: a tile is copied in, then used." in text
+    assert "(at one stage they take\nturns in one buffer)" in prose          # the table's 1s
 
 
 def test_the_chip_tables_terms_are_announced_before_the_table():
@@ -155,16 +160,20 @@ def test_exp2_saves_the_subnormal_guard_more_than_the_folded_multiply(tmp_path):
     assert len(ops["natural"]) - len(ops["base2"]) - 1 == 3
 
     item = flat(cell_source(CH7, "36966158"))
-    assert ("**`exp2` with the scale folded in** (`exp2`): on `sm_90`, `tl.exp` compiles to "
+    assert ("**`exp2` with the scale folded in**: on `sm_90`, `tl.exp` compiles to "
             "{glue:text}`exp_instrs` machine instructions, `tl.exp2` to one;") in item
     assert "to one (`exp2`)" not in item
     text = flat(cell_source(CH7, "832d2080"))
-    assert ("one fused multiply-add (Triton fuses the two by default up to version 3.9)") in text
-    assert ("Folding saves one multiply per score. Most of the saving is elsewhere: `tl.exp` becomes "
-            "PTX's `ex2.approx.f32`, which on `sm_90` guards against tiny (subnormal) results with a range "
-            "test and a predicated multiply before and after `MUFU.EX2` (the {term}`special-function unit`'s $2^x$); "
-            "`tl.exp2` becomes the flush-to-zero `ex2.approx.ftz.f32`, `MUFU.EX2` alone") in text
-    assert ("Flushing results below $2^{-126}$ to zero changes nothing here: each weight is at most 1, "
+    assert ("one fused multiply-add (the Triton versions this book runs fuse the two by default)") in text
+    assert "up to version" not in text                # read as "no longer after it"
+    assert ("Folding saves one multiply per score; most of the saving is elsewhere. `tl.exp` becomes "
+            "`ex2.approx.f32` in PTX (the virtual instruction set Triton emits), which on `sm_90` wraps the "
+            "{term}`special-function unit`'s $2^x$ instruction in a range test and two conditional multiplies, "
+            "to get results too small for a normal float32 (subnormals) right. `tl.exp2` becomes "
+            "`ex2.approx.ftz.f32`, which flushes those to zero (*ftz*): the $2^x$ instruction alone.") in text
+    for undefined in ("MUFU", "predicated", "SASS"):  # machine-code names the page does not define
+        assert undefined not in text, undefined
+    assert ("Flushing results below $2^{-126}$ changes nothing here: each weight is at most 1, "
             "a row's sum at least 1.") in text
     assert float.fromhex("0x1p-126") == 2.0 ** -126   # fp32's smallest normal number
 
@@ -208,19 +217,18 @@ def test_small_grids_are_dealt_out_by_heads_so_the_heaviest_tiles_start_early():
             assert gain < 1.03, r["shape"]
 
     text = flat(cell_source(CH7, "e8ba3340"))
-    assert "spread easily over the chip.\n\nIn plain order" in cell_source(CH7, "e8ba3340")
-    assert ("In plain order one head's query tiles all start before the next head's, so under a causal "
-            "mask the last heads' heaviest tiles start late and finish last: a *tail*. "
-            "Only one program of these tiles fits in an SM's shared memory (a second would need more than "
-            "the SM has), so the grid runs in about as many rounds as it has programs per SM. In a grid of a "
-            "few rounds the tail sets the time; in one of many rounds it is a small part of it.") in text
+    assert ("under a causal mask the last query tile does the most work, and a heavy tile started last "
+            "finishes last while the other SMs sit idle (a *tail*). Hence the reverse order.") in text
+    box = flat(cell_source(CH7, "c07-ladder-md"))
+    assert ("The tail matters most in a grid of few rounds. Only one program with these tiles fits in an "
+            "SM's shared memory, so the grid runs in about as many rounds as it has programs per SM") in box
     # only one program of the library's sm_90 forward tiles at d = 128 fits an SM: a second would not
     from flashbook import runtime as rt, smem
     from flashbook.kernels import configs as cfgs
     big = cfgs.default("forward", cc=90, block_d=128, elem_bytes=2)
     need = smem.smem_bytes(big.block_m, big.block_n, 128, num_stages=big.num_stages, arch="sm_90")
     assert need <= rt.chip("H200").smem_per_block_bytes < 2 * need
-    assert "each query tile of those heads in turn, and the heaviest tiles of more heads start early." in text
+    assert "so that the heaviest tiles of several heads start early" in box
 
 
 def test_the_page_shows_how_stages_is_called():
@@ -244,7 +252,7 @@ def test_the_what_limits_it_text_is_three_paragraphs():
     why = next(p for p in paragraphs if p.startswith("Why?"))
     assert "Overlap needs a product still running while the softmax works" in why
     assert "`wgmma.wait_group 0`" in why and "Triton does leave one running." in why and "Gluon" not in why
-    gluon = next(p for p in paragraphs if p.startswith("Chapter 10 writes a kernel in Gluon"))
+    gluon = next(p for p in paragraphs if p.startswith("Chapter 10 writes a kernel in {term}`Gluon`"))
     assert "producer" in gluon and "wait_group" not in gluon
 
 

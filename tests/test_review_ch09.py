@@ -68,7 +68,7 @@ def test_the_fastest_forward_is_not_credited_to_a_twin(ch):
     assert "flashbook-atomic" not in ch.values["win_fwd"]
     shown = " ".join(w for k, w in ch.outputs["speed-numbers"] if k == "text")
     assert "flashbook-atomic at" not in shown and "within noise" in shown
-    assert "run-to-run noise" not in cell_source(CH9, "memory-md")
+    assert "run-to-run noise" not in cell_source(CH9, "memory-md") + cell_source(CH9, "speed-patterns-md")
 
 
 def test_spill_medians_are_per_head_dimension(ch):
@@ -97,7 +97,9 @@ def test_exercise_2_solution_rests_on_measurements(ch):
 
 def test_targets_are_not_said_to_be_set_before_the_measurements():
     text = cell_source(CH9, "targets-md")
-    assert "set before the measurements" not in text and "not set blind" in text
+    assert "set before the measurements" not in text
+    # nor is their history told in the lesson (it said they were "not set blind"): only where they live
+    assert "not set blind" not in text and "`bench.PERFORMANCE_TARGETS`" in text
     title = cell_source(CH9, "title")
     assert "fixed\nin advance" not in title and "targets fixed" not in title
 
@@ -128,3 +130,23 @@ def test_the_causal_cost_figure_stacks_the_three_parts_of_each_measure(ch):
         assert abs(sum(shares.values()) - (at[m]["ratio_to_half"] - 1)) < 1e-9
     assert 'ch.show("fig-causal-cost")' in cell_source(CH9, "fig-causal-cost")
     assert "each bar adds up to the causal forward's excess" in cell_source(CH9, "memory-md")
+
+
+def test_the_speed_summary_holds_at_every_shape_of_the_newest_run():
+    """'ours beats SDPA-flash at every shape and trails cuDNN': read from the newest full
+    comparison run (chapter 9 reads it), forward and backward."""
+    import pandas as pd
+
+    from flashbook import bench
+
+    df = pd.read_csv(bench.find_runs()[0])
+    keys = ["batch", "heads", "seq", "head_dim", "causal"]
+    ours = df[df["impl"] == "flashbook"]
+    flash = ours.merge(df[df["impl"] == "sdpa-flash"], on=keys, suffixes=("", "_peer"))
+    cudnn = ours.merge(df[df["impl"] == "sdpa-cudnn"], on=keys, suffixes=("", "_peer"))
+    assert len(flash) == len(cudnn) == len(ours) == 20
+    for p in ("fwd_ms", "bwd_ms"):
+        assert (flash[p + "_peer"] > flash[p]).all(), p          # SDPA-flash slower everywhere
+        assert (cudnn[p + "_peer"] <= cudnn[p]).all(), p         # cuDNN at least as fast everywhere
+    text = " ".join(cell_source(CH9, "speed-patterns-md").split())
+    assert "ours beats SDPA-flash at every shape and trails cuDNN" in text

@@ -88,7 +88,8 @@ def test_the_backward_executes_seven_products_where_the_convention_credits_five(
     nb = notebook("09_benchmarks.ipynb")
     speed = open(os.path.join(ROOT, "flashbook", "bench", "chapter9_measured.py"), encoding="utf-8").read()
     assert '"executed": 4 + 3' in speed        # chapter 9's speed section counts them so
-    prose = cell_source(nb, "memory-md") + cell_source(nb, "backward-credit-md")   # both sides of the causal figure
+    # the speed section's short patterns and the deep dive on both sides of the causal figure
+    prose = cell_source(nb, "speed-patterns-md") + cell_source(nb, "memory-md") + cell_source(nb, "backward-credit-md")
     assert "more data per FLOP" not in prose and "accumulate $dQ$ across programs" not in prose
     assert "{glue:text}`fb_bwd_exec`" in prose and "{glue:text}`ncu_fb_read_gb`" in prose   # measured bytes, not the floor
     # and measured, not only counted in the source: Nsight Compute's tensor-op count
@@ -181,7 +182,7 @@ def test_flashbook_atomic_is_the_same_forward_within_noise():
     won = pv[pv.idxmin(axis=1) == "flashbook-atomic"]
     others = won.drop(columns=[c for c in won.columns if c.startswith("flashbook")])
     assert ((others.min(axis=1) / won["flashbook-atomic"] - 1) <= same.max()).all()
-    prose = cell_source(notebook("09_benchmarks.ipynb"), "memory-md")
+    prose = cell_source(notebook("09_benchmarks.ipynb"), "speed-patterns-md")
     assert "same forward kernel" in prose and "{glue:text}`atomic_fwd_noise`" in prose
     md = cell_source(notebook("09_benchmarks.ipynb"), "speed-md")
     for name in ("`naive`", "`sdpa-math`", "`sdpa-efficient`", "`sdpa-flash`", "`sdpa-cudnn`",
@@ -375,7 +376,7 @@ def test_the_h200s_memory_says_which_number_is_the_driver_and_which_the_datashee
                   if c["cell_type"] == "code" and "h200_memory" in source_of(c)), ns)
     finally:
         flashbook.display.glue_text = real
-    assert glued["h200_memory"] == (f"the recorded H200 runs' driver reports {driver / 2**30:.1f} GiB, "
+    assert glued["h200_memory"] == (f"an H200's driver reports {driver / 2**30:.1f} GiB, "
                                     f"{driver / 1e9:.1f} × 10⁹ bytes, for the chip its datasheet "
                                     f'calls "{sheet:g} GB"')
     text = markdown(ch6)
