@@ -46,17 +46,20 @@ def test_each_level_down_is_slower_but_not_always_larger():
 
 
 def test_the_memory_row_says_which_number_is_gib():
-    """The recorded comparison puts the driver's GiB beside the datasheet's "141" in one row
-    labelled GiB: the datasheet's "GB" is neither 10^9 nor 2^30 bytes."""
+    """The recorded comparison gives each memory figure its own unit: the driver's GiB beside the
+    datasheet's "GB", which is neither 10^9 nor 2^30 bytes."""
     recorded = runs.recorded_output("06_gpu_and_triton", "3f105ddf")
     require(recorded is not None, "no recorded chapter 6 outputs")
-    row = re.search(r"memory \(GiB\)\s+([\d.]+)\s+([\d.]+)", recorded)
+    gpu = runs.gpu_record("06_gpu_and_triton")["provenance"]["gpu"]
+    chip = next(c for key, c in runtime.CHIPS.items() if key in gpu)
+    row = re.search(r"memory\s+([\d.]+) GiB \(driver\)\s+([\d.]+) GB \(datasheet\)", recorded)
     driver_gib, sheet = float(row.group(1)), float(row.group(2))
-    assert sheet == runtime.chip("H200").hbm_gib
+    assert sheet == chip.hbm_gib
     assert sheet * 1e9 < driver_gib * 2**30 < sheet * 2**30
-    assert '"memory (GiB)": c.hbm_gib' in cell_source(CH6, "3f105ddf")     # the recorded cell, unchanged
+    source = cell_source(CH6, "3f105ddf")
+    assert '"memory": f"{c.hbm_gib:g} GB (datasheet)"' in source and "memory (GiB)" not in source
     prose = flat(cell_source(CH6, "9bd58f54"))
-    assert 'In the row "memory (GiB)" only the driver\'s number is GiB: the table\'s is the datasheet\'s "GB".' in prose
+    assert 'memory in the driver\'s GiB beside the datasheet\'s "GB"' in prose and 'row "memory (GiB)"' not in prose
     doc = runtime.Chip.hbm_bytes.__doc__
     assert "are binary" not in doc and "neither exactly 1e9 nor 2**30" in flat(doc)
 
