@@ -95,7 +95,11 @@ def test_which_kernel_reads_as_a_decision_page_not_a_test_log():
                    "d = seq_k - seq_q", "more registers a thread"):
         assert phrase not in prose, phrase
     assert "$\\delta$ = seq_k − seq_q" in page           # d is the head dimension everywhere else
-    assert "measured on an H200 only" in page and "(an H100: the same kernels, not measured)" in page
+    assert "timed on an H200, also run on an H100" in page and "(an H100: the same kernels, not measured)" in page
+    from flashbook.bench import runs                      # the H100 run: chapter 10's Gluon cell, recorded there
+    record = runs.gpu_record("10_making_it_fast")
+    assert "H100" in record["provenance"]["gpu"]
+    assert "Gluon" in runs.recorded_output("10_making_it_fast", "407b1adc")
     glued = _glued("which_kernel.md")
     assert glued["gl_len_n"] == "1,000 and 4,097" and "[" not in glued["gl_len_n"]
     assert int(glued["vl_failed"]) == 0 and int(glued["vl_classes"]) > 0
