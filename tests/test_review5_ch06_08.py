@@ -74,12 +74,13 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     ids = cell_ids(CH6)
     assert ids.index("c06-buffers-md") < ids.index("c06-pipeline-fig") < ids.index("49527e1d")
     assert "extra copies" not in text + flat(prose) and "the pipeliner adds room" not in text + flat(prose)
-    assert "How many buffers depends on where `tl.dot` reads its operands." in text
-    assert ("On `sm_80` it first copies a tile into registers, which frees the buffer the tile arrived "
-            "in: with `num_stages` = $s$, $s - 1$ buffers each of $K$ and $V$ hold the tiles in flight.") in text
-    assert ("reads its operands from shared memory while it runs, so the tile in use keeps its buffer "
-            "too: $s$ each.") in text
-    assert "At one stage nothing overlaps: a tile is copied in, then used." in text
+    # the order of the compiled loop (the refill after both products) and where the refill goes
+    assert "only then issues the copy of tile $j + s - 1$" in text and "$s - 2$ copies are under way" in text
+    assert "at $s$ = 2 a program overlaps none of its copies with its own products" in text
+    assert "the refill reuses its buffer: $s - 1$ buffers each of $K$ and $V$" in text
+    assert "the product $P_j V_j$ is still running when the refill is issued: it needs another buffer, $s$ each" in text
+    assert "at one stage Triton does not pipeline: a tile is copied in, then used." in text
+    assert "the copies of the next $s - 1$ key tiles are under way while" not in text
     assert "(at one stage they take\nturns in one buffer)" in prose          # the table's 1s
 
 

@@ -1,22 +1,24 @@
-"""Chapter 6's picture of ``num_stages``: what the K/V buffers in shared memory hold, iteration
-by iteration, in the forward kernel's loop over key tiles.
+"""Chapter 6's picture of ``num_stages``: what the K/V buffers in shared memory hold, tile by
+tile, in the forward kernel's loop over key tiles, in the order Triton's compiled loop works.
 
-A schematic of the *order* of the work, not a measurement. Each buffer holds one K tile and one
-V tile (B_c x d each); how many there are is the book's shared-memory model
-(``smem.smem_buffers``, via ``model_buffers``), not a count made here. ``pipeline_schedule``
-says what each buffer holds when; ``pipeline_figure`` draws it:
+A schematic of the *order* of the work, not a measurement: a tile's products take one unit of
+time, a copy half a unit. Each buffer holds one K tile and one V tile (B_c x d each); how many
+buffers there are is the book's shared-memory model (``smem.smem_buffers``, via
+``model_buffers``). The order is what the compiled loop does (PTX of ``_attn_fwd``, Triton 3.6):
 
-- from 2 stages on, the copies of the next ``num_stages - 1`` tiles are under way
-  (asynchronous copies) while ``tl.dot`` works on the current tile;
-- on sm_90, wgmma reads its operands from shared memory while it runs: the tile in use keeps
-  its buffer, and all ``num_stages`` buffers the model counts are busy;
-- on sm_80, ``tl.dot`` first copies the tile into registers, which frees its buffer for the
-  next copy: ``num_stages - 1`` buffers suffice, and the model's last one is never needed
-  (the model is on the safe side there);
-- at 1 stage nothing overlaps: a tile is copied in, then used.
+- before the loop, the copies of the first ``s - 1`` tiles are issued (``s = num_stages``);
+- iteration j waits for tile j's copy, computes S_j, the softmax and P_j V_j, and only then
+  issues the copy of tile ``j + s - 1``: while tile j is computed, ``s - 2`` copies are in
+  flight, so at ``s = 2`` a program overlaps no copy with its own products (other programs on
+  the SM can);
+- on sm_80, ``ldmatrix`` and the synchronous ``mma.sync`` are done with tile j's buffer when
+  the refill is issued, so it goes into that buffer: ``s - 1`` buffers, and the model's last
+  one is never needed (the model is on the safe side there);
+- on sm_90, the wgmma of P_j V_j is not waited for until the next iteration, so it still reads
+  V_j from its buffer when the refill is issued: the refill needs another buffer, ``s`` in all;
+- at one stage Triton does not pipeline: copy, then compute, one buffer.
 
-Time is counted in iterations: iteration j is ``[j, j + 1)``; the copies issued before the loop
-starts (the prologue) are drawn in ``[-1, 0)``.
+``pipeline_schedule`` gives the events, ``pipeline_figure`` draws them.
 """
 from __future__ import annotations
 
@@ -28,10 +30,8 @@ from ..validation import check_count
 
 #: The two architectures the figure compares, with the chips the book has of each.
 ARCHS = {"sm_80": "A100", "sm_90": "H100, H200"}
-#: The row of the sm_80 timelines where the tile in use sits once copied out of its buffer.
-REGISTERS = "registers"
-#: Colours of the states of a tile.
-COLOURS = {"copy": "#9DBBDF", "use": "#55A868", "spare": "#F2F2F2"}
+#: Colours of the states of a tile in its buffer.
+COLOURS = {"copy": "#9DBBDF", "ready": "#D9E6F2", "use": "#55A868", "tail": "#2E6B3A", "spare": "#F2F2F2"}
 
 
 def _check_arch(arch: str) -> str:
@@ -51,108 +51,109 @@ def model_buffers(num_stages: int, arch: str = "sm_80") -> int:
     return k_bytes // (block * d * elt)
 
 
-def _issued(tile: int, stages: int) -> float:
-    """When the copy of ``tile`` starts: before the loop for the first ``stages - 1`` tiles,
-    else in iteration ``tile - stages + 1`` (which has just freed a buffer); at one stage, at
-    the start of the tile's own iteration."""
-    if stages == 1:
-        return float(tile)
-    return max(-1.0, float(tile - stages + 1))
+#: Durations in the schematic: a tile's products, and one copy.
+COMPUTE, COPY = 1.0, 0.5
+#: How long P_j V_j's wgmma still reads its buffer after the refill is issued (sm_90, s >= 2).
+TAIL = 0.25
 
 
-def pipeline_schedule(num_stages: int, arch: str, n_steps: int = 4,
-                      n_tiles: int | None = None) -> list[tuple[object, int, str, float, float]]:
-    """Events ``(row, tile, state, start, end)`` of the first ``n_steps`` iterations.
+def pipeline_schedule(num_stages: int, arch: str, n_tiles: int = 4) -> list[tuple[int, int, str, float, float]]:
+    """Events ``(buffer, tile, state, start, end)`` of a loop over ``n_tiles`` key tiles.
 
-    ``row`` is a buffer index (0 to ``model_buffers(num_stages, arch) - 1``) or
-    ``REGISTERS``; ``state`` is ``"copy"`` (the tile's copy into its buffer is under way) or
-    ``"use"`` (``tl.dot`` reads the tile). ``n_tiles``: how many key tiles the loop has (None:
-    more than are drawn), so that no copy is issued past the last one. Events are cut at
-    ``n_steps``."""
+    ``state``: ``"copy"`` (the tile's copy into the buffer is under way), ``"ready"`` (arrived,
+    not yet used), ``"use"`` (its products read it), ``"tail"`` (sm_90: P_j V_j's wgmma still
+    reads it after the next copy was issued). A buffer is 0 to ``model_buffers(num_stages,
+    arch) - 1``; the schedule uses ``rotation`` of them, tile t in buffer ``t % rotation``."""
     stages = check_count(num_stages, "num_stages")
-    steps = check_count(n_steps, "n_steps")
+    tiles = check_count(n_tiles, "n_tiles")
     arch = _check_arch(arch)
-    last = None if n_tiles is None else check_count(n_tiles, "n_tiles")
-    # sm_90 keeps the tile in use in its buffer (s buffers); sm_80 frees it (s - 1), but at one
-    # stage a tile still passes through a buffer on both
-    rotation = stages if (arch == "sm_90" or stages == 1) else stages - 1
+    rotation = buffers_used(stages, arch)
     if rotation > model_buffers(stages, arch):
         raise AssertionError("the schedule needs more buffers than the model counts")
-    # at one stage the copy takes the first half of the iteration and the product the second
-    use_from = 0.5 if stages == 1 else 0.0
-    events = []
-    tile = 0
-    while (last is None or tile < last) and _issued(tile, stages) < steps:
-        buffer = tile % rotation
-        start, used = _issued(tile, stages), tile + use_from
-        events.append((buffer, tile, "copy", start, min(used, float(steps))))
-        if used < steps:
-            row = buffer if arch == "sm_90" else REGISTERS
-            events.append((row, tile, "use", used, min(tile + 1.0, float(steps))))
-        tile += 1
+    tail = TAIL if (arch == "sm_90" and stages > 1) else 0.0
+    ahead = max(stages - 1, 1)            # tiles issued before the loop (one stage: the first)
+    issued, landed, begun, done, events = {}, {}, {}, {}, []
+    for t in range(tiles):
+        # the copy: before the loop, or after the products of tile t - ahead (t - 1 at one stage)
+        issued[t] = 0.0 if t < ahead else done[t - ahead]
+        landed[t] = issued[t] + COPY
+        begun[t] = max(landed[t], done.get(t - 1, 0.0))
+        done[t] = begun[t] + COMPUTE
+    for t in range(tiles):
+        buffer = t % rotation
+        events.append((buffer, t, "copy", issued[t], landed[t]))
+        if begun[t] > landed[t]:
+            events.append((buffer, t, "ready", landed[t], begun[t]))
+        events.append((buffer, t, "use", begun[t], done[t]))
+        if tail and t + ahead < tiles:    # the refill issued at done[t]: this buffer is still read
+            events.append((buffer, t, "tail", done[t], done[t] + tail))
     return events
+
+
+def buffers_used(num_stages: int, arch: str) -> int:
+    """How many buffers the compiled loop fills: s on sm_90, s - 1 on sm_80, 1 at one stage."""
+    stages = check_count(num_stages, "num_stages")
+    return 1 if stages == 1 else (stages if _check_arch(arch) == "sm_90" else stages - 1)
+
+
+def in_flight(events, t: float) -> list:
+    """The tiles whose copy is under way at time ``t``."""
+    return sorted(tile for _b, tile, state, start, end in events if state == "copy" and start <= t < end)
 
 
 def occupancy(events, t: float) -> dict:
     """At time ``t``: ``{buffer: (tile, state)}`` for the buffers that hold a tile then."""
-    return {row: (tile, state) for row, tile, state, start, end in events
-            if row != REGISTERS and start <= t < end}
+    return {row: (tile, state) for row, tile, state, start, end in events if start <= t < end}
 
 
-def pipeline_figure(stages=(1, 2, 3), n_steps: int = 4) -> Figure:
-    """One timeline per ``num_stages`` (rows) and architecture (columns, sm_80 then sm_90): a
-    lane per buffer the model counts, and on sm_80 one for the tile in registers."""
+def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
+    """One timeline per ``num_stages`` (rows) and architecture (columns, sm_80 then sm_90), a
+    lane per buffer the model counts."""
     stages = tuple(check_count(s, "num_stages") for s in stages)
     if not stages:
         raise ValueError("stages must name at least one num_stages")
     archs = tuple(ARCHS)
-    heights = [model_buffers(s, "sm_80") + 1 for s in stages]
-    fig = Figure(figsize=(10.0, 1.0 + 0.62 * sum(heights)), layout="constrained")
+    heights = [model_buffers(s, "sm_80") for s in stages]
+    fig = Figure(figsize=(10.0, 1.3 + 0.62 * sum(heights)), layout="constrained")
     axes = fig.subplots(len(stages), len(archs), sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": heights})
+    end = max(e for s in stages for a in archs for *_, e in pipeline_schedule(s, a, n_tiles))
     for r, s in enumerate(stages):
         for c, arch in enumerate(archs):
             ax = axes[r][c]
             n_buffers = model_buffers(s, arch)
-            events = pipeline_schedule(s, arch, n_steps)
-            lanes = [f"buffer {b + 1}" for b in range(n_buffers)] + ([REGISTERS] if arch == "sm_80" else [])
-            y_of = {b: len(lanes) - 1 - b for b in range(n_buffers)} | {REGISTERS: 0}   # top to bottom
-            used = {row for row, *_ in events if row != REGISTERS}
-            for b in range(n_buffers):
-                if b not in used:     # counted by the model, never needed by this schedule
-                    ax.barh(y_of[b], n_steps + 1, left=-1, height=0.7, color=COLOURS["spare"],
-                            edgecolor="grey", linestyle="--")
-                    ax.text((n_steps - 1) / 2, y_of[b], "counted by the model, never needed here",
-                            ha="center", va="center", fontsize=7.5, color="dimgrey")
-            for row, tile, state, start, end in events:
-                y = y_of[row]
-                ax.barh(y, end - start, left=start, height=0.7, color=COLOURS[state], edgecolor="white",
+            events = pipeline_schedule(s, arch, n_tiles)
+            lanes = [f"buffer {b + 1}" for b in range(n_buffers)]
+            y_of = {b: n_buffers - 1 - b for b in range(n_buffers)}     # top to bottom
+            for b in range(buffers_used(s, arch), n_buffers):          # counted, never filled
+                ax.barh(y_of[b], end, left=0, height=0.7, color=COLOURS["spare"], edgecolor="grey", linestyle="--")
+                ax.text(end / 2, y_of[b], "counted by the model, never needed here", ha="center", va="center",
+                        fontsize=7.5, color="dimgrey")
+            for row, tile, state, start, stop in events:
+                ax.barh(y_of[row], stop - start, left=start, height=0.7, color=COLOURS[state], edgecolor="white",
                         hatch="//" if state == "copy" else None)
-                ax.text((start + end) / 2, y, f"{tile}", ha="center", va="center", fontsize=8.5,
-                        color="black" if state == "copy" else "white", fontweight="bold",
-                        bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none")
-                        if state == "copy" else None)
-            ax.set_yticks(range(len(lanes)), list(reversed(lanes)), fontsize=8)
-            ax.set_ylim(-0.6, len(lanes) - 0.4)
-            ax.set_xlim(-1, n_steps)
-            for step in range(n_steps):
-                ax.axvline(step, color="black", lw=0.5, ls=":", zorder=0)
-            busy = max(len(occupancy(events, t + 0.25)) for t in range(-1, n_steps))
+                if state in ("copy", "use"):
+                    ax.text((start + stop) / 2, y_of[row], f"{tile}", ha="center", va="center", fontsize=8.5,
+                            color="white" if state == "use" else "black", fontweight="bold")
+            ax.set_yticks(range(n_buffers), list(reversed(lanes)), fontsize=8)
+            ax.set_ylim(-0.6, n_buffers - 0.4)
+            ax.set_xlim(0, end)
+            used = buffers_used(s, arch)
             head = f"{arch} ({ARCHS[arch]}): " if r == 0 else ""
-            ax.set_title(f"{head}num_stages = {s}: the model counts {n_buffers}, "
-                         f"{busy} {'is' if busy == 1 else 'are'} used", fontsize=9, loc="left")
+            ax.set_title(f"{head}num_stages = {s}: {used} of the model's {n_buffers} buffers used",
+                         fontsize=9, loc="left")
             for side in ("top", "right"):
                 ax.spines[side].set_visible(False)
     for ax in axes[-1]:
-        ax.set_xticks([t + 0.5 for t in range(-1, n_steps)],
-                      ["before\nthe loop"] + [f"iteration {t}" for t in range(n_steps)], fontsize=8)
-    fig.legend(handles=[Patch(facecolor=COLOURS["copy"], hatch="//", edgecolor="white",
-                              label="tile being copied in (asynchronous copy)"),
-                        Patch(facecolor=COLOURS["use"], label="tile in use by tl.dot"),
+        ax.set_xlabel("time, schematic: a tile's products take 1, a copy 1/2", fontsize=8)
+    fig.legend(handles=[Patch(facecolor=COLOURS["copy"], hatch="//", edgecolor="white", label="copy under way"),
+                        Patch(facecolor=COLOURS["ready"], label="arrived, waiting"),
+                        Patch(facecolor=COLOURS["use"], label="read by the tile's products"),
+                        Patch(facecolor=COLOURS["tail"], label="sm_90: P V's wgmma still reading"),
                         Patch(facecolor=COLOURS["spare"], edgecolor="grey", linestyle="--",
-                              label="buffer the model counts but the loop never needs")],
-               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle("The K/V buffers in shared memory, each holding one K and one V tile (the number: which key tile)\n"
-                 "sm_80: tl.dot copies the tile into registers first; sm_90: wgmma reads it from its buffer "
-                 "while it runs", fontsize=9.5)
+                              label="counted by the model, never needed")],
+               loc="outside lower center", ncol=5, fontsize=7.5, frameon=False)
+    fig.suptitle("The K/V buffers in shared memory (the number: which key tile). The copy of tile j + s - 1 "
+                 "is issued after tile j's products;\nsm_80 reuses tile j's buffer, sm_90 cannot yet: "
+                 "P_j V_j's wgmma still reads it", fontsize=9.5)
     return fig
