@@ -176,8 +176,8 @@ def test_the_example_grid_is_dealt_out_by_head_groups_on_sm90():
     prose = cell_source(CH7, "c07-ladder-md")
     assert prose.startswith(":::{admonition} Looking ahead")
     assert "which was faster on the H200" not in prose and "per SM, a small grid" not in prose
-    assert ("programs per SM: {glue:text}`big_per_sm` here. For a grid that small (under "
-            "{glue:text}`small_per_sm` per SM) on `sm_90`") in " ".join(prose.split())
+    assert ("programs per SM: {glue:text}`big_per_sm` here. For a grid that small ("
+            "{glue:text}`small_per_sm` or fewer per SM) on `sm_90`") in " ".join(prose.split())   # configs.head_group: <=
     assert 'g("big_per_sm", programs / runtime.chip("H100").sms, ".1f")' in cell_source(CH7, "d13711af")
     assert "{glue:text}`big_group`" in prose and "`HEAD_GROUP`" in prose
     assert "HEAD_GROUP" not in cell_source(CH7, "e8ba3340")
