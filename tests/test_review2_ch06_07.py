@@ -218,5 +218,5 @@ def test_chapter_7_small_wordings():
     assert "`tl.dot` must sum over at least 16" in cell_source(CH7, "6cd03bbd")
     assert "Two masks bridge that gap" in cell_source(CH7, "6e8580cf")
     assert "sectors the kernel requests" in cell_source(CH7, "c07-ncu-md")
-    assert "sectors requested from it" in cell_source(CH6, "5f5032c5")
+    assert "sectors (its 32-byte units) requested from it" in cell_source(CH6, "5f5032c5")
     assert "a grid of the same shape" in cell_source(CH7, "111fff05")

@@ -218,7 +218,7 @@ def test_small_wordings(ch, text):
     assert "once $N$ reaches {glue:text}`wide_from_full` without a mask, or {glue:text}`wide_from_causal` with the causal mask" in text
     assert "`HEAVY_LAST` serves chapter 12's sliding windows" in text
     assert "tile 0 of each, then tile 1 of each" in text and "`launch_position`'s `HEAD_GROUP`" in text
-    assert "the table lists the bfloat16 rows, the figure the float16 ones" in text
+    assert "the table and the figure show the bfloat16 runs, the ranges cover float16 too" in text
     assert "(here `fsteps`, with columns `name`, `head_dim`, `seq`, `causal` and `vs_prev`" in text
     # the tables label their numbers
     assert list(ch.tables["split_prediction"].index.names) == ["N", "causal"]
