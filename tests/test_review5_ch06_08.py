@@ -22,7 +22,7 @@ from flashbook import runtime
 from flashbook.bench import runs
 from flashbook.kernels import configs
 from flashbook.kernels.forward import launch_position, query_tile_index
-from notebook_text import cell_ids, cell_source, find_cell, flat, run_glued
+from notebook_text import cell_ids, cell_source, find_cell, flat, markdown, run_glued
 
 import triton  # noqa: E402  (after flashbook: it decides GPU or interpreter first)
 import triton.language as tl  # noqa: E402
@@ -296,8 +296,10 @@ def test_the_dkdv_register_count_is_chapter_6s_arithmetic():
     assert glued["max_regs"] == "255" and 192 < 255
     assert "remove-input" in find_cell(CH8, "c08-dkdv-registers")["metadata"]["tags"]
     ids = cell_ids(CH8)
-    assert ids.index("4e765c85") < ids.index("c08-dkdv-registers") < ids.index("05720969")
-    text = flat(cell_source(CH8, "05720969"))
+    # the outline and the inner loop first, then the register budget
+    assert (ids.index("4e765c85") < ids.index("05720969") < ids.index("36ef4b4a")
+            < ids.index("c08-dkdv-registers") < ids.index("c08-dkdv-registers-md"))
+    text = flat(cell_source(CH8, "c08-dkdv-registers-md"))
     assert ("$dK_j$ and $dV_j$ alone are 2 × {glue:text}`dkdv_keys` × "
             "{glue:text}`dkdv_bd` fp32 values, {glue:text}`dkdv_acc_regs` registers per thread over "
             "{glue:text}`dkdv_count_warps` warps. The two {glue:text}`dkdv_score_tile` fp32 score tiles "
@@ -366,9 +368,12 @@ def test_tl_atomic_add_compiles_to_vector_adds_on_sm90(tmp_path):
     assert found["80"] == ["red.global.gpu.relaxed.add.f32"]
     text = flat(cell_source(CH8, "4571a510"))
     assert "element by element" not in text
-    assert ("Our `tl.atomic_add` adds from registers: on `sm_90` a short vector per instruction "
-            "(`red.global.gpu.relaxed.add.v4.f32`), on `sm_80` one value; a whole-tile reduce-add from "
-            "shared memory was not measured here.") in text
+    assert "red.global" not in flat(markdown(CH8)) and "{doc}`A3 <A3_lab_notes>`" in text   # the PTX: in A3
+    a3 = flat(cell_source(os.path.join(ROOT, "notebooks", "A3_lab_notes.ipynb"), "a3-atomic-fence-verdict"))
+    assert ("The adds come from registers: on `sm_90` Triton compiles `tl.atomic_add` to a short vector add "
+            "per instruction, `red.global.gpu.relaxed.add.v4.f32` (four fp32 values), on `sm_80` to one value "
+            "per instruction, `red.global.gpu.relaxed.add.f32`. A whole-tile reduce-add from shared memory, as "
+            "FlashAttention-3's, was not measured here.") in a3
 
 
 def test_chapter_8_was_recorded_as_it_stands_so_no_note_is_explained():
