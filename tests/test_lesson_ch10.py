@@ -312,5 +312,5 @@ def test_the_prose_under_the_timing_cell_describes_the_recorded_table():
     recorded = json.load(open(RECORDING))
     table = "".join(o.get("text", "") for c in recorded["cells"] if c["id"] == "6041c7eb" for o in c["outputs"])
     header = table.strip().splitlines()[0]
-    assert header.startswith(recorded["provenance"]["gpu"]) and f"recorded run ({header};" in glued["live_note"]
+    assert header.startswith(recorded["provenance"]["gpu"]) and f"recorded run ({header}) at the ladder's shape" in glued["live_note"]
     assert "only said so" not in glued["live_note"] and '"x previous"' in glued["live_note"]

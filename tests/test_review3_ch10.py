@@ -257,7 +257,7 @@ def test_the_live_note_compares_the_recorded_steps_with_the_ladder():
     glued, _ = run_glued(sources_by_id(notebook(CH10))["c10-live-note"], **names)
     note = glued["live_note"]
     table = recorded_output("10_making_it_fast", "6041c7eb", displays=True).strip().splitlines()
-    assert "B=8, H=16, N=4096, d=128" in table[0] and f"recorded run ({table[0]};" in note
+    assert "B=8, H=16, N=4096, d=128" in table[0] and f"recorded run ({table[0]}) at the ladder's shape" in note
     live = [float(line.split()[-1]) for line in table if re.search(r"\d (exp2|skip|unmasked|tuned|heaviest)", line)]
     f = names["fsteps"]
     at = f[(f["batch"] == 8) & (f["heads"] == 16) & (f["seq"] == 4096) & (f["head_dim"] == 128)]
