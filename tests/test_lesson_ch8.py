@@ -146,3 +146,26 @@ def test_the_page_shows_the_lines_that_teach(nb, monkeypatch):
         code = listing.split("```python\n", 1)[1].rsplit("```", 1)[0]
         assert len(code.splitlines()) <= 15, f"{call}: {len(code.splitlines())} lines"
     assert "`flashbook/kernels/backward.py`" in cell_source(nb, "9d2b629e")
+
+
+def test_the_query_bounds_figure_describes_what_the_kernels_helper_computes():
+    """The figure's description quotes the five bounds; recomputed here by the same probe kernel."""
+    import json
+    import re
+
+    import torch
+    import triton
+
+    from flashbook.kernels import probes
+
+    cell = next(c for c in json.load(open(os.path.join(ROOT, "notebooks", "08_triton_backward.ipynb")))["cells"]
+                if c.get("id") == "c08-bounds-fig")
+    alt = cell["metadata"]["mystnb"]["image"]["alt"]
+    source = "".join(cell["source"])
+    n, bm, bn, col = (int(x) for x in re.search(r"QB_N, QB_BM, QB_BN, QB_COL = (\d+), (\d+), (\d+), (\d+)", source).groups())
+    out = torch.zeros(triton.cdiv(n, bn), 5, dtype=torch.int32)
+    probes._query_bounds_probe[(out.shape[0],)](out, n, n, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True)
+    lo, band_end, full_end, main_end, hi = out[col].tolist()
+    assert f"N = {n} with {bm} by {bn} tiles" in alt
+    assert f"lo = {lo}" in alt and f"band_end = {band_end}" in alt and f"hi = {hi}" in alt
+    assert full_end == main_end and f"full_end = main_end = {full_end}" in alt
