@@ -33,7 +33,8 @@ from flashbook.kernels.ladder import RUNGS, run_rung
 
 
 def host_us(fn, calls: int = 20) -> float:
-    """CPU microseconds per call with the GPU still busy: ``calls`` calls, no sync between."""
+    """CPU microseconds per call with the GPU still busy: ``calls`` calls, no sync between
+    (``flashbook.timing.host_us``'s loop, written out: the ladder's commit has no ``flashbook.timing``)."""
     fn()
     torch.cuda.synchronize()
     start = time.perf_counter()

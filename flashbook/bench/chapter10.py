@@ -462,9 +462,8 @@ def _host_vs_ladder(ch: Chapter10) -> None:
 
 def _rung_host(ch: Chapter10) -> None:
     """``run_rung``'s own CPU time per call, from benchmarks/ladder_shapes.py's newest run
-    (today's tree, every rung and shape): the ladder's calls go through it."""
-    import json
-
+    (today's tree, every rung and shape): the ladder's calls go through it; and what the first
+    run found (the rungs compiled with unspecialised lengths) against the fix, the last run."""
     from .runs import run_path
 
     try:
@@ -472,32 +471,36 @@ def _rung_host(ch: Chapter10) -> None:
     except ValueError:
         folder = None
     runs = sorted(p for p in folder.iterdir() if p.is_dir()) if folder is not None and folder.is_dir() else []
-    rows = [r for f in (sorted(runs[-1].glob("new_r*.json")) if runs else [])
-            for r in json.loads(f.read_text())["rows"]]
+    first, last = (_shape_rows(runs[0]), _shape_rows(runs[-1])) if runs else ([], [])
+    rows = [r for tree, r in last if tree == "new"]
     if not rows:
         return ch.nothing("rung_host_lo", "rung_host_hi", "rung_host_gpu_lo", "spec_slow_lo", "spec_slow_hi",
                           "spec_fixed_lo", "spec_fixed_hi")
     ch.put("rung_host_lo", min(r["host_us"] for r in rows), ".0f")
     ch.put("rung_host_hi", max(r["host_us"] for r in rows), ".0f")
     ch.put("rung_host_gpu_lo", min(r["ms"] for r in rows), ".2f")   # the shortest call's GPU time there, ms
-    # the first run found the rungs compiled with unspecialised lengths; the last one, fixed
-    first, last = _tree_ratios(runs[0]), _tree_ratios(runs[-1])
-    ch.put("spec_slow_lo", 100 * (min(first[0]) - 1), ".0f"); ch.put("spec_slow_hi", 100 * (max(first[0]) - 1), ".0f")
-    every = [x for ratios in last.values() for x in ratios]
+    slow, fixed = _tree_ratios(first), _tree_ratios(last)
+    ch.put("spec_slow_lo", 100 * (min(slow[0]) - 1), ".0f"); ch.put("spec_slow_hi", 100 * (max(slow[0]) - 1), ".0f")
+    every = [x for ratios in fixed.values() for x in ratios]
     ch.put("spec_fixed_lo", min(every), ".2f"); ch.put("spec_fixed_hi", max(every), ".2f")
 
 
-def _tree_ratios(folder) -> dict:
-    """{rung: [today's median time / the ladder commit's, one per batch and mask]} of one
-    ladder_shapes run folder (its new_r*.json and old_r*.json repeats)."""
+def _shape_rows(folder) -> list:
+    """(tree, row) for every row of one ladder_shapes run folder: its old_r*.json (the ladder's
+    commit) and new_r*.json (today's) repeats, each file read once."""
     import json
+
+    return [(f.name.split("_")[0], r) for f in sorted(folder.glob("*_r*.json")) for r in json.loads(f.read_text())["rows"]]
+
+
+def _tree_ratios(rows) -> dict:
+    """{rung: [today's median time / the ladder commit's, one per batch and mask]} from
+    ``_shape_rows``."""
     import statistics
 
     times: dict = {}
-    for f in folder.glob("*_r*.json"):
-        tree = f.name.split("_")[0]
-        for r in json.loads(f.read_text())["rows"]:
-            times.setdefault((tree, r["batch"], r["causal"], r["rung"]), []).append(r["ms"])
+    for tree, r in rows:
+        times.setdefault((tree, r["batch"], r["causal"], r["rung"]), []).append(r["ms"])
     ratios: dict = {}
     for (tree, batch, causal, rung), ms in sorted(times.items()):
         if tree == "new":

@@ -91,11 +91,10 @@ def slot_ring(n_tiles: int = 7, stages: int = 3, *, load: float = 1.0, step: flo
     if min(load, step) <= 0:
         raise ValueError(f"durations must be > 0, got load={load}, step={step}")
     loads, steps, released = [], [], {}
-    copier = 0.0
     for t in range(n_tiles):
+        copier = loads[-1][4] if loads else 0.0                # the previous copy's end
         start = max(copier, released.get(t - stages, 0.0))   # the slot's previous tile released
         loads.append((t, t % stages, (t // stages) & 1, start, start + load))
-        copier = start + load
         # the consumers run every step whose tiles are in: step t needs K_t (and V_{t-1}, in before it)
         begin = max(steps[-1][2] if steps else 0.0, start + load)
         steps.append((t, begin, begin + step))
