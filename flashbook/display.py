@@ -218,6 +218,16 @@ def glue_text(name: str, value, fmt: str = "") -> None:
     glue(name, "n/a" if value is None else format(value, fmt), display=False)
 
 
+def show_figure(fig) -> None:
+    """Display a matplotlib Figure as the inline backend shows a pyplot one (a PNG cut to
+    its contents), without pyplot: shown once, nothing left open."""
+    from IPython.core.pylabtools import print_figure
+    from IPython.display import display
+
+    display({"image/png": print_figure(fig, "png", bbox_inches="tight", base64=True),
+             "text/plain": repr(fig)}, raw=True)
+
+
 def listed(items) -> str:
     """Items as prose: ["a", "b", "c"] -> "a, b and c"; one item alone; none -> "none"."""
     items = [str(x) for x in items]

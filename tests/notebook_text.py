@@ -19,6 +19,7 @@ chapter's glue functions captured, so a test can compare what a page would show:
 """
 import json
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
@@ -154,3 +155,25 @@ class NoPlot:
 
     def __iter__(self):
         return iter((NoPlot(), NoPlot()))
+
+
+def page_glued(name):
+    """Every code cell of a book page run with ``glue_text`` captured: {name: the text shown}."""
+    import flashbook.display
+
+    glued = {}
+
+    def capture(key, value, fmt=""):
+        glued[key] = glue_text_value(value, fmt)
+
+    real, cwd = flashbook.display.glue_text, os.getcwd()
+    flashbook.display.glue_text = capture
+    try:
+        os.chdir(BOOK)                    # where the book build runs a page
+        ns = {"display": lambda *a, **k: None, "print": lambda *a, **k: None}
+        for cell in re.findall(r"```\{code-cell\} ipython3\n(.*?)```", book_page(name), re.S):
+            exec("\n".join(line for line in cell.splitlines() if not line.startswith(":tags:")), ns)
+    finally:
+        os.chdir(cwd)
+        flashbook.display.glue_text = real
+    return glued

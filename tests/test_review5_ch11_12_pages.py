@@ -14,32 +14,12 @@ import torch
 
 from conftest import ROOT, benchmark_script, require
 from flashbook import bench
-from notebook_text import book_page, cell_ids, cell_source, flat, glue_text_value, markdown, run_glued
+from notebook_text import book_page, cell_ids, cell_source, flat, markdown, page_glued, run_glued
 
 CH11, CH12 = "11_decoding_and_many_gpus", "12_masks"
-BOOK = os.path.join(ROOT, "book")
 
 
-def _page_glued(name):
-    """Every code cell of a book page run with ``glue_text`` captured: {name: the text shown}."""
-    import flashbook.display
-
-    glued = {}
-
-    def capture(key, value, fmt=""):
-        glued[key] = glue_text_value(value, fmt)
-
-    real, cwd = flashbook.display.glue_text, os.getcwd()
-    flashbook.display.glue_text = capture
-    try:
-        os.chdir(BOOK)                    # where the book build runs a page
-        ns = {"display": lambda *a, **k: None, "print": lambda *a, **k: None}
-        for cell in re.findall(r"```\{code-cell\} ipython3\n(.*?)```", book_page(name), re.S):
-            exec("\n".join(line for line in cell.splitlines() if not line.startswith(":tags:")), ns)
-    finally:
-        os.chdir(cwd)
-        flashbook.display.glue_text = real
-    return glued
+_page_glued = page_glued
 
 
 def _h200():
@@ -152,8 +132,10 @@ def test_ring_attention_needs_as_many_kv_heads_and_has_only_the_causal_mask():
     assert "Its only mask is the causal one: no window, soft cap, prefix or ALiBi." in text
     row = next(line for line in book_page("which_kernel.md").splitlines()
                if line.startswith("| one sequence spread over several GPUs"))
-    assert "K and V need as many heads as q (for GQA, `repeat_interleave` them first)" in row
-    assert "the only mask is causal: no window, soft cap, prefix or ALiBi" in row
+    assert "K and V need as many heads as q[^ring]" in row and "causal mask only" in row
+    note = next(line for line in book_page("which_kernel.md").splitlines() if line.startswith("[^ring]:"))
+    assert "repeat K and V first (`k.repeat_interleave(heads // kv_heads, dim=1)`" in note
+    assert "multiplies the bytes each hop of the ring sends by heads / kv_heads" in note   # GQA's cost on the ring
 
 
 def test_ch11_says_the_two_gpu_speedup_compares_triton_with_triton():
@@ -397,8 +379,8 @@ def test_which_kernel_leads_with_the_steady_flex_ratio():
     page = book_page("which_kernel.md")
     assert ("forward {glue:text}`mk_fwd_steady_lo` to {glue:text}`mk_fwd_steady` times compiled FlexAttention's "
             "speed where its repeats agreed within 3%[^flex]") in page
-    assert ("The larger forward ratios are short, host-bound calls at {glue:text}`mk_short_n` whose repeats "
-            "spread by up to {glue:text}`mk_fwd_noisy`%: they decide nothing.") in page
+    assert ("The larger forward ratios are short calls at {glue:text}`mk_short_n`, where the CPU's work sets "
+            "the time, whose repeats spread by up to {glue:text}`mk_fwd_noisy`%: they decide nothing.") in page
     assert "{glue:text}`mk_fwd_hi`" not in page                # a ratio that noisy is quoted nowhere
     assert "forward {glue:text}`mk_fwd_lo` to {glue:text}`mk_fwd_hi` times its speed, faster" not in page
 

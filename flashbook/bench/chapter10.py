@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import runtime, tiled
-from ..display import listed
+from ..display import listed, show_figure   # show_figure: also the notebook's
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
@@ -134,16 +134,6 @@ class Chapter10(ChapterData):
                     display(self.styled(what))
             elif kind == "figure":
                 show_figure(self.figures[what]())
-
-
-def show_figure(fig) -> None:
-    """Display a matplotlib Figure as the inline backend shows a pyplot one (a PNG cut to
-    its contents), without pyplot: shown once, nothing left open."""
-    from IPython.core.pylabtools import print_figure
-    from IPython.display import display
-
-    display({"image/png": print_figure(fig, "png", bbox_inches="tight", base64=True),
-             "text/plain": repr(fig)}, raw=True)
 
 
 # ---------------------------------------------------------------- the rungs and the runs

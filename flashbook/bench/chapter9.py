@@ -32,6 +32,7 @@ from .readback import latest_blocks, latest_results, load_results
 from .records import results_root
 from .source_check import check_seed_table
 from .. import runtime
+from ..display import show_figure
 
 #: What the chapter adds where nothing is recorded (``NO_DATA`` says what is missing).
 NO_DATA_HINT = ("The arithmetic above stands on its own; the measured figures below say that "
@@ -86,16 +87,6 @@ class Chapter9(ChapterData):
                 from ..explorers import explorer_widget
 
                 display(explorer_widget("sweep", self.explorer))
-
-
-def show_figure(fig) -> None:
-    """Display a matplotlib Figure as the inline backend does (a PNG cut to its contents),
-    without pyplot: the figure is shown once, and nothing is left open."""
-    from IPython.core.pylabtools import print_figure
-    from IPython.display import display
-
-    display({"image/png": print_figure(fig, "png", bbox_inches="tight", base64=True),
-             "text/plain": repr(fig)}, raw=True)
 
 
 # ---------------------------------------------------------------- the seed article's table

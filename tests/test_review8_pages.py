@@ -1,0 +1,66 @@
+"""Which function should I use? after the eighth reading: one table at the top with what each
+call gives, the plain-inference row honest about a tie, the flash-attn layout hazard in a
+warning box, host times (not flush-hidden called times) for flash_attn_with_kvcache, and the
+ring's rounding and GQA cost."""
+import pandas as pd
+
+from conftest import require
+from flashbook import bench
+from notebook_text import book_page, flat, page_glued
+
+
+def _rows():
+    run = bench.run_path("front_door")
+    require(run is not None, "no recorded front_door run")
+    return bench.load_recorded_json("front_door")["rows"]
+
+
+def test_one_decision_table_with_a_measured_column_and_chapter_links():
+    page = book_page("which_kernel.md")
+    assert page.count("| you want |") == 1
+    assert "| you want | call | what it gives, measured on an H200 |" in page
+    for chapter in ("07_triton_forward", "08_triton_backward", "09_benchmarks", "10_making_it_fast",
+                    "11_decoding_and_many_gpus", "12_masks"):
+        assert f"<../notebooks/{chapter}>`" in page, chapter
+
+
+def test_plain_inference_is_called_a_tie_at_head_dim_128():
+    rows = _rows()
+    glued = page_glued("which_kernel.md")
+    for d in (64, 128):
+        at = [r["auto_over_cudnn_fwd"] for r in rows if r["head_dim"] == d]
+        assert len(at) == 6
+        assert glued[f"fd_fwd{d}_lo"] == f"{min(at):.2f}" and glued[f"fd_fwd{d}_hi"] == f"{max(at):.2f}"
+    at128 = [r["auto_over_cudnn_fwd"] for r in rows if r["head_dim"] == 128]
+    assert min(at128) < 1 < max(at128) < 1.05          # slower at some shapes, within a few % at others
+    row = next(line for line in book_page("which_kernel.md").splitlines()
+               if line.startswith("| inference with plain full or causal attention"))
+    assert "either: SDPA (cuDNN) or `flashbook.flash_attention`" in row and "a tie at head_dim 128" in row
+    assert "H100" not in row
+
+
+def test_the_layout_hazard_is_a_warning_under_one_call():
+    page = book_page("which_kernel.md")
+    one_call, rest = page.split("## One call", 1)[1].split("## Coming from flash-attn", 1)
+    warning = one_call.split(":::{warning}", 1)[1].split(":::", 1)[0]
+    assert "(batch, heads, seq, head_dim)" in warning and "(batch, seq, heads, head_dim)" in warning
+    assert "usually without an error" in warning and "`flashbook.flash_attn_func`" in warning
+    assert "usually without an error" not in rest
+
+
+def test_kvcache_python_times_are_host_times():
+    text = flat(book_page("which_kernel.md"))
+    assert "the CPU's own work per call, timed on the same machine" in text
+    assert "Called from Python it took" not in text
+
+
+def test_the_ring_is_exact_up_to_rounding_with_its_measured_ratio():
+    runs = bench.find_runs(csv_name="ring.csv")
+    require(runs, "no recorded ring run")
+    ring = pd.read_csv(runs[0])
+    ratio = max((ring[f"err_{x}"] / ring[f"single_err_{x}"]).max() for x in ("dq", "dk", "dv"))
+    assert ratio > 1.2                                  # bf16 partial sums: not one GPU's rounding
+    assert page_glued("which_kernel.md")["ring_grad_ratio"] == f"{ratio:.1f}"
+    row = next(line for line in book_page("which_kernel.md").splitlines()
+               if line.startswith("| one sequence spread over several GPUs"))
+    assert "the same result up to rounding" in row and "exact" not in row
