@@ -146,14 +146,18 @@ def test_chapter_1_states_the_tile_and_formulas_behind_its_traffic_counts():
     assert r"$(2 + 2N/B_r)\,Nd$ elements" in prose
     assert "block of queries" not in prose
     assert "traffic = " not in cell_source(CH1, "41cc934a")                  # the count has its own cell
-    # the profiler's paragraph is folded, its facts kept; the main text names the L2 and chapter 7
+    # the profiler's detail and the traffic formulas are folded, their facts kept; the main
+    # text says only that FlashAttention's traffic is still quadratic and points to chapter 4
     fold, outside = _dropdown(text)
-    assert re.search(r"^:::\{dropdown\} For readers who know GPUs", text, re.M)
+    assert re.search(r"^:::\{dropdown\} What the GPU record and a profiler show \(optional\)", text, re.M)
     for fact in ("dram__bytes_read.sum", _glue("ncu_shape"), _glue("ncu_dram"), _glue("ncu_qkv"),
-                 _glue("ncu_l2"), _glue("ncu_tflops"), _glue("ncu_peak_pct"), _glue("ncu_tensor")):
+                 _glue("ncu_l2"), _glue("ncu_tflops"), _glue("ncu_peak_pct"), _glue("ncu_tensor"),
+                 r"$(2 + 2N/B_r)\,Nd$ elements", _glue("hbm_tile"), _glue("hbm_flash_x")):
         assert fact in fold and fact not in outside, fact
-    assert "Nsight" not in outside and "TFLOP/s" not in outside.split("**What \"traffic\"")[1]
-    assert "{term}`L2 cache`" in outside and "chapter 7\nmeasures how many" in outside
+    assert "Nsight" not in outside and "TFLOP/s" not in outside and "2:4" not in outside
+    assert "{term}`L2 cache`" in fold and "chapter 7\nmeasures how many" in fold
+    assert ("still grows as $N^2$, only with a smaller constant: chapter 4 counts it."
+            in flat(outside))
 
 
 # --- finding 5: the merge figure shows both sides' factors ----------------------------------
@@ -248,7 +252,7 @@ def test_chapter_1_gives_the_cpu_shares_to_a_tenth_and_says_the_legend_rounds():
     assert glued["tb_softmax_pct"] == f"{100 - products:.1f}" == "28.5"
     # the legend rounds each product on its own: 41% + 31% = 72%, not the text's 71.5%
     assert round(100 * ms["Q K^T (matmul)"] / total) + round(100 * ms["P V (matmul)"] / total) == 72
-    assert ("The legend rounds each step to a whole percent, so its shares need not add up to these."
+    assert ("(CPU shares vary from run to run, and the legend rounds each step to a whole percent)"
             in flat(cell_source(CH1, "37bf9eaf")))
 
 

@@ -165,3 +165,40 @@ def test_chapter_3_corrects_the_per_block_softmax_and_the_flash_decoding_wording
     assert "as a tree across several\nprocessors, as Flash-Decoding" not in text
     assert "in parallel pieces\ncombined at the end, as Flash-Decoding" in text
     assert "can lose accuracy {cite}`blanchard2021accurate`" in text
+
+
+# --- chapters 1-3, the newcomer's round: sources named, audit folded, one name for split-K --
+
+def test_chapters_1_to_3_name_their_sources_and_fold_the_audits():
+    ch1, ch2, ch3 = (notebook(n) for n in ("01_attention_numpy", "02_four_tokens", "03_online_softmax"))
+    link = "{doc}`One of the articles this book grew from <../book/sources_checked>`"
+    assert link in cell_source(ch1, "a668d4d5") and link in cell_source(ch3, "c03-src-blocks-md")
+    example = " ".join(cell_source(ch2, "5c85b58f").split())
+    assert ('a note on LLaMA 3 titled "Flash Attention" (Source 2 in '
+            "{doc}`The sources, checked <../book/sources_checked>`)") in example
+    assert "The note this chapter follows" not in markdown(ch2)
+    assert '## Source 2: "Flash Attention" (a note on LLaMA 3)' in open(
+        os.path.join(ROOT, "book", "sources_checked.md"), encoding="utf-8").read()
+    # the audit table is folded; its glued values still reach the correction box and the summary
+    audit = next(c for c in ch2["cells"] if c["id"] == "a7509873")
+    assert audit["metadata"]["tags"] == ["hide-cell"]
+    assert "{glue:text}`note_den:.3f`" in cell_source(ch2, "386d1444")
+    tiles = cell_source(ch2, "2a2aeca7")
+    assert '"m before"' not in tiles and '"l before"' not in tiles and '"l after"' in tiles
+
+
+def test_chapter_3_uses_one_name_for_split_k_and_tables_the_masked_lse():
+    ch3 = notebook("03_online_softmax")
+    text = markdown(ch3)
+    assert text.count("also called split-KV") == 1 and "*split-KV*" not in text
+    assert "{term}`split-K` (also called split-KV; Flash-Decoding\ndoes this)" in text
+    assert "2.1 GB" not in text and "{doc}`chapter 9 <09_benchmarks>`" in cell_source(ch3, "1e6da533")
+    assert "added as a tree" not in text and "NumPy's `sum` and a GPU's reductions" in text
+    masked = cell_source(ch3, "9fb4317c")
+    rows = [line for line in masked.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 3 and "$+\\infty$" in rows[1] and "$-\\infty$" in rows[2]
+    # what the table says: +inf rebuilds zero weights; -inf is the identity of the merge
+    s = np.array([-np.inf, -np.inf])
+    assert np.all(np.exp(s - np.inf) == 0)
+    lse, o = 0.7, np.array([1.0, 2.0])
+    assert np.logaddexp(lse, -np.inf) == lse and np.exp(-np.inf - lse) * o.sum() == 0
