@@ -25,12 +25,17 @@ def test_split_grid_draws_every_split_and_the_mask(n_q, n_k, num_splits, causal)
         rects = [p for p in ax.patches if isinstance(p, Rectangle)]
         assert len(rects) == sum(1 for b in bounds if len(b)) + masked
         labels = _texts(ax)
-        assert len(labels) == num_splits
+        empty = [s for s, b in enumerate(bounds) if not len(b)]
+        assert empty == list(range(num_splits - len(empty), num_splits))   # the empty splits come last
+        assert len(labels) == num_splits - len(empty) + bool(empty)        # the empty ones: one label
         allowed = causal_mask(n_q, n_k) if causal else np.ones((n_q, n_k), bool)
-        for s, keys in enumerate(bounds):   # the label counts the rows that see none of the split's keys
-            blind = n_q if not len(keys) else int((~allowed[:, keys.start:keys.stop].any(axis=1)).sum())
+        for s, keys in enumerate(bounds[:num_splits - len(empty)]):   # the rows that see none of its keys
+            blind = int((~allowed[:, keys.start:keys.stop].any(axis=1)).sum())
             assert labels[s].startswith(f"split {s}\n{len(keys)} keys")
             assert (f"{blind} rows see none" in labels[s]) == (blind > 0)
+        if empty:                           # named once, not overprinted one on another
+            names = f"split {empty[0]}" if len(empty) == 1 else f"splits {empty[0]}–{empty[-1]}"
+            assert labels[-1] == f"{names}\nno keys"
     finally:
         plt.close(fig)
 

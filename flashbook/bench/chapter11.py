@@ -130,16 +130,16 @@ def plot_ring(ax, ring_df):
 
 
 def ncu_table(before, after, batch=64, seq=32768):
-    """Nsight Compute's reading of one decoding step (``decoding.ncu_steps`` of two runs: one split
-    before, four splits now), dense cache and cuDNN, at ``batch`` and a ``seq``-token cache."""
+    """Nsight Compute's reading of one decoding step (``decoding.ncu_steps`` of two runs: one split,
+    then four splits), dense cache and cuDNN, at ``batch`` and a ``seq``-token cache."""
     rows = []
-    for run, steps in (("one split (before)", before), ("four splits (now)", after)):
+    for splits, steps in (("1 split", before), ("4 splits", after)):
         for s in steps:
             if (s["batch"], s["seq"]) == (batch, seq) and s["impl"] != "paged":
-                rows.append({"run": run, "kernel": s["impl"], "µs": s["kernel_us"] + s["merge_us"],
+                rows.append({"splits": splits, "kernel": s["impl"], "µs": s["kernel_us"] + s["merge_us"],
                              "programs per SM": s["per_sm"], "waves": s["waves"],
                              "SMs busy (%)": 100 * s["sm_busy"], "DRAM (% of peak)": s["dram_pct"]})
-    table = pd.DataFrame(rows).set_index(["run", "kernel"])
+    table = pd.DataFrame(rows).set_index(["splits", "kernel"])
     return table.round({"µs": 0, "waves": 2, "SMs busy (%)": 0, "DRAM (% of peak)": 0})
 
 
@@ -165,3 +165,63 @@ def paged_stages(root=None):
         spread = max(spread, same["graph_ms"].max() / same["graph_ms"].min() - 1)
         timed |= set(same["num_stages"])
     return {"dense": stages["dense"][0], "paged": stages["paged"][0], "timed": sorted(timed), "spread": 100 * spread}
+
+
+def decode_bandwidth(ours, hbm_tb_s):
+    """flash_decode's cache bytes read per second in a CUDA graph (``kv_tb_s_graph`` of
+    ``decode_shares``' rows), by cache length and batch, each cell "TB/s (% of ``hbm_tb_s``)":
+    the share of the datasheet's bandwidth, which a kernel that only reads cannot exceed."""
+    tb_s = ours.pivot_table(index="seq", columns="batch", values="kv_tb_s_graph")
+    table = tb_s.apply(lambda col: [f"{x:.2f} ({100 * x / hbm_tb_s:.0f}%)" for x in col])
+    return table.rename_axis(index="cache length", columns="batch")
+
+
+#: the rows of ``host_paths``: (row, the keys of host.json it sums)
+HOST_PATHS = {"flash_decode, checked path (whole call)": ("checked_path",),
+              "flash_decode, short path (whole call)": ("call",),
+              "SDPA on cuDNN (whole call)": ("sdpa_cudnn",),
+              "checked path: Triton's two launches": ("launch_jit:split", "launch_jit:combine"),
+              "checked path: the argument checks": ("checks",),
+              "short path: the two compiled launchers": ("launch_compiled:split", "launch_compiled:combine")}
+
+
+def host_paths(root=None):
+    """The host's microseconds per eager call at batch 1, every number from one run (the newest
+    ``decode_host``): flash_decode's checked path (the plan forgotten before each call), its
+    short path and SDPA on cuDNN, whole calls and their pieces timed alone, at each recorded
+    cache length. Returns (that table, {cache length: host.json's entries}, the whole call of
+    the first ``decode_host`` run at 2K: an earlier tree, timed in another run), or None."""
+    runs = run_paths("decode_host", root)
+    if not runs:
+        return None
+    newest = json.loads((runs[-1] / "host.json").read_text())
+    first = json.loads((runs[0] / "host.json").read_text())["2048"]["call"]["median_us"]
+    table = pd.DataFrame({f"{int(seq) // 1024}K cache": [sum(pieces[k]["median_us"] for k in keys)
+                                                          for keys in HOST_PATHS.values()]
+                          for seq, pieces in newest.items()},
+                         index=pd.Index(list(HOST_PATHS), name="µs on the host, batch 1"))
+    return table.round(1), newest, first
+
+
+def ring_send_factor(world: int, elem_bytes: int = 2) -> float:
+    """The bytes one rank sends in one forward and backward of the ring (``distributed``'s
+    ``_ring_forward`` and ``_ring_backward``), in units of its K/V block (``kv_bytes_per_hop``):
+    the forward sends K/V on ``world - 1`` times, the backward K/V ``world - 1`` times and the
+    dK/dV sums ``world`` times (the last hop brings them home), in the float32 accumulator
+    (float64 for float64 inputs): twice the bytes of a 2-byte K/V."""
+    acc_bytes = 8 if elem_bytes == 8 else 4
+    return 2 * (world - 1) + world * acc_bytes / elem_bytes
+
+
+def ring_link(ring_df, link_bytes_per_s, elem_bytes: int = 2):
+    """The ring's communication-only timing set against a link: by length ``n``, the MB each rank
+    sent in a forward and backward (``ring_send_factor`` K/V blocks), ``comm_ms``, the rate that
+    makes (GB/s each way), its share of ``link_bytes_per_s`` (%), and compute alone over
+    communication alone (exercise 3's test: the transfer can hide where this is at least 1)."""
+    sent = ring_df["kv_bytes_per_hop"] * ring_send_factor(int(ring_df["world_size"].iloc[0]), elem_bytes)
+    rate = sent / (ring_df["comm_ms"] / 1e3)
+    return pd.DataFrame({"MB sent per rank": sent / 1e6, "comm_ms": ring_df["comm_ms"],
+                         "GB/s each way": rate / 1e9, "% of the link": 100 * rate / link_bytes_per_s,
+                         "compute_ms / comm_ms": ring_df["compute_ms"] / ring_df["comm_ms"]}
+                        ).set_index(ring_df["n"]).round({"MB sent per rank": 0, "comm_ms": 2, "GB/s each way": 0,
+                                                         "% of the link": 0, "compute_ms / comm_ms": 1})

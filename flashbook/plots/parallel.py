@@ -17,17 +17,23 @@ SPLIT_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"
 def split_grid(ax, n_q: int, n_k: int, num_splits: int, *, causal: bool = False, title: str = ""):
     """The score matrix cut into key splits (``flashbook.split.split_bounds``), one colour
     per split; masked scores are white and hatched. Under each split: which rows see
-    none of its keys (those get (o_s, lse_s) = (0, -inf), merge's identity)."""
+    none of its keys (those get (o_s, lse_s) = (0, -inf), merge's identity). Splits with
+    no key at all (the last ones, when there are more splits than keys) have no width:
+    one label beside the grid names them together ("splits 5–7\nno keys")."""
     bounds = split_bounds(n_k, num_splits)
     allowed = causal_mask(n_q, n_k) if causal else np.ones((n_q, n_k), dtype=bool)
+    empty = [s for s, keys in enumerate(bounds) if not len(keys)]
     for s, keys in enumerate(bounds):
-        color = SPLIT_COLORS[s % len(SPLIT_COLORS)]
-        if len(keys):
-            ax.add_patch(Rectangle((keys.start, 0), len(keys), n_q, facecolor=color, alpha=0.8,
-                                   edgecolor="white", lw=2))
-        blind = int((~allowed[:, keys.start:keys.stop].any(axis=1)).sum()) if len(keys) else n_q
+        if not len(keys):
+            continue
+        ax.add_patch(Rectangle((keys.start, 0), len(keys), n_q, facecolor=SPLIT_COLORS[s % len(SPLIT_COLORS)],
+                               alpha=0.8, edgecolor="white", lw=2))
+        blind = int((~allowed[:, keys.start:keys.stop].any(axis=1)).sum())
         label = f"split {s}\n{len(keys)} keys" + (f"\n{blind} rows see none" if blind else "")
-        ax.text(keys.start + max(len(keys), 1) / 2, n_q + 0.4, label, ha="center", va="top", fontsize=7)
+        ax.text(keys.start + len(keys) / 2, n_q + 0.4, label, ha="center", va="top", fontsize=7)
+    if empty:       # split_bounds puts the empty splits last, after every key
+        names = f"split {empty[0]}" if len(empty) == 1 else f"splits {empty[0]}–{empty[-1]}"
+        ax.text(n_k + 0.25, n_q + 0.4, f"{names}\nno keys", ha="left", va="top", fontsize=7)
     masked = ~allowed
     for i, j in zip(*np.nonzero(masked)):
         ax.add_patch(Rectangle((j, i), 1, 1, facecolor="white", edgecolor="#BBBBBB", hatch="///", lw=0.3))
