@@ -40,14 +40,17 @@ def test_the_recorded_flex_comparison_is_whole_and_right():
 
 
 @pytest.mark.parametrize("window", [256, 1024, 4096])
-def test_a_window_costs_about_w_over_bc_plus_two_tiles_per_query_tile(window):
-    """The chapter: each query tile visits about W / B_c + 2 key tiles, whatever N."""
+def test_a_window_costs_its_w_plus_br_keys_in_tiles_per_query_tile(window):
+    """The chapter: each query tile visits about (W + B_r) / B_c key tiles (its W + B_r - 1 keys
+    rounded up to whole tiles, at most one more where they do not line up), whatever N."""
     n, bm, bn = 16384, 128, 64
     kinds = masks.tile_kinds(n, n, bm, bn, causal=True, window=(window - 1, 0))
     visited = (kinds != "skipped").sum(axis=1)
     middle = visited[window // bm + 1:]            # rows whose window lies wholly inside the keys
-    assert middle.min() >= window // bn + 1 and middle.max() <= window // bn + 3, (middle.min(), middle.max())
-    assert np.all(visited <= window // bn + 3)
+    spans = -(-(window + bm - 1) // bn)            # W + B_r - 1 keys in whole tiles
+    assert middle.min() >= spans and middle.max() <= spans + 1, (middle.min(), middle.max())
+    assert middle.max() == spans == (window + bm) // bn   # the tiles here line up: exactly (W + B_r) / B_c
+    assert np.all(visited <= spans + 1)
 
 
 def test_a_floored_maximum_loses_very_negative_rows_and_minus_infinity_does_not():
@@ -208,9 +211,10 @@ def test_a_short_windows_forward_tiles_are_the_recorded_fastest_and_the_chapter_
     for d in (64, 128):
         before, after, lengths = got["flex"][d]
         assert after[0] > before[0] and after[0] >= 1.0 and len(lengths) >= 3   # no slower than Flex's now
-    prose = next(source_of(c) for c in cells("12_masks.ipynb") if "The forward's tiles" in source_of(c))
-    for name in ("wf_best", "wf_default", "wf_timed", "wf_64_before", "wf_64_after", "wf_128_before", "wf_128_after"):
-        assert f"{{glue:text}}`{name}`" in prose, name
+    prose = next(source_of(c) for c in cells("12_masks.ipynb") if "Small forward tiles for a short window" in source_of(c))
+    row = next(line for line in prose.splitlines() if "Small forward tiles for a short window" in line)
+    for name in ("wf_best", "wf_default", "wf_timed"):   # the table's row: before -> after, and the sweep's size
+        assert f"{{glue:text}}`{name}`" in row, name
 
 
 def test_a_long_windows_tiles_at_d64_are_the_recorded_faster_ones():

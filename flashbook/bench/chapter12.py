@@ -322,3 +322,36 @@ def stress_reruns(root=None) -> dict | None:
     return {"failed": failed, "classes": len({name for name, _ in last}), "files": len(files), "tests": len(later),
             "failures": sum(bad for _, bad in later), "rerun_failed": bool(failed) and set(failed) <= passed,
             "not_rerun": len({name for name, _ in last} - {name for name, _ in later})}
+
+
+def fused_bwd_rounds(root=None) -> dict | None:
+    """Run ``fused_bwd`` round by round, for chapter 12's noise rule: {(mask name, N): {"gain": per
+    cent of two launches' median backward that one launch in FlexAttention's order saved (as
+    ``fused_bwd``), "spread": the larger spread of the two variants' rounds, (slowest - fastest) /
+    median in per cent, "every": +1 when every round of one launch was faster than every round of
+    two launches, -1 when every one was slower, 0 otherwise}} over the rows at d = 128, or None
+    when the run is not recorded. (The run's README quotes a "largest spread" over all three of
+    its variants, the interleaved order's included; the rule compares the two variants timed.)"""
+    from .cli import parse_seq_list
+
+    folder = run_path("fused_bwd", root)
+    if folder is None or not folder.is_dir():
+        return None
+    out = {}
+    for path in sorted(folder.glob("*.json")):
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        for row in rows:
+            if "times_ms" not in row:   # a shape the run refused
+                continue
+            name, n, d, *_ = row["shape"].split(":")
+            if d != "128":
+                continue
+            two_name = "separate" if "separate" in row["times_ms"] else "library"
+            two, one = row["times_ms"][two_name], row["times_ms"]["halves"]
+            med_two, med_one = statistics.median(two), statistics.median(one)
+            spread = max((max(t) - min(t)) / statistics.median(t) for t in (two, one))
+            every = 1 if max(one) < min(two) else -1 if min(one) > max(two) else 0
+            out[name, parse_seq_list(n)[0]] = {"gain": 100 * (med_two - med_one) / med_two,
+                                               "spread": 100 * spread, "every": every}
+    return out or None

@@ -1,0 +1,175 @@
+"""Chapter 12 (one kernel, many masks) after the eighth review: what a corrected sentence rests on
+(the library, the recorded runs) and the page's source. Where a sentence quotes a number, the
+number the page glues is recomputed from the data."""
+import glob
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import require
+from flashbook import bench, masks
+from notebook_text import cell_source, flat, markdown, run_glued
+
+CH12 = "12_masks"
+
+
+def _tile_cells(*more):
+    return [cell_source(CH12, cid) for cid in ("7791a783", "eb979f00", *more)]
+
+
+def test_fused_bwd_rounds_reads_each_repeat_of_the_recorded_run(tmp_path):
+    """``chapter12.fused_bwd_rounds`` against the files read directly: the gain is ``fused_bwd``'s,
+    the spread the larger of the two compared variants' (not the interleaved one's), and "every"
+    compares every repeat of one launch with every repeat of two."""
+    from flashbook.bench import chapter12
+
+    got = chapter12.fused_bwd_rounds()
+    require(got is not None, "run fused_bwd is not recorded")
+    fused = chapter12.fused_bwd()
+    for name, rows in fused["gains"].items():
+        for n, gain in rows:
+            assert got[name, n]["gain"] == pytest.approx(gain)
+    seen = 0
+    for path in sorted(glob.glob(os.path.join(str(bench.run_path("fused_bwd")), "*.json"))):
+        for row in json.load(open(path))["rows"]:
+            name, n, d, *_ = row["shape"].split(":")
+            if "times_ms" not in row or d != "128":
+                continue
+            two = "separate" if "separate" in row["times_ms"] else "library"
+            key = (name, {"4K": 4096, "8K": 8192, "16K": 16384, "32K": 32768}[n])
+            assert got[key]["spread"] == pytest.approx(100 * max(row["spread"][two], row["spread"]["halves"]))
+            t2, t1 = row["times_ms"][two], row["times_ms"]["halves"]
+            assert got[key]["every"] == (1 if max(t1) < min(t2) else -1 if min(t1) > max(t2) else 0)
+            seen += 1
+    assert seen == len(got) == 7
+    # what the chapter says: packed documents from 8K, every one-grid repeat faster, 16K and 32K
+    # inside the spread; the causal mask at 16K slower in every repeat, beyond the two variants' spread
+    # (the README's 10.2% is the interleaved variant's, which the comparison does not include)
+    for n in (8192, 16384, 32768):
+        assert got["documents", n]["every"] == 1
+    assert [n for n in (8192, 16384, 32768) if got["documents", n]["gain"] <= got["documents", n]["spread"]] \
+        == [16384, 32768]
+    slow = got["causal", 16384]
+    assert slow["every"] == -1 and -slow["gain"] > slow["spread"]
+    (tmp_path / "index.json").write_text(json.dumps({"runs": {"fused_bwd": {"path": "nowhere"}}}))
+    assert chapter12.fused_bwd_rounds(tmp_path) is None
+
+
+def test_ch12_one_grid_row_states_the_noise_rule_repeat_by_repeat():
+    glued, _ = run_glued(cell_source(CH12, "e16e7c60"), quiet=True, np=np, pd=pd)
+    assert glued["fb_doc_noisy"] == "16K and 32K"
+    assert glued["fb_causal"] == "6.2% faster at 4K, 4.4% slower at 16K"
+    assert glued["do_clear_gains"] == "5.6% at d = 128, N = 8K and 3.4% at d = 64, N = 8K"
+    table = flat(cell_source(CH12, "b98bd1a6"))
+    assert ("within the repeats' spread at {glue:text}`fb_doc_noisy`, but every one-grid repeat beat every "
+            "two-launch repeat") in table
+    assert "Causal: {glue:text}`fb_causal`, slower in every repeat there, so it keeps two launches" in table
+    text = flat(markdown(CH12))
+    assert "{glue:text}`fb_doc` off" not in text and "These runs dealt the heads out" not in text
+
+
+def test_ch12_documents_row_says_whose_tiling_and_gives_flashbooks_own():
+    """The tile table's documents row is one grid over the packed row (a BlockMask's tiling);
+    flashbook's varlen kernel tiles each document from its start: computed, not typed."""
+    glued, ns = run_glued(_tile_cells("c12-doc-tiles", "c12-doc-glue"), quiet=True,
+                          rng=np.random.default_rng(12), masks=masks, np=np, pd=pd)
+    lengths = np.diff(ns["doc_cu"])
+    assert lengths[-1] == 27 and glued["doc_min"] == "27" and glued["doc_max"] == "1,999"
+    want = {k: sum(masks.tile_counts(int(x), int(x), 128, 64, causal=True)[k] for x in lengths)
+            for k in ("full", "partial", "visited")}
+    assert want == {"full": 686, "partial": 134, "visited": 820}
+    assert {k: int(glued[f"docs_{k}"]) for k in want} == want
+    assert (glued["docs_grid_full"], glued["docs_grid_partial"], glued["docs_grid_visited"]) == ("527", "296", "823")
+    text = flat(markdown(CH12))
+    assert "a few hundred to two thousand tokens" not in text
+    assert "{glue:text}`doc_min` to {glue:text}`doc_max` tokens" in text
+    assert "that is what a FlexAttention `BlockMask` does" in text
+    assert "That is {glue:text}`docs_full` whole and {glue:text}`docs_partial` cut tiles" in text
+
+
+def test_ch12_a_window_visits_w_plus_br_keys_in_tiles():
+    glued, _ = run_glued(_tile_cells(), quiet=True, rng=np.random.default_rng(12), masks=masks, np=np, pd=pd)
+    assert glued["w1k_per_tile"] == "18" == str((1024 + 128) // 64)
+    text = flat(markdown(CH12))
+    assert "$W / B_c + 2$" not in text
+    assert "it visits about $(W + B_r)/B_c$ key tiles" in text and "{glue:text}`w1k_per_tile`" in text
+
+
+def test_ch12_names_the_tiles_each_mask_runs_and_the_recorded_rows_ran_them():
+    from flashbook.kernels import configs
+
+    _, ns = run_glued(_tile_cells("c12-tile-table"), quiet=True, rng=np.random.default_rng(12), masks=masks,
+                      np=np, pd=pd)
+    path = bench.run_path("masks")
+    require(path is not None, "no recorded masks run")
+    for r in json.load(open(path / "masks.json"))["rows"]:
+        keys = r["window"][0] + 1 if r["window"][0] >= 0 else None
+        assert ns["tile_shape"]("forward", keys is None, keys) == " × ".join(map(str, r["forward_tile"]))
+    table = ns["table"]
+    assert list(table.loc["window of fewer keys"]) == ["64 × 64"] * 3
+    assert table.loc["causal (Triton), soft cap, packed documents", "forward"] == "128 × 64"
+    assert table.loc["causal, default call (Gluon forward)", "forward"] == "128 × 128"
+    assert table.loc[f"window of {configs.LONG_WINDOW:,} keys or more"].tolist() == \
+        table.loc["causal (Triton), soft cap, packed documents"].tolist()
+    assert "tile_shape(\"forward\", keys is None, keys)" in cell_source(CH12, "588254b7")   # the page checks too
+
+
+def test_ch12_minus_infinity_section_ties_to_chapters_2_and_4():
+    text = flat(cell_source(CH12, "d59dce09"))
+    assert "Chapter 2's exercise 4" in text and "Chapter 4's guard" in text
+    assert "Under the causal mask that is safe" in text and "a row that sees any key sees key 0" in text
+    assert "A window breaks this" in text
+    assert "$2^{x \\log_2 e}$" in text
+    assert "chapter 4's guard" in flat(cell_source(CH12, "0b0dceaa"))
+    # the kernel does store 0 for a row that has seen no key, but only without a window
+    import inspect
+
+    from flashbook.kernels import forward
+
+    source = inspect.getsource(forward.shifted_scores.fn)
+    assert "if WINDOW:" in source and 'tl.where(new_max == float("-inf"), 0.0, new_max)' in source
+
+
+def test_ch12_calls_its_key_loop_ranges_phases():
+    text = flat(markdown(CH12))
+    for wrong in ("three stages", "masked stage", "two of these stages", "the stage of its lower edge"):
+        assert wrong not in text, wrong
+    assert "three *phases*" in text and "three phases" in text
+    assert "pipeline stages of chapter 6's `num_stages`" in text
+
+
+def test_ch12_states_the_stress_rule_and_its_final_count():
+    from flashbook.bench import chapter12
+
+    stress = flat(cell_source(CH12, "808d4022"))
+    assert "2 \\max|X_\\text{torch} - X_{64}|" in stress and "`kernels.checks.output_error_grads`" in stress
+    assert "from the stored, rounded $O$" in stress and "autograd takes $\\delta$ from $P$ and $dP$" in stress
+    reruns = chapter12.stress_reruns()
+    require(reruns is not None, "no recorded stress runs")
+    glued, _ = run_glued(cell_source(CH12, "1bb6d6c1"), quiet=True, varlen_err={"o": 0.0}, dtype="float32")
+    assert glued["st_tests"] == glued["st_passed"] == str(reruns["tests"])
+    assert glued["st_not_rerun_phrase"] == f"all {reruns['classes']} mask classes ran, the one that had failed included."
+    assert "{glue:text}`st_passed` of {glue:text}`st_tests` tests" in stress
+
+
+def test_ch12_figure_and_terms():
+    assert "rect=(0, 0.1, 1, 1)" in cell_source(CH12, "1cc47166")   # the legend below the x-labels
+    assert "whole + masked: `1+3` is one green tile and three orange ones" in flat(cell_source(CH12, "d59dce09"))
+    text = markdown(CH12)
+    for term in ("{term}`Gluon`", "{term}`warps <warp>`", "{term}`special-function unit`"):
+        assert term in text
+    assert "stream" not in text and "sm_90" not in text
+    assert "CUDA events (the comparison's timer" in flat(text)
+    growth = flat(cell_source(CH12, "c12-window-growth"))
+    assert "its tiles are {glue:text}`w1k_tile`" in growth and "three of its operations per score instead of one" in growth
+
+
+def test_ch12_keeps_the_lab_log_off_the_page():
+    text = flat(markdown(CH12))
+    for residue in ("was not profiled", "not timed itself", "The first recording", "Why was not profiled",
+                    "was not timed", "### Lessons from tuning the window", "### Where the time goes"):
+        assert residue not in text, residue
+    assert "## What mattered for speed" in text
