@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flashbook import reference, runtime, smem, tiled
-from notebook_text import ROOT, cell_ids, cell_source, flat, notebook, run_glued
+from notebook_text import ROOT, cell_ids, cell_source, find_cell, flat, markdown, notebook, run_glued, source_of
 
 CH4, CH5, A2 = notebook("04_tiled_forward"), notebook("05_backward_recompute"), notebook("A2_floating_point")
 
@@ -74,9 +74,22 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
                   "Guarding only the running maximum fixes nothing here",
                   "when $B_c$ is not a multiple of $B_r$, a tile the diagonal cuts can still hold rows",
                   "**Guard the merge too.**", "$\\exp(m_i - m^{\\text{new}})$",
-                  "divide only the rows whose $l_i$ is not 0 (`where=l_i != 0`: a NaN $l_i$ stays NaN",
-                  "In that form only the running maximum is ever subtracted"):
+                  "divide only the rows whose $l_i$ is not 0 (`where=l_i != 0`: a NaN $l_i$ stays NaN"):
         assert words in text, words
+    # the B_c-not-a-multiple-of-B_r case is printed right after the list: a visited tile whose
+    # first rows see none of its keys; then the library's form of the loop
+    ids = cell_ids(CH4)
+    assert ids.index("cb9f9cf5") + 1 == ids.index("1e4c7a90") and ids.index("1e4c7a90") + 1 == ids.index("7b2d9e45")
+    printed = []
+    run_glued(cell_source(CH4, "1e4c7a90"), tiled=tiled, print=lambda *a: printed.append(a))
+    (visited, _), (sees,) = printed
+    assert visited == 4 and 2 % 4 != 0                  # tile 3, keys 6 and 7, is visited
+    assert tiled.tile_slices(8, 2)[visited - 1] == slice(6, 8) and tiled.tile_slices(8, 4)[1] == slice(4, 8)
+    assert sees.tolist() == [[0, 0], [0, 0], [1, 0], [1, 1]]     # rows 4 and 5 see none of its keys
+    assert "query tile 1 (rows 4 to 7) visits key tiles 0 to 3" in flat(cell_source(CH4, "1e4c7a90"))
+    library = flat(cell_source(CH4, "7b2d9e45"))
+    assert "In that form only the running maximum is ever subtracted" in library
+    assert "The tile is visited, yet its first two rows see none of its keys" in library
     exercise = flat(cell_source(CH4, "853aa331"))
     assert "guard the tile's own maximum, guard the merge, divide only rows whose $l_i$ is not 0" in exercise
 
@@ -209,14 +222,31 @@ def test_shared_memory_and_registers_are_defined_where_first_used():
 
 
 def test_the_kernel_bullet_says_the_idea_first_and_leaves_triton_to_a_note():
-    """Finding 8: the bullet says what stays in shared memory in plain words; Triton, stages and
-    the T4's fp32 operands are in a note that points to chapter 6. The numbers are unchanged."""
-    text = cell_source(CH4, "002fe647")
-    bullet = flat(text[text.index("- **A kernel's shared memory**"):text.index(":::{admonition}")])
-    assert "Triton" not in bullet and "num_stages" not in bullet and "pipeline" not in bullet
-    assert "plus spare copies of $K_j$ and $V_j$, so that the next ones can load while it computes" in bullet
-    note = flat(text[text.index(":::{admonition} Details (chapter 6)"):text.rindex(":::")])
-    assert "*pipeline stages*" in note and "`num_stages`" in note and "no tensor-core path" in note
+    """Finding 8: the flow teaches the everything-on-chip count; the kernel's count is in a
+    titled dropdown that says what stays in shared memory in plain words first, then Triton,
+    stages and the T4's fp32 operands. The numbers are unchanged."""
+    flow = flat(cell_source(CH4, "002fe647"))
+    assert "Triton" not in flow and "smem_bytes" not in flow and _glue("f_total") in flow
+    text = cell_source(CH4, "5d3f8a21")
+    assert text.startswith(":::{dropdown} How a real kernel counts (optional; chapter 6 measures it)\n")
+    assert text.rstrip().endswith(":::")
+    idea, rest = (flat(part) for part in text.split("\n\n", 1))
+    assert "Triton" not in idea and "num_stages" not in idea and "pipeline" not in idea
+    assert "plus spare copies of $K_j$ and $V_j$, so that the next ones can load while it computes" in idea
+    for name in ("k_a100", "k_t4", "k_t4_fits", "k_t4_left"):
+        assert _glue(name) in idea, name
+    assert "*pipeline stages*" in rest and "`num_stages`" in rest and "no tensor-core path" in rest
+    ids = cell_ids(CH4)
+    assert ids.index("c67740ca") < ids.index("5d3f8a21") < ids.index("36467ddd")
+    # its table: the largest square tile by the kernel's count, one glued value per chip and d
+    glued, _ = run_glued(cell_source(CH4, "19a1b768"), quiet=True, np=np, rng=np.random.default_rng(0),
+                         tiled=tiled, runtime=runtime, bq_f=64, bk_f=64, d_f=128, total=tiled.onchip_bytes(64, 64, 128, 2),
+                         seed_rule=64 * 64 * 128 * 2, KiB=2**10, MiB=2**20)
+    for c in runtime.CHIPS.values():
+        for d in (64, 128, 256):
+            assert glued[f"kt_{c.name}_{d}"] == str(tiled.largest_tile(c, d, num_stages=2))
+            assert _glue(f"kt_{c.name}_{d}") in text
+    assert glued["kt_T4_128"] == "64" and glued["kt_A100_128"] == glued["a100_tile_128"] == "128"
     assert tiled.smem_bytes(64, 64, 128, num_stages=2, arch="sm_80") == 80 * 1024
     assert tiled.smem_bytes(64, 64, 128, arch="sm_75") == 64 * 1024
 
@@ -300,14 +330,25 @@ def test_race_and_atomic_add_are_explained_and_linked():
     assert "{term}`atomic adds <atomic add>`" in cell_source(CH5, "0bda53b5")
 
 
-def test_the_articles_memory_table_is_taken_in_three_paragraphs():
-    """Finding 11: the naive column, FlashAttention's column, the 8K claim; numbers unchanged."""
+def test_the_articles_memory_table_is_one_sentence_with_a_link():
+    """Finding 11, then the newcomer's review: the article's memory table is one sentence that
+    says why it cannot be right ($P$ alone outgrows its naive figure) and sends the reader to
+    chapter 9; no second verdict is left to reconcile. Numbers unchanged."""
     paragraphs = [flat(p) for p in cell_source(CH5, "3beb04ff").split("\n\n")]
-    assert len(paragraphs) == 4
-    naive, flash, claim = paragraphs[:3]
-    assert naive.startswith("Take the naive column first.") and _glue("s_p_times") in naive
-    assert flash.endswith("Neither reading fits both columns: the table cannot describe this configuration.")
-    assert claim.startswith("The article's other claim, that at 8K tokens") and _glue("mem_8k") in claim
+    assert len(paragraphs) == 2
+    memory = paragraphs[0]
+    assert _glue("mem_8k") in memory and "for a whole model" in memory
+    assert ("memory table for batch {glue:text}`art_batch`, {glue:text}`art_heads` heads and $N$ = "
+            "{glue:text}`art_n` cannot be right, since $P$ alone takes {glue:text}`s_p` GB there against "
+            "the {glue:text}`art_naive` GB it gives for naive attention; {doc}`chapter 9 <09_benchmarks>` "
+            "checks that table.") in memory
+    text = markdown(CH5)
+    assert "calls it consistent" not in text and "Neither reading fits both columns" not in text
+    hidden = find_cell(CH5, "27932c08")
+    assert hidden["metadata"]["tags"] == ["remove-cell"]
+    glued, _ = run_glued(source_of(hidden), quiet=True)
+    assert (glued["s_p"], glued["art_naive"], glued["art_n"], glued["art_batch"], glued["art_heads"]) == (
+        "8.6", "2.1", "4096", "8", "32")
     p_gb = 8 * 32 * 4096 * 4096 * 2 / 1e9
     assert p_gb == pytest.approx(8.59, abs=0.01) and round(p_gb / 2.1) == 4
 
