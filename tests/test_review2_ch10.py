@@ -58,11 +58,16 @@ def test_the_host_trap_draws_its_conclusion(ch):
 
 
 def test_the_gluon_backward_range_says_its_head_dim(ch):
+    """The lab's Gluon backwards are told in A3 (their ranges per head dimension); the chapter
+    keeps one sentence that points there, and it holds at both head dimensions."""
     v = ch.values
     text = markdown(notebook(CH10))
     assert "which spills nothing" not in text
-    assert "{glue:text}`gbr_triton64_lo`" in text and "at $d$ = 128" in cell_source(notebook(CH10), "c10-gluon-bwd-md")
+    said = cell_source(notebook(CH10), "c10-gluon-bwd-md")
+    assert "did not beat them" in said and "{doc}`A3 <A3_lab_notes>`" in said
+    assert "gbr_triton" not in text                                      # the ranges: A3's
     assert float(v["gbr_triton64_hi"]) < float(v["gbr_triton_hi"])     # d = 64 is the slower one
+    assert float(v["gbr_triton_hi"]) <= 1 + float(v["noise"]) / 100    # so "did not beat them" holds at both
 
 
 def test_rung_two_and_five_do_not_overclaim():
@@ -120,7 +125,7 @@ def test_review2_round2_chapter10_wording(ch):
     v = ch.values
     text = markdown(notebook(CH10))
     assert "removes almost all\nspilling" not in text and "lost to them" not in text
-    assert "spilled nothing in\nthe one call profiled" in text
+    assert "spilled nothing" not in text or "spilled nothing in\nthe one call profiled" in text   # its detail: A3
     assert float(v["gbr_triton_hi"]) <= 1 + float(v["noise"]) / 100     # "did not beat them" holds
     flat_text = " ".join(text.split())
     assert "the larger of the two samples" in flat_text and "in any recorded run" in flat_text

@@ -205,7 +205,8 @@ def test_small_wordings(ch, text):
     v = ch.values
     # the noise ranges read as one range per sample
     assert "differed by up to {glue:text}`noop_lo` to" not in text
-    assert "{glue:text}`noop_lo`% to {glue:text}`noop_hi`% between no-op rungs" in text
+    spread = ch.tables["noise_samples"].loc[("within one run", "no-op rungs (ladder)"), "in each recorded run (%)"]
+    assert spread == f"{v['noop_lo']} to {v['noop_hi']} ({v['n_ladders']} runs)"
     # rung 2 met its prediction at 16K (d = 64: slightly above it): the shortfall names its shapes,
     # and the range shows the one above 100% (not rounded down to "100")
     assert "short of it by more than the noise at {glue:text}`skip_short`" in text

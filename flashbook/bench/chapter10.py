@@ -40,7 +40,7 @@ from .sweeps import LADDER_SEQS
 
 #: What ``Chapter10.show`` shows, one topic per cell of the chapter, in its order.
 TOPICS = ("rungs", "recorded", "provenance", "noise", "exp2", "skip", "split_prediction", "split", "tuning_prediction",
-          "tuning", "heavy", "dq_bytes", "ladder", "ladder_figure", "backward_figure", "goals", "profile", "schedules")
+          "tuning", "heavy", "dq_bytes", "dq_lesson", "ladder_figure", "backward_figure", "profile", "schedules")
 #: The names of ``Features``, in order: one switch each.
 FEATURES = [f.name for f in dataclasses.fields(Features)]
 #: The rungs that, without a mask, run the same kernel as the rung before them.
@@ -54,7 +54,7 @@ GLUED_BY_NOTEBOOK = {
                  "exp2_bound_hi"),
     "c10-live-note": ("live_note",),
     "38a7f663": ("exact_n", "exact_d", "exact_tol"),
-    "c10-ptx-waits": ("ptx_triton_version", "ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_wgmma", "ptx_gl_tma",
+    "c10-ptx-waits": ("ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_wgmma", "ptx_gl_tma",
                       "ptx_tri_tma", "ptx_gl_waits"),
 }
 
@@ -225,6 +225,7 @@ def _noise(ch: Chapter10) -> None:
         last = fsteps[fsteps["name"] == RUNGS[-1].name]
         both = last.merge(df[df["impl"] == "flashbook"], on=keys)
         xrun = both["fwd_tflops"] / both["tflops"]
+        ch.frames["xrun"] = xrun            # the noise table's between-run row
         ch.put("xrun_lo", 100 * (xrun.min() - 1), "+.0f"); ch.put("xrun_hi", 100 * (xrun.max() - 1), "+.0f")
         lo, hi = 100 * (1 - xrun.max()), 100 * (1 - xrun.min())      # how much slower the full comparison timed it
         ch.put("xrun_slower", f"{lo:.0f} to {hi:.0f}% slower than" if lo >= 0.5 else
@@ -416,6 +417,87 @@ def _tuning(ch: Chapter10) -> None:
     ch.put("tune_beyond", int((gains["vs_prev"].map(ch.verdict) == "beyond noise").sum())); ch.put("tune_n", len(gains))
 
 
+def _noise_table(ch: Chapter10) -> None:
+    """The noise samples in one table, told apart by how they were timed: identical kernels
+    within one run (the floor, ``noise``, and its largest over every recorded run, ``noise_runs``)
+    and one kernel in two runs (the last rung in the ladder and the full comparison, the Gluon
+    sweep run twice). It shows in place of the lab notes' run-by-run table (``repeats``)."""
+    import pandas as pd
+
+    from .chapter10_lab import GLUON_RERUN
+
+    ch.outputs["noise"] = [o for o in ch.outputs.get("noise", []) if o != ("table", "repeats")]
+    repeats = ch.tables.get("repeats")
+    if ch.noise is None or repeats is None:
+        return
+    every = repeats.groupby("what is compared", sort=False)["largest %"].agg(["min", "max", "size"])
+    pairs = repeats.groupby("what is compared", sort=False)["pairs"].max()
+    rows = []
+    for name, sample, here in (("no-op rungs", "no-op rungs (ladder)", float(ch.values["noise_ladder"])),
+                               ("twin forward", "twin forward (full comparison)", float(ch.values["noise_twin"]))):
+        lo, hi, n = every.loc[name]
+        rows.append({"timed": "within one run", "compared": sample, "pairs": int(pairs[name]),
+                     "largest gap here (%)": f"{here:.1f}",
+                     "in each recorded run (%)": f"{lo:.1f} to {hi:.1f} ({int(n)} runs)"})
+    xrun = ch.frames.get("xrun")
+    if xrun is not None and len(xrun):
+        rows.append({"timed": "in two runs", "compared": "last rung: ladder and full comparison", "pairs": len(xrun),
+                     "largest gap here (%)": f"{100 * float((xrun - 1).abs().max()):.1f}",
+                     "in each recorded run (%)": "-"})
+    if GLUON_RERUN in every.index:
+        rows.append({"timed": "in two runs", "compared": "Gluon sweep, run again", "pairs": int(pairs[GLUON_RERUN]),
+                     "largest gap here (%)": f"{every.loc[GLUON_RERUN, 'max']:.1f}",
+                     "in each recorded run (%)": "-"})
+    ch.table("noise", "noise_samples", pd.DataFrame(rows).set_index(["timed", "compared"]))
+
+
+def _dq_lesson(ch: Chapter10) -> None:
+    """The backward's lesson in one table: dQ added with Triton's default (acq_rel) atomics as
+    the ladder timed them, the same against relaxed atomics in the atomic-dQ experiment (both
+    runs, read as chapter 8 reads them: ``experiments.atomic_dq_both``), and the separate dQ
+    kernel; each as its time over the separate kernel's, per head dimension."""
+    import pandas as pd
+
+    from .experiments import atomic_dq_both
+
+    bsteps = ch.frames.get("bsteps")
+    runs = atomic_dq_both(ch.root) if ch.root is not None else None
+    if bsteps is None or runs is None:
+        return ch.say("dq_lesson", "No recorded ladder or atomic-dQ runs (benchmarks/results/).", missing=True)
+
+    def span(values) -> str:
+        return f"{values.min():.2f} to {values.max():.2f}"
+
+    dims = sorted(bsteps["head_dim"].unique())
+    fenced = bsteps[bsteps["name"] == "dQ separate"]             # vs_prev: the atomic rung's time over this one's
+    atomic, separate = int(ch.values["mm_atomic"]), int(ch.values["mm_separate"])
+    rows = [("atomic, acq_rel adds (the ladder)", atomic, {d: span(fenced[fenced["head_dim"] == d]["vs_prev"]) for d in dims})]
+    for variant, label in (("atomic", "atomic, acq_rel adds (experiment)"),
+                           ("relaxed", "atomic, relaxed adds (experiment; the code shown)")):
+        these = runs[runs["variant"] == variant]
+        rows.append((label, atomic, {d: span(these[these["d"] == d]["x_separate"]) for d in dims}))
+    rows.append(("separate dQ kernel (the default)", separate, {d: "1" for d in dims}))
+    table = pd.DataFrame([{"dQ added by": label, "products per tile pair": n,
+                           **{f"d = {d}": x[d] for d in dims}} for label, n, x in rows]).set_index("dQ added by")
+    ch.table("dq_lesson", "dq_lesson", table.rename_axis(columns="time over the separate kernel's"))
+
+
+def _bought(ch: Chapter10) -> None:
+    """What each forward rung bought: its gain over the rung before, lowest to highest over the
+    shapes (over the causal ones only for the two rungs that change nothing without a mask)."""
+    fsteps = ch.frames.get("fsteps")
+    if fsteps is None:
+        return ch.nothing("rungs_bought")
+    parts = []
+    for r in RUNGS[1:]:
+        gains = fsteps[fsteps["name"] == r.name]
+        if r.name in NO_OPS_UNMASKED:
+            gains = gains[gains["causal"]]
+        x = gains["vs_prev"]
+        parts.append(f"{r.name} {x.min():.2f} to {x.max():.2f}" + (" (causal)" if r.name in NO_OPS_UNMASKED else ""))
+    ch.put("rungs_bought", "; ".join(parts))
+
+
 def build(root=None) -> Chapter10:
     """Chapter 10's numbers, tables and figures from the results root ``root`` (default:
     ``bench.results_root()``, as the chapter finds it). Raises ValueError where the
@@ -427,6 +509,7 @@ def build(root=None) -> Chapter10:
     _recorded(ch, root)
     _noise(ch)
     chapter10_lab.repeats(ch)
+    _noise_table(ch)
     _exp2(ch)
     _skip(ch)
     _split(ch)
@@ -437,6 +520,8 @@ def build(root=None) -> Chapter10:
     chapter10_lab.build_into(ch)
     _host_vs_ladder(ch)
     _rung_host(ch)
+    _dq_lesson(ch)
+    _bought(ch)
     return ch
 
 

@@ -496,7 +496,8 @@ def build_into(ch) -> None:
 def ptx_compare(workers: int = 2):
     """Chapter 7's forward and the Gluon kernel compiled for sm_90 here (no GPU needed; bf16, d = 128,
     causal, each with its default configuration) by ``targets.compile_elsewhere``: (a table of their
-    wgmma products, the products a wait leaves running and the TMA copies; the two compile records)."""
+    wgmma instructions in the code, the products a wait leaves running and the TMA copy instructions;
+    the two compile records). Counts are of instructions in the code, not of instructions executed."""
     import pandas as pd
     import triton
 
@@ -510,9 +511,9 @@ def ptx_compare(workers: int = 2):
         dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="bf16", causal=True,
              config=[g_m, g_n, 4, g_stages], schedule=g_schedule)], workers=workers)
     table = pd.DataFrame(
-        {"wgmma products": [r["tensor_core_ops"] for r in compiled],
+        {"wgmma instructions": [r["tensor_core_ops"] for r in compiled],
          "products a wait leaves running": [", ".join(map(str, r["wgmma_waits"] or [])) or "-" for r in compiled],
-         "TMA copies": [r["tma_copies"] for r in compiled],
+         "TMA copy instructions": [r["tma_copies"] for r in compiled],
          "compiled": ["ok" if r["error"] is None else r["error"][:80] for r in compiled]},
         index=pd.Index(["chapter 7 (Triton)", f"Gluon, {g_schedule}"], name=f"PTX for sm_90, Triton {triton.__version__}"))
     return table, compiled
