@@ -56,7 +56,7 @@ def test_the_hierarchy_alt_text_does_not_claim_ten_times_on_every_chip():
 def _staging_table(prose: str) -> dict:
     """The prose's table of B_c x d tiles: {row name: [tiles at 1, 2, 3 stages]}."""
     rows = {}
-    for name, cells in re.findall(r"^\| (`sm_\d+`|the model below) \|(.*)\|$", prose, re.M):
+    for name, cells in re.findall(r"^\| (`sm_\d+`|the model) \|(.*)\|$", prose, re.M):
         rows[name.strip("`")] = [int(x) for x in cells.split("|")]
     return rows
 
@@ -69,27 +69,42 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     table = _staging_table(prose)
     assert table["sm_80"] == [1] + [2 * (s - 1) for s in (2, 3)]
     assert table["sm_90"] == [1] + [2 * s for s in (2, 3)]
-    # the rule is stated before the pipeline figure (tests/test_plots_pipeline.py checks the figure)
-    text = flat(cell_source(CH6, "c06-buffers-md"))
+    # the byte model in the flow, the compiled detail in a box, the figure folded after it
+    # (tests/test_plots_pipeline.py checks the figure)
+    main = flat(cell_source(CH6, "c06-buffers-md"))
+    text = flat(prose)
     ids = cell_ids(CH6)
-    assert ids.index("c06-buffers-md") < ids.index("c06-pipeline-fig") < ids.index("49527e1d")
-    assert "extra copies" not in text + flat(prose) and "the pipeliner adds room" not in text + flat(prose)
+    assert ids.index("c06-buffers-md") < ids.index("49527e1d") < ids.index("c06-pipeline-fig")
+    assert prose.startswith(":::{dropdown} How Triton really allocates the buffers (optional)\n")
+    assert "hide-output" in find_cell(CH6, "c06-pipeline-fig")["metadata"]["tags"]
+    assert "Each stage of `num_stages` = $s$ is one more $K$ and $V$ tile kept in shared memory" in main
+    # chapter 4's "in flight" (tiles held) and the compiled loop's copies under way, both true
+    assert 'chapter 4\'s "two or three $K$, $V$ tiles in flight": tiles held at once' in main
+    assert "Fewer copies than that are under way at any moment" in main
+    assert "extra copies" not in main + text and "the pipeliner adds room" not in main + text
     # the order of the compiled loop (the refill after both products) and where the refill goes
-    assert "only then issues the copy of tile $j + s - 1$" in text and "$s - 2$ copies are under way" in text
-    assert "at $s$ = 2 a program overlaps none of its copies with its own products" in text
+    assert "only then issues the copy of tile $j + s - 1$" in text and "$s - 2$ copies are under way ($s \\ge 2$)" in text
+    # at two stages: no overlap on sm_80; on sm_90 the refill overlaps the tail of P_j V_j, as drawn
+    assert ("At $s$ = 2 no copy overlaps a program's own products on `sm_80`, and on `sm_90` only the "
+            "tail of $P_j V_j$") in text
+    assert "a program overlaps none of its copies with its own products" not in main + text
     assert "the refill reuses its buffer: $s - 1$ buffers each of $K$ and $V$" in text
     assert "the product $P_j V_j$ is still running when the refill is issued: it needs another buffer, $s$ each" in text
     assert "at one stage Triton does not pipeline: a tile is copied in, then used." in text
-    assert "the copies of the next $s - 1$ key tiles are under way while" not in text
+    assert "the copies of the next $s - 1$ key tiles are under way while" not in main + text
     assert "(at one stage they take\nturns in one buffer)" in prose          # the table's 1s
+    alt = find_cell(CH6, "c06-pipeline-fig")["metadata"]["mystnb"]["image"]["alt"]
+    assert "at one and two stages no copy overlaps" not in alt
+    assert "at two only the tail of a P V product on sm_90" in alt
 
 
 def test_the_chip_tables_terms_are_announced_before_the_table():
     """arch and ridge appear in the table's columns before the prose defines them: the sentence
     above the table says what they are, and the definitions do follow it."""
     text = flat(cell_source(CH6, "0748095b"))
-    assert ("In the first, *arch* is the compute capability and the *ridge* is where arithmetic, not "
-            "memory, becomes the limit; both are explained below the tables.") in text
+    assert ("In the table, *arch* is the compute capability and the *ridge* is where arithmetic, not "
+            "memory, becomes the limit; both are explained below it.") in text
+    assert "Each chip's `source` field names the documents behind its numbers." in text   # no sources table
     assert '"arch": c.arch' in cell_source(CH6, "f5a20a5d") and '"ridge for tl.dot' in cell_source(CH6, "f5a20a5d")
     defined = flat(cell_source(CH6, "7296465f"))
     assert "{term}`compute capability`" in defined and "**ridge point**" in defined
@@ -165,13 +180,18 @@ def test_exp2_saves_the_subnormal_guard_more_than_the_folded_multiply(tmp_path):
             "{glue:text}`exp_instrs` machine instructions, `tl.exp2` to one;") in item
     assert "to one (`exp2`)" not in item
     text = flat(cell_source(CH7, "832d2080"))
-    assert ("one fused multiply-add (the Triton versions this book runs fuse the two by default)") in text
+    # fused by default in the versions run; Triton 3.9 announces the default turns off in 3.10
+    assert ("one fused multiply-add (the Triton versions this book runs fuse the two by default; "
+            "from Triton 3.10, only if asked)") in text
     assert "up to version" not in text                # read as "no longer after it"
-    assert ("Folding saves one multiply per score; most of the saving is elsewhere. `tl.exp` becomes "
-            "`ex2.approx.f32` in PTX (the virtual instruction set Triton emits), which on `sm_90` wraps the "
-            "{term}`special-function unit`'s $2^x$ instruction in a range test and two conditional multiplies, "
-            "to get results too small for a normal float32 (subnormals) right. `tl.exp2` becomes "
-            "`ex2.approx.ftz.f32`, which flushes those to zero (*ftz*): the $2^x$ instruction alone.") in text
+    # the five instructions, named in the order ops["natural"] has them above
+    assert ("Folding saves one multiply per score; most of the saving is elsewhere. `tl.exp` becomes a "
+            "multiply by $\\log_2 e$ and `ex2.approx.f32` in PTX (the virtual instruction set Triton emits), "
+            "which on `sm_90` is {glue:text}`exp_instrs` machine instructions: the multiply; a test for an "
+            "exponent below $-126$; if so, a halving of it; the {term}`special-function unit`'s $2^x$ "
+            "instruction; and, if so, a squaring of the result ($2^x = (2^{x/2})^2$), to get results too "
+            "small for a normal float32 (subnormals) right. `tl.exp2` becomes `ex2.approx.ftz.f32`, which "
+            "flushes those to zero (*ftz*): the $2^x$ instruction alone.") in text
     for undefined in ("MUFU", "predicated", "SASS"):  # machine-code names the page does not define
         assert undefined not in text, undefined
     assert ("Flushing results below $2^{-126}$ changes nothing here: each weight is at most 1, "
@@ -304,11 +324,79 @@ def test_the_dkdv_register_count_is_chapter_6s_arithmetic():
             "{glue:text}`dkdv_bd` fp32 values, {glue:text}`dkdv_acc_regs` registers per thread over "
             "{glue:text}`dkdv_count_warps` warps. The two {glue:text}`dkdv_score_tile` fp32 score tiles "
             "($P^\\top$, and $dP^\\top$, which becomes $dS^\\top$) add {glue:text}`dkdv_score_regs` each: "
-            "{glue:text}`dkdv_counted` of a thread's {glue:text}`max_regs` before the input tiles and the "
-            "addresses. The causal default ({glue:text}`tile_dkdv_causal`, {glue:text}`dkdv_warps_causal` "
-            "warps) counts the same: twice the keys over twice the threads.") in text
+            "{glue:text}`dkdv_counted` of a thread's {glue:text}`max_regs` before the rest. The causal "
+            "default ({glue:text}`tile_dkdv_causal`, {glue:text}`dkdv_warps_causal` warps) counts the same: "
+            "twice the keys over twice the threads.") in text
+    # on sm_90 the input tiles stay in shared memory (wgmma reads K, V, Q and dO from there); what
+    # the tensor cores read from registers is the 16-bit copies of P^T and dS^T
+    assert "before the input tiles" not in text and "With the input tiles and the addresses on top" not in text
+    assert ("On an H100 or H200 the input tiles $K$, $V$, $Q$ and $dO$ take no registers: the tensor cores "
+            "read them from shared memory. But they read $P^\\top$ and $dS^\\top$ from registers, as 16-bit "
+            "copies.") in text
     assert ("Count as chapter 6 did, for the unmasked default tile ({glue:text}`tile_dkdv_full`, "
             "{glue:text}`dkdv_warps_full` warps):") in text
+
+
+def test_the_spill_free_tiles_named_are_those_the_profile_ran():
+    """Under the causal mask the profile (kernel_ncu, Triton 3.6) ran two dK/dV tiles that do not
+    spill: 32 x 128 with 8 warps (4.22 ms) and 64 x 64 with 8 warps (5.88 ms, 27% more tensor
+    operations than the default), both slower than the spilling default, 64 x 128 with 8 warps and
+    3 stages (3.62 ms). The causal default was never run with more warps, as the page once said."""
+    from flashbook.bench import chapter8, profiles   # noqa: F401  (the cell imports them too)
+
+    require(runs.run_path("kernel_ncu") is not None, "no Nsight Compute run recorded")
+    glued, _ = run_glued([cell_source(CH8, "4e765c85"), cell_source(CH8, "c08-dkdv-registers")],
+                         configs=configs, runtime=runtime)
+    table = profiles.pass_table(runs.run_path("kernel_ncu"))
+    tiles = table[(table["impl"] == "triton-dkdv") & (table["mask"] == "causal") & (table["dim"] == 128)]
+    by_config = {row["config_dkdv"]: row for _, row in tiles.iterrows()}
+    default = by_config[(64, 128, 8, 3)]
+    fast, slow = by_config[(32, 128, 8, 2)], by_config[(64, 64, 8, 2)]
+    assert default["spill_mb"] > 0 and fast["spill_mb"] == slow["spill_mb"] == 0
+    assert sorted(tiles[tiles["spill_mb"] == 0]["config_dkdv"]) == [(32, 128, 8, 2), (64, 64, 8, 2)]
+    assert glued["spill_default_ms"] == f"{default['us'] / 1000:.2f}" == "3.62"
+    assert (glued["nospill_fast_tile"], glued["nospill_fast_ms"]) == ("32 × 128 with 8 warps", "4.22")
+    assert (glued["nospill_slow_tile"], glued["nospill_slow_ms"]) == ("64 × 64 with 8 warps", "5.88")
+    assert glued["nospill_slow_more_ops"] == f"{slow['ops_ratio'] / default['ops_ratio'] - 1:.0%}" == "27%"
+    assert glued["ncu_triton"] == "3.6.0"
+    text = flat(cell_source(CH8, "c08-dkdv-registers-md"))
+    assert "run with more warps, which does not spill" not in text
+    for name in ("spill_default_ms", "nospill_fast_tile", "nospill_fast_ms", "nospill_slow_tile", "nospill_slow_ms",
+                 "nospill_slow_more_ops", "ncu_triton"):
+        assert f"{{glue:text}}`{name}`" in text, name
+
+
+def test_the_floor_is_not_called_tiny_and_its_bf16_part_is_stated():
+    """In bfloat16 the floor's second part, half a step at the largest value (eps / 2 = 2^-8 of it),
+    is about as large as the errors of the recorded rows, so the ratio columns carry the evidence;
+    the unused ``allow`` is not explained."""
+    from flashbook.kernels import checks
+
+    assert torch.finfo(torch.bfloat16).eps / 2 == 2.0 ** -8
+    want = torch.zeros(8)
+    want[0] = 4.0
+    _, floor = checks.error_bound(want.bfloat16(), want, want, head_dim=128)
+    assert floor == pytest.approx(8 * 128 ** 0.5 * torch.finfo(torch.float32).eps * 5 + 2.0 ** -8 * 4)
+    prose = flat(cell_source(CH8, "d562dda1"))
+    assert "tiny floor" not in prose and "is 0 in this chapter" not in prose
+    assert "$2^{-8}\\max|X_{64}|$ in bfloat16" in prose and "the ratios below carry the evidence" in prose
+    assert "{glue:text}`worst_yard`" in cell_source(CH8, "aacbec1b")
+
+
+def test_padding_rows_add_nothing_to_dk_and_dv_because_do_and_delta_load_as_0():
+    """The sentence beside load_lse, against the source: masked loads give 0 for rows past
+    seq_q (load_tile's other=0.0 for Q and dO, load_lse and delta's loads)."""
+    import inspect
+
+    from flashbook.kernels import backward as bwd, forward as fwd
+
+    assert "other=0.0" in inspect.getsource(fwd.load_lse.fn)
+    assert "Rows past ``seq_q`` read 0" in inspect.getsource(fwd.load_lse.fn)
+    assert "x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)" in inspect.getsource(fwd.load_tile.fn)
+    inner = inspect.getsource(bwd._bwd_dkdv_inner.fn)
+    assert "delta = tl.load(delta_base + rows, mask=rows < seq_q, other=0.0)" in inner
+    text = flat(cell_source(CH8, "c08-load-lse-md"))
+    assert "They still add nothing to $dK$ and $dV$: their $dO$ and delta load as 0 too" in text
 
 
 def test_few_atomic_dq_elements_differ_because_bf16_rounding_hides_the_fp32_order():
