@@ -5,6 +5,7 @@ and SDPA's kernels, from the recorded profile of ``benchmarks/kernel_ncu.py``.
 from __future__ import annotations
 
 from .chapter9_measured import _span
+from .costs import attention_flops
 
 #: The names of Nsight Compute's readings (``ncu``).
 NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb_us", "ncu_cudnn_us",
@@ -15,7 +16,11 @@ NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb
             "ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
             "ncu_pair_spill_warps", "ncu_pair_clean_warps", "ncu_flash_copies", "ncu_flash_copy_mb",
             "ncu_cudnn_launch", "ncu_cfg_full", "ncu_cfg_causal", "ncu_pair_spill_ops", "ncu_pair_clean_ops",
-            "ncu_tc_flash_fwd", "ncu_flash_fwd_x", "ncu_flash_spill_gb", "ncu_flash_regs", "ncu_cudnn_threads")
+            "ncu_tc_flash_fwd", "ncu_flash_fwd_x", "ncu_flash_spill_gb", "ncu_flash_regs", "ncu_cudnn_threads",
+            "ncu_nospill_cfg", "ncu_spill_cfg", "ncu_nospill_ops", "ncu_spill_ops", "ncu_nospill_slower",
+            "ncu_pair_dkdv_x", "ncu_toolchain", "ncu_cudnn_wgmma", "ncu_run_flash_fwd_x", "ncu_peak",
+            "ncu_flash_peak_pct", "ncu_fb_peak_pct", "ncu_cudnn_peak_pct",
+            "ncu_flash_per_busy", "ncu_fb_per_busy", "ncu_cudnn_per_busy")
 
 
 def ncu(ch) -> None:
@@ -26,6 +31,7 @@ def ncu(ch) -> None:
     from .. import runtime
 
     ch.put("hbm_tb_s", runtime.chip("H200").hbm_tb_s, "g")      # the datasheet's, beside the measured rates
+    ch.put("max_regs", runtime.MAX_REGS_PER_THREAD)               # the most registers one thread may have
     run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
     if run is None or not run.exists():
         ch.nothing(*NCU_KEYS)
@@ -59,14 +65,32 @@ def ncu(ch) -> None:
     # the causal dK/dV tiles profiled one by one: the default spills; the fastest tile that does not
     tiles = table[(table["impl"] == "triton-dkdv") & (table["mask"] == "causal") & (table["dim"] == 128)]
     spilling = tiles[tiles["spill_mb"] == at.loc[("triton", True, "backward"), "spill_mb"]]
+    # the fastest tile that does not spill and executes the same tensor work as the default:
+    # the like-with-like test of what the spill costs
     clean = tiles[tiles["spill_mb"] == 0]
+    if len(spilling):
+        clean = clean[(clean["ops_ratio"] - spilling["ops_ratio"].iloc[0]).abs() < 1e-6]
     if len(spilling) and len(clean):
-        best = clean.loc[clean["us"].idxmin()]
+        best, default = clean.loc[clean["us"].idxmin()], spilling.iloc[0]
         bm, bn, _, _ = best["config_dkdv"]
         ch.put("ncu_nospill_tile", f"{bm} × {bn}")
-        ch.put("ncu_nospill_ms", best["us"] / 1000, ".2f"); ch.put("ncu_spill_ms", spilling["us"].iloc[0] / 1000, ".2f")
+        ch.put("ncu_nospill_ms", best["us"] / 1000, ".2f"); ch.put("ncu_spill_ms", default["us"] / 1000, ".2f")
+
+        def cfg(c):
+            return f"{c[0]} × {c[1]}, {c[2]} warps, {c[3]} stages"
+
+        ch.put("ncu_nospill_cfg", cfg(best["config_dkdv"])); ch.put("ncu_spill_cfg", cfg(default["config_dkdv"]))
+        ch.put("ncu_nospill_ops", best["ops_ratio"], ".2f"); ch.put("ncu_spill_ops", default["ops_ratio"], ".2f")
+        ch.put("ncu_nospill_slower", 100 * (best["us"] / default["us"] - 1), ".0f")
     else:
-        ch.nothing("ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms")
+        ch.nothing("ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms", "ncu_nospill_cfg", "ncu_spill_cfg",
+                   "ncu_nospill_ops", "ncu_spill_ops", "ncu_nospill_slower")
+    # the toolchain that compiled the profiled kernels: whether a tile spills depends on it
+    import re
+
+    prov = run / "provenance.txt"
+    found = re.search(r"\btriton (\S+)", prov.read_text()) if prov.exists() else None
+    ch.put("ncu_toolchain", found[1] if found else None)
     # the same causal tile and stages, spilling (fewer warps) against not spilling (more warps)
     pairs = [(a, b) for _, a in tiles[tiles["spill_mb"] > 0].iterrows() for _, b in tiles[tiles["spill_mb"] == 0].iterrows()
              if (a["config_dkdv"][0], a["config_dkdv"][1], a["config_dkdv"][3])
@@ -85,6 +109,15 @@ def ncu(ch) -> None:
                    "ncu_pair_spill_warps", "ncu_pair_clean_warps", "ncu_pair_spill_ops", "ncu_pair_clean_ops")
     # what each whole backward (every kernel of the pass) read from and wrote to HBM, d = 128, no mask
     rows = profiles.kernel_rows(run)
+    # the pair's dK/dV kernel alone: the tensor ops the more warps executed over the fewer's
+    if pairs:
+        def dkdv_ops(config):
+            return sum(k.get(m, 0.0) for k in rows if k["impl"] == "triton-dkdv" and k.get("mask") == "causal"
+                       and k["dim"] == 128 and tuple(k["config_dkdv"]) == tuple(config)
+                       and k["Kernel Name"] == "_bwd_dkdv" for m in profiles.TENSOR_OPS)
+        ch.put("ncu_pair_dkdv_x", dkdv_ops(b["config_dkdv"]) / dkdv_ops(a["config_dkdv"]), ".2f")
+    else:
+        ch.nothing("ncu_pair_dkdv_x")
 
     def pass_kernels(impl, pass_="backward"):
         return [k for k in rows if k["impl"] == impl and k["pass_"] == pass_ and k["dim"] == 128 and not k["causal"]]
@@ -107,9 +140,28 @@ def ncu(ch) -> None:
     # the registers ncu reads are a launch figure: per thread, for the whole program's threads
     bwd = max(pass_kernels("sdpa-cudnn"), key=lambda k: k[profiles.TIME], default=None)
     ch.put("ncu_cudnn_threads", profiles.launch_extent(bwd, "Block Size") if bwd is not None else None)
+    ch.put("ncu_cudnn_wgmma", profiles.forward_wgmma(rows, "sdpa-cudnn")
+           if pass_kernels("sdpa-cudnn", "forward") else None, ",")
     # SDPA-flash's forward against ours: the tensor pipe's busy share, the time, and its spill
     ours, flash = at.loc[("triton", False, "forward")], at.loc[("sdpa-flash", False, "forward")]
     ch.put("ncu_tc_flash_fwd", flash["tensor_pct"], ".0f"); ch.put("ncu_flash_fwd_x", flash["us"] / ours["us"], ".2f")
+    # "busy" counts the cycles the tensor pipe was active, not the work done in them: the rate
+    # each forward reached, as a share of the chip's peak, over its busy share is the work per busy cycle
+    peak = runtime.chip("H200").bf16_tflops
+    ch.put("ncu_peak", peak, "g")
+    for impl, key in (("sdpa-flash", "flash"), ("triton", "fb"), ("sdpa-cudnn", "cudnn")):
+        r = at.loc[(impl, False, "forward")]
+        flops = attention_flops(int(r["batch"]), int(r["heads"]), int(r["seq"]), int(r["seq"]), 128)
+        of_peak = flops / (r["us"] * 1e-6) / 1e12 / peak
+        ch.put(f"ncu_{key}_peak_pct", 100 * of_peak, ".0f")
+        ch.put(f"ncu_{key}_per_busy", of_peak / (r["tensor_pct"] / 100), ".2f")
+    # the same ratio in the full comparison run (medians, at the profiled shape)
+    res = ch.results
+    same = (res[(res["status"] == "ok") & (res["batch"] == int(ours["batch"])) & (res["heads"] == int(ours["heads"]))
+                & (res["seq"] == int(ours["seq"])) & (res["head_dim"] == 128) & ~res["causal"]].set_index("impl")
+            if res is not None else None)
+    ch.put("ncu_run_flash_fwd_x", same.loc["sdpa-flash", "fwd_ms"] / same.loc["flashbook", "fwd_ms"]
+           if same is not None and {"sdpa-flash", "flashbook"} <= set(same.index) else None, ".2f")
     ch.put("ncu_flash_spill_gb", flash["spill_mb"] / 1e3, ".1f"); ch.put("ncu_flash_regs", flash["regs"])
     # SDPA-flash's backward starts with element-wise kernels (copies, by their traffic)
     copies = [k for k in pass_kernels("sdpa-flash") if "elementwise_kernel" in k["Kernel Name"]]

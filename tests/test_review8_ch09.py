@@ -1,0 +1,252 @@
+"""Chapter 9 after the eighth reading: the spill test compares like with like (same tensor work),
+the profile's readings say what they can show (work per busy cycle, cuDNN's wgmma and persistent
+launch, idle share, the register limit per thread), the noise is measured as the gains are, and
+the page states its results in numbers, all read from the recorded runs."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from notebook_text import cell_ids, cell_source, flat, markdown, notebook
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+CH9 = notebook("09_benchmarks")
+
+
+def _glue(name):
+    return "{glue:text}`" + name + "`"
+
+
+@pytest.fixture(scope="module")
+def ch():
+    from flashbook import bench
+    from flashbook.bench import chapter9
+
+    if bench.latest_results(RESULTS) is None:
+        pytest.skip("no recorded results")
+    return chapter9.build(RESULTS)
+
+
+@pytest.fixture(scope="module")
+def passes(ch):
+    from flashbook.bench import profiles
+    from flashbook.bench.runs import run_path
+
+    run = run_path("kernel_ncu", ch.root)
+    if run is None or not run.exists():
+        pytest.skip("no Nsight Compute run recorded")
+    return profiles.pass_table(run)
+
+
+def test_the_spill_is_tested_against_a_tile_of_the_same_work(ch, passes):
+    """The 32 x 128 tile executes the same tensor ops as the causal default, does not spill under
+    the recorded Triton, and is slower; the 8-warp 64 x 64 tile does 1.5 times the dK/dV work."""
+    tiles = passes[(passes["impl"] == "triton-dkdv") & (passes["mask"] == "causal")
+                   & (passes["dim"] == 128)].set_index("config_dkdv")
+    clean, default = tiles.loc[[(32, 128, 8, 2)]].iloc[0], tiles.loc[[(64, 128, 8, 3)]].iloc[0]
+    v = ch.values
+    assert clean["spill_mb"] == 0 and default["spill_mb"] > 0
+    assert clean["ops_ratio"] == pytest.approx(default["ops_ratio"])          # the same work
+    assert (v["ncu_nospill_cfg"], v["ncu_spill_cfg"]) == ("32 × 128, 8 warps, 2 stages", "64 × 128, 8 warps, 3 stages")
+    assert v["ncu_nospill_ops"] == v["ncu_spill_ops"] == f"{default['ops_ratio']:.2f}"
+    assert v["ncu_nospill_ms"] == f"{clean['us'] / 1000:.2f}" and v["ncu_spill_ms"] == f"{default['us'] / 1000:.2f}"
+    assert v["ncu_nospill_slower"] == f"{100 * (clean['us'] / default['us'] - 1):.0f}" == "17"
+    assert v["ncu_toolchain"] == "3.6.0"
+    text = flat(cell_source(CH9, "backward-credit-md"))
+    for name in ("ncu_nospill_cfg", "ncu_nospill_slower", "ncu_nospill_ms", "ncu_spill_ms", "ncu_toolchain",
+                 "ncu_pair_dkdv_x"):
+        assert _glue(name) in text, name
+    assert "(under the\nrecorded Triton" in cell_source(CH9, "backward-credit-md")   # "does not spill" is per toolchain
+    # the 8-warp 64 x 64 tile: its dK/dV kernel alone, against the 4-warp one's
+    from flashbook.bench import profiles
+    from flashbook.bench.runs import run_path
+
+    rows = profiles.kernel_rows(run_path("kernel_ncu", ch.root))
+
+    def dkdv(cfg):
+        return sum(k.get(m, 0.0) for k in rows if k["impl"] == "triton-dkdv" and k.get("mask") == "causal"
+                   and tuple(k["config_dkdv"]) == cfg and k["Kernel Name"] == "_bwd_dkdv"
+                   for m in profiles.TENSOR_OPS)
+
+    assert v["ncu_pair_dkdv_x"] == f"{dkdv((64, 64, 8, 2)) / dkdv((64, 64, 4, 2)):.2f}" == "1.50"
+    # the investigation's diary is gone from the lesson
+    for gone in ("So what the spills cost stays unmeasured", "was\nnot profiled", "was not profiled",
+                 "the profile shows more work, not why"):
+        assert gone not in text, gone
+
+
+def test_the_causal_split_says_where_the_masked_loops_restart_falls():
+    text = flat(cell_source(CH9, "memory-md"))
+    assert ("The masked loop's own start and drain, paid only by causal programs, falls in the masked "
+            "tiles' share") in text
+    for name in ("cc_shape", "cc_seq_ks", "cc_key_tiles"):          # the profiled shape, glued
+        assert _glue(name) in text, name
+    assert "batch 8, 16 heads" not in text
+
+
+def test_the_idle_share_is_one_minus_active_over_elapsed(ch):
+    from flashbook.bench.runs import run_path
+
+    at = json.loads((run_path("causal_cost", ch.root) / "analysis.json").read_text())["128"]
+    for p in at["passes"]:
+        if p["seq_k"] == p["seq_q"]:
+            key = "cc_idle_causal" if p["causal"] else "cc_idle_full"
+            # the analysis records elapsed / active - 1
+            assert ch.values[key] == f"{100 * (1 - 1 / (1 + p['idle'])):.1f}"
+    assert (ch.values["cc_idle_full"], ch.values["cc_idle_causal"]) == ("2.6", "3.7")
+
+
+def test_our_forward_waits_before_each_softmax_not_for_each_wgmma():
+    text = flat(markdown(CH9))
+    assert "waits for each `wgmma`" not in text and "waits for each wgmma" not in text
+    assert "waits for every outstanding `wgmma` before each softmax" in text
+    assert "waits for all its products before each softmax" in flat(cell_source(CH9, "ex2-explain"))
+
+
+def test_work_per_busy_cycle_is_read_from_the_profile(ch, passes):
+    """Busy counts cycles; the rate reached over the busy share shows mma.sync doing less per cycle."""
+    from flashbook import runtime
+    from flashbook.bench.costs import attention_flops
+
+    at = passes[(passes["dim"] == 128) & ~passes["causal"] & (passes["pass_"] == "forward")].set_index("impl")
+    peak = runtime.chip("H200").bf16_tflops
+    got = {}
+    for impl, key in (("sdpa-flash", "flash"), ("triton", "fb"), ("sdpa-cudnn", "cudnn")):
+        r = at.loc[impl]
+        of_peak = attention_flops(int(r["batch"]), int(r["heads"]), int(r["seq"]), int(r["seq"]), 128) \
+            / (r["us"] * 1e-6) / 1e12 / peak
+        assert ch.values[f"ncu_{key}_peak_pct"] == f"{100 * of_peak:.0f}"
+        assert ch.values[f"ncu_{key}_per_busy"] == f"{of_peak / (r['tensor_pct'] / 100):.2f}"
+        got[key] = of_peak / (r["tensor_pct"] / 100)
+    assert got["flash"] < 0.7 < got["cudnn"] < got["fb"] < 1            # mma.sync: least per busy cycle
+    text = flat(cell_source(CH9, "seed-measured-md"))
+    for key in ("flash", "fb", "cudnn"):
+        assert _glue(f"ncu_{key}_per_busy") in text and _glue(f"ncu_{key}_peak_pct") in text
+
+
+def test_the_two_sdpa_flash_ratios_say_which_run_each_is_from(ch, passes):
+    """1.42 is the profile's single run; 1.37 the full comparison run's medians at the same shape."""
+    r = ch.results
+    at = r[(r["status"] == "ok") & (r["batch"] == 8) & (r["heads"] == 16) & (r["seq"] == 4096)
+           & (r["head_dim"] == 128) & ~r["causal"]].set_index("impl")
+    assert ch.values["ncu_run_flash_fwd_x"] == f"{at.loc['sdpa-flash', 'fwd_ms'] / at.loc['flashbook', 'fwd_ms']:.2f}" == "1.37"
+    assert ch.values["ncu_flash_fwd_x"] == "1.42"
+    text = flat(cell_source(CH9, "seed-measured-md"))
+    assert "In this profile, a single run, it took {glue:text}`ncu_flash_fwd_x`" in text
+    assert "the full comparison run's medians give {glue:text}`ncu_run_flash_fwd_x`" in text
+
+
+def test_what_the_profile_shows_of_cudnn(ch):
+    """cuDNN's forward issues wgmma from a persistent grid: one 384-thread program per SM."""
+    from flashbook.bench import profiles
+    from flashbook.bench.runs import run_path
+
+    rows = profiles.kernel_rows(run_path("kernel_ncu", ch.root))
+    fwd = [k for k in rows if k["impl"] == "sdpa-cudnn" and k["pass_"] == "forward" and k["dim"] == 128
+           and not k["causal"]]
+    main = max(fwd, key=lambda k: k[profiles.TIME])
+    assert "wgmma" in main["Kernel Name"]
+    assert profiles.launch_extent(main, "Block Size") == 384
+    assert profiles.launch_extent(main, "Grid Size") == int(main["device__attribute_multiprocessor_count"]) == 132
+    assert ch.values["ncu_cudnn_wgmma"] == f"{profiles.forward_wgmma(rows, 'sdpa-cudnn'):,}" != "0"
+    text = flat(cell_source(CH9, "seed-measured-md"))
+    assert _glue("ncu_cudnn_wgmma") in text and "from a persistent launch of {glue:text}`ncu_cudnn_launch`" in text
+    assert ch.values["ncu_cudnn_launch"].endswith("132 programs, one per SM")
+    # warpgroup is defined before the launch that counts in warpgroups
+    assert text.index("{term}`warpgroup` is four warps") < text.index(_glue("ncu_cudnn_launch"))
+    assert "Which of these cuDNN does, the profile cannot show" not in text
+    assert "or loads with TMA, the profile cannot show" in text
+
+
+def test_the_register_limit_is_per_thread(ch):
+    from flashbook import runtime
+
+    text = flat(cell_source(CH9, "ex1-md"))
+    assert "than the register file allows" not in text
+    assert "the {glue:text}`max_regs` a thread may have" in text
+    assert ch.values["max_regs"] == str(runtime.MAX_REGS_PER_THREAD) == "255"
+
+
+def test_the_noise_is_the_slower_over_the_faster(ch):
+    """Chapter 9's band is max/min - 1 of the twin forwards; twin_spread keeps the one-sided
+    measure (|atomic/flashbook - 1|) for whoever reads it, and the verdicts do not move."""
+    from flashbook.bench import chapter9_measured as m
+
+    ok = ch.results[ch.results["status"] == "ok"]
+    pv = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="fwd_ms")
+    a, b = pv["flashbook-atomic"], pv["flashbook"]
+    sym = float((np.maximum(a, b) / np.minimum(a, b) - 1).max())
+    assert m.twin_spread_symmetric(ch.results) == pytest.approx(sym)
+    assert m.twin_spread(ch.results) == pytest.approx(float((a / b - 1).abs().max()))
+    assert sym > m.twin_spread(ch.results)
+    assert ch.values["t_noise"] == ch.values["atomic_fwd_noise"] == f"{100 * sym:.1f}" == "3.6"
+    assert "(the slower\nover the faster)" in cell_source(CH9, "speed-patterns-md")
+    # the verdicts are those the one-sided measure gave
+    assert ch.values["t_fwd_cudnn_n"] == "missed at 6" and ch.values["t_bwd_cudnn_n"] == "within noise at 5, missed at 1"
+
+
+def test_the_results_are_stated_in_numbers(ch):
+    """A Key results box opens the measurements and the Summary gives the standing, glued."""
+    table = ch.tables["target_rows"]
+    for label, key in (("forward >= 1.15x SDPA-flash", "t_fwd_flash_span"),
+                       ("backward >= 1.0x SDPA-flash", "t_bwd_flash_span"),
+                       ("forward >= 0.9x SDPA-cuDNN", "t_fwd_cudnn_span"),
+                       ("backward >= 0.8x SDPA-cuDNN", "t_bwd_cudnn_span")):
+        r = table[table["target"] == label]["ratio"].dropna()
+        assert ch.values[key] == f"{r.min():.2f} to {r.max():.2f}", key
+    assert (ch.values["t_fwd_flash_span"], ch.values["t_bwd_flash_span"]) == ("1.16 to 1.47", "1.30 to 1.54")
+    assert (ch.values["t_fwd_cudnn_span"], ch.values["t_bwd_cudnn_span"]) == ("0.80 to 0.87", "0.77 to 0.81")
+    naive = ch.results[(ch.results["impl"] == "naive") & (ch.results["status"] != "ok")]
+    first = naive.groupby("head_dim")["seq"].min()
+    assert ch.values["naive_oom_from"] == " and ".join(f"N = {n // 1024}K at d = {d}" for d, n in first.items()) \
+        == "N = 8K at d = 64 and N = 16K at d = 128"
+    box = cell_source(CH9, "measurements-md").split("## The measurements", 1)[1]
+    assert box.lstrip().startswith(":::{admonition} Key results")
+    box = box.split(":::", 2)[1]
+    summary = cell_source(CH9, "ex1-md").split("## Summary", 1)[1].split("## Exercises", 1)[0]
+    for part in (box, summary):
+        for name in ("t_fwd_flash_span", "t_bwd_flash_span", "t_mem_ratio", "t_fwd_cudnn_span",
+                     "t_bwd_cudnn_span", "naive_oom_from"):
+            assert _glue(name) in part, name
+    assert "is a table of ratios with a verdict" not in summary
+
+
+def test_the_benchmarked_kernel_is_named_and_the_atomic_rows_relabelled(ch):
+    from flashbook.bench.chapter9_measured import ATOMIC_LABEL
+
+    md = cell_source(CH9, "speed-md")
+    assert 'backend="triton"' in md and "Gluon forward" in md
+    assert "{doc}`Which function should I use? <../book/which_kernel>`" in cell_source(CH9, "measurements-md")
+    assert "`flashbook-atomic` (acq_rel adds, as recorded)" in md
+    assert ATOMIC_LABEL == "flashbook-atomic (acq_rel adds, as recorded)"
+    # the tables and the figures' legends show the label, the data keep the implementation's name
+    assert ATOMIC_LABEL in ch.tables["seed_measured"].index and "flashbook-atomic" in set(ch.results["impl"])
+    for name in ("tflops", "memory"):
+        fig = ch.figures[name]()
+        texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+        assert "flashbook-atomic" not in texts and any(t.startswith("flashbook-atomic\n(acq_rel") for t in texts), name
+
+
+def test_terms_are_defined_before_use_and_sentences_unnested():
+    text = flat(markdown(CH9))
+    assert "Meta's xFormers library" in text
+    assert text.index("Hopper, the H100 and H200's architecture (`sm_90`)") < text.index("the fastest\nbackend on Hopper".replace("\n", " "))
+    assert "as many calls as take about {glue:text}`rep_ms` ms together" in text
+    assert "(12 counted as executed" not in text and ": it keeps $P$, so" not in text
+    assert "(sizes read from the profile's memory traffic)" not in text
+    # the within-run band for the cuDNN verdicts, said once
+    assert "Both times of a ratio come from one run, like the twin kernels', so the spread within a run is the band" \
+        in flat(cell_source(CH9, "seed-measured-md"))
+
+
+def test_the_not_ran_table_has_one_row_per_shape_and_its_estimate(ch):
+    rows = ch.tables["not_ran"]
+    assert list(rows.columns) == ["impl", "d", "N", "masks", "status", "needs (GB, estimated)"]
+    skipped = ch.results[ch.results["status"] != "ok"]
+    assert len(rows) == len(skipped.drop_duplicates(["impl", "head_dim", "seq"]))
+    assert set(rows["masks"]) == {"full and causal"}
+    naive_16k = rows[(rows["impl"] == "naive") & (rows["d"] == 128) & (rows["N"] == 16384)]
+    assert naive_16k["needs (GB, estimated)"].iloc[0] == pytest.approx(69.3, abs=0.05)
+    assert cell_ids(CH9).index("backward-credit-md") < cell_ids(CH9).index("memory-status")
