@@ -72,15 +72,15 @@ def test_the_barrier_stalls_name_the_rows_they_come_from(ch):
 
 
 def test_the_noise_floor_names_the_runs_it_comes_from(ch):
-    """3.4% is the larger gap of the two runs chapter 10 reads; the older repeats (4.1%, 5.3%)
-    set the middle tier, and the lab's own runs are said to come from other sessions."""
+    """3.6% (slower over faster) is the larger gap of the two runs chapter 10 reads; the older
+    repeats set the middle tier, and the lab's own runs are said to come from other sessions."""
     from flashbook.bench.readback import latest_ladder, latest_results
 
     v = ch.values
     ladder, results = latest_ladder(ch.root).parent.name, latest_results(ch.root).parent.name
     assert v["noise_read"] == f"{ladder} and {results}"
     repeats = ch.tables["repeats"].reset_index().set_index("run")["largest %"]
-    assert v["noise"] == f"{max(repeats[ladder], repeats[results]):.1f}" == "3.4"
+    assert v["noise"] == f"{max(repeats[ladder], repeats[results]):.1f}" == "3.6"
     assert float(v["noise_runs"]) == repeats.drop(index="gluon_d128, gluon_d128_run2").max()
     text = cell_source(notebook(A3), "a3-title")
     assert "{glue:text}`noise_read`" in text and "from other sessions" in text

@@ -30,6 +30,7 @@ from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
 from .chapter10_ladder import NO_DATA, SHAPE, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
+from .chapter9_measured import slower_over_faster, twin_gaps
 from .chapter_data import ChapterData
 from .harness import TOLERANCE, shape_label
 from .readback import (ladder_speedups, latest_blocks, latest_ladder, latest_results, load_results,
@@ -204,17 +205,14 @@ def _noise(ch: Chapter10) -> None:
     fsteps, bsteps = steps[steps["pass_"] == "fwd"], steps[steps["pass_"] == "bwd"]
     ch.frames.update(steps=steps, fsteps=fsteps, bsteps=bsteps)
     same = fsteps[~fsteps["causal"] & fsteps["name"].isin(NO_OPS_UNMASKED)]
-    noise_ladder = float((same["vs_prev"] - 1).abs().max())
+    noise_ladder = float(slower_over_faster(same["vs_prev"]).max())   # as gains are quoted
     ch.put("noise_ladder", 100 * noise_ladder, ".1f"); ch.put("noise_n", len(same))
     ch.put("n_checked_ladder", len(ladder))
     ch.frames["noise_pairs"] = same[["name"] + SHAPE + ["tflops", "vs_prev"]]   # the repeats table shows its span
     # one forward kernel timed under two names in one run: flashbook and flashbook-atomic
     # differ only in their backward (chapter 9), so their forward times are a second noise sample
-    twin = None
+    twin = twin_gaps(df)
     keys = ["batch", "heads", "seq", "head_dim", "causal"]
-    if df is not None and {"flashbook", "flashbook-atomic"} <= set(df["impl"]):
-        pair = df[df["impl"] == "flashbook"].merge(df[df["impl"] == "flashbook-atomic"], on=keys)
-        twin = (pair["fwd_ms_y"] / pair["fwd_ms_x"] - 1).abs().dropna()
     noise_twin = float(twin.max()) if twin is not None and len(twin) else 0.0
     ch.put("noise_twin", 100 * noise_twin, ".1f"); ch.put("noise_twin_n", 0 if twin is None else len(twin))
     NOISE = max(noise_ladder, noise_twin)   # the floor every verdict below is judged against

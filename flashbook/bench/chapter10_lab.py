@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ..display import listed
+from .chapter9_measured import slower_over_faster, twin_gaps
 from .readback import find_runs, ladder_speedups, load_results
 from .runs import load_recorded_json, run_path
 
@@ -20,7 +21,6 @@ LAB_TOPICS = ("lab_noise", "descriptors", "lazy", "static", "autotune", "launch_
               "defaults")
 #: The two rungs that, without a mask, run the kernel of the rung before them.
 NO_OPS = ("skip masked tiles", "heaviest first")
-KEYS = ["batch", "heads", "seq", "head_dim", "causal"]
 
 
 #: The noise table's row for the Gluon kernel (its section comes later in the chapter) timed twice.
@@ -39,21 +39,18 @@ def repeats(ch) -> None:
     for path in reversed(find_runs(ch.root, "ladder.csv")):      # oldest first
         steps = ladder_speedups(load_results(path)[0])
         same = steps[(steps["pass_"] == "fwd") & ~steps["causal"] & steps["name"].isin(NO_OPS)]
-        rows.append(("no-op rungs", path.parent.name, len(same), *_pct((same["vs_prev"] - 1).abs())))
+        rows.append(("no-op rungs", path.parent.name, len(same), *_pct(slower_over_faster(same["vs_prev"]))))
     for path in reversed(find_runs(ch.root, "results.csv")):
-        df = load_results(path)[0]
-        if not {"flashbook", "flashbook-atomic"} <= set(df["impl"]):
-            continue
-        pair = df[df["impl"] == "flashbook"].merge(df[df["impl"] == "flashbook-atomic"], on=KEYS)
-        twin = (pair["fwd_ms_y"] / pair["fwd_ms_x"] - 1).abs().dropna()
-        rows.append(("twin forward", path.parent.name, len(twin), *_pct(twin)))
+        twin = twin_gaps(load_results(path)[0])
+        if twin is not None:
+            rows.append(("twin forward", path.parent.name, len(twin), *_pct(twin)))
     first, again = load_recorded_json("gluon_d128", ch.root), load_recorded_json("gluon_d128_run2", ch.root)
     if first and again:
         index = ["dtype", "seq", "causal", "variant"]
         a, b = (pd.DataFrame(r["rows"]).set_index(index)["tflops"] for r in (first, again))
         common = a.index.intersection(b.index)
         rows.append((GLUON_RERUN, "gluon_d128, gluon_d128_run2", len(common),
-                     *_pct((b[common] - a[common]).abs() / a[common])))
+                     *_pct(slower_over_faster(b[common] / a[common]))))
     within = [r for r in rows if r[0] != GLUON_RERUN]
     if not within:
         ch.noise_runs = None

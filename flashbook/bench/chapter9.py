@@ -285,9 +285,9 @@ def build(root=None) -> Chapter9:
     _locate(ch, root)
     _provenance(ch)
     ceilings = measured.ceilings(ch)
-    # identical kernels' spread, the slower over the faster: the run's noise (chapter 10
-    # computes its own, one-sided, from the same pair; measured.twin_spread keeps that measure)
-    noise = measured.twin_spread_symmetric(ch.results)
+    # identical kernels' spread, the slower over the faster: the run's noise (chapter 10 reads
+    # the same pairs with the same measure)
+    noise = measured.twin_spread(ch.results)
     measured.speed(ch, ceilings, noise)
     measured.causal_cost(ch)
     chapter9_ncu.ncu(ch)

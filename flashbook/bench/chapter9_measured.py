@@ -53,37 +53,34 @@ DIAG_KEYS = ("diag_n", "diag_d", "diag_visited", "diag_masked", "diag_excess", "
              "diag_measured", "diag_short_loss", "diag_short_measured", "diag_above", "diag_shapes")
 
 
+def slower_over_faster(ratio):
+    """How far apart two times are, as a gain is quoted: the slower over the faster, minus one,
+    for a ratio of the two (either way round; a number, an array or a pandas Series)."""
+    import numpy as np
+
+    return np.maximum(ratio, 1 / ratio) - 1
+
+
+def twin_gaps(df):
+    """Per shape, how far apart the forward times of ``flashbook`` and ``flashbook-atomic`` are
+    in one run (``slower_over_faster``): the two run the same forward kernel, so this is the
+    spread identical work shows there. None if either is missing."""
+    if df is None:
+        return None
+    ok = df[df["status"] == "ok"]
+    fwd_ms = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="fwd_ms")
+    if not {"flashbook", "flashbook-atomic"} <= set(fwd_ms.columns):
+        return None
+    return slower_over_faster(fwd_ms["flashbook-atomic"] / fwd_ms["flashbook"]).dropna()
+
+
 def twin_spread(df):
-    """The largest relative difference between the forward times of ``flashbook`` and
-    ``flashbook-atomic``, which run the same forward kernel, in one run: the spread that
-    identical work shows there, and so this chapter's measure of noise (None if either
-    is missing)."""
-    if df is None:
-        return None
-    ok = df[df["status"] == "ok"]
-    fwd_ms = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="fwd_ms")
-    if not {"flashbook", "flashbook-atomic"} <= set(fwd_ms.columns):
-        return None
-    same = (fwd_ms["flashbook-atomic"] / fwd_ms["flashbook"] - 1).abs().dropna()
-    return float(same.max()) if len(same) else None
-
-
-def twin_spread_symmetric(df):
-    """``twin_spread`` measured as the gains are quoted: the slower of the two identical
-    kernels' forward times over the faster, minus one (max / min - 1), at the shape where
-    that is largest; so that "a gain no larger than the noise" compares like with like.
-    Chapter 9 judges by this one; ``twin_spread`` keeps its one-sided measure (|atomic /
-    flashbook - 1|), which chapter 10 computes for itself (``chapter10._noise``). None if
-    either implementation is missing."""
-    if df is None:
-        return None
-    ok = df[df["status"] == "ok"]
-    fwd_ms = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="fwd_ms")
-    if not {"flashbook", "flashbook-atomic"} <= set(fwd_ms.columns):
-        return None
-    pair = fwd_ms[["flashbook", "flashbook-atomic"]].dropna()
-    same = pair.max(axis=1) / pair.min(axis=1) - 1
-    return float(same.max()) if len(same) else None
+    """The largest of ``twin_gaps``: this chapter's measure of noise, measured as the gains
+    are quoted (slower over faster, minus one), so that "a gain no larger than the noise"
+    compares like with like. Chapter 10 reads the same pairs the same way. None if either
+    implementation is missing."""
+    gaps = twin_gaps(df)
+    return float(gaps.max()) if gaps is not None and len(gaps) else None
 
 
 def ceilings(ch):
