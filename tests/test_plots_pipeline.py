@@ -18,6 +18,7 @@ from flashbook.plots.pipeline import (
     occupancy,
     pipeline_figure,
     pipeline_schedule,
+    tiles_held,
 )
 from notebook_text import cell_source
 
@@ -62,6 +63,8 @@ def test_the_schedule_follows_the_compiled_loop(stages, arch, n_tiles):
     if stages <= 2:                                                  # no copy overlaps a program's products
         for t, (a, b) in use.items():
             assert not any(s < b and a < e for s, e in copy.values())
+    if stages == 2 and arch == "sm_90" and n_tiles > 1:              # only the tail of P_j V_j (chapter 6 says so)
+        assert copy[1][0] == tail[0][0] < tail[0][1] and copy[1][0] < tail[0][1] <= copy[1][1]
     buffers = {b for b, *_ in events}
     assert buffers <= set(range(buffers_used(stages, arch)))
     for b in buffers:                                                # a buffer holds one tile at a time
@@ -94,15 +97,17 @@ def test_sm90_needs_every_buffer_and_sm80_one_fewer(stages):
 
 def test_the_figure_agrees_with_the_chapters_compiled_table():
     """Chapter 6's table counts the compiled kernel's K and V tiles together: two per buffer the
-    schedule fills (one K, one V) from 2 stages on; at one stage one buffer, K and V in turns."""
+    schedule fills (one K, one V) from 2 stages on; at one stage one buffer, K and V in turns.
+    The figure's panels count the same tiles (``tiles_held``), against the model's."""
     prose = cell_source(CH6, "49527e1d")
     table = {name.strip("`"): [int(x) for x in cells.split("|")]
-             for name, cells in re.findall(r"^\| (`sm_\d+`|the model below) \|(.*)\|$", prose, re.M)}
+             for name, cells in re.findall(r"^\| (`sm_\d+`|the model) \|(.*)\|$", prose, re.M)}
     for arch in ARCHS:
         for stages in (2, 3):
             assert 2 * buffers_used(stages, arch) == table[arch][stages - 1], (arch, stages)
         assert table[arch][0] == 1 < 2 * model_buffers(1, arch)
-    assert table["the model below"] == [2 * model_buffers(s) for s in (1, 2, 3)]
+        assert [tiles_held(s, arch) for s in (1, 2, 3)] == table[arch]
+    assert table["the model"] == [2 * model_buffers(s) for s in (1, 2, 3)]
 
 
 def test_bad_arguments_and_the_figure():
@@ -118,7 +123,11 @@ def test_bad_arguments_and_the_figure():
     titles = [ax.get_title(loc="left") for ax in axes]
     assert titles[0].startswith("sm_80") and titles[1].startswith("sm_90")
     for ax, title, (stages, arch) in zip(axes, titles, itertools.product((1, 2, 3), ARCHS)):
-        assert f"num_stages = {stages}: {buffers_used(stages, arch)} of the model's {model_buffers(stages, arch)} " in title
+        # tiles, as the chapter's table counts them: never "1 of 1 buffers" where the table says 1 of 2
+        held = tiles_held(stages, arch)
+        assert f"num_stages = {stages}: holds {held} tile" in title, title
+        assert title.endswith(f"; the model counts {2 * model_buffers(stages, arch)}"), title
+        assert ("(K and V in turns)" in title) == (stages == 1), title
         lanes = [t.get_text() for t in ax.get_yticklabels()][::-1]      # top to bottom
         assert lanes == [f"buffer {b + 1}" for b in range(model_buffers(stages, arch))]
     spare = [t.get_text() for ax in axes for t in ax.texts if "never needed" in t.get_text()]

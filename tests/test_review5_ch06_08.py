@@ -79,7 +79,7 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     assert "hide-output" in find_cell(CH6, "c06-pipeline-fig")["metadata"]["tags"]
     assert "Each stage of `num_stages` = $s$ is one more $K$ and $V$ tile kept in shared memory" in main
     # chapter 4's "in flight" (tiles held) and the compiled loop's copies under way, both true
-    assert 'chapter 4\'s "two or three $K$, $V$ tiles in flight": tiles held at once' in main
+    assert '[chapter 4](04_tiled_forward.ipynb)\'s "two or three $K$, $V$ tiles in flight": tiles held at once' in main
     assert "Fewer copies than that are under way at any moment" in main
     assert "extra copies" not in main + text and "the pipeliner adds room" not in main + text
     # the order of the compiled loop (the refill after both products) and where the refill goes

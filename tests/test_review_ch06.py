@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT, compile_cache
 from flashbook import runtime, smem, tiled
-from notebook_text import cell_ids, cell_source, find_cell, markdown, source_text
+from notebook_text import cell_ids, cell_source, cells, find_cell, flat, markdown, run_glued, source_of, source_text
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "06_gpu_and_triton.ipynb")
 
@@ -75,13 +75,13 @@ def test_num_stages_copies_are_exact_on_sm90_and_one_fewer_on_sm80():
         tiles = [(r["shared"] - 2 * 64 * 64) // (2 * 64 * 64)
                  for r in sorted((r for r in results if r["cc"] == cc), key=lambda r: r["config"][3])]
         assert f"| `sm_{cc}` | " + " | ".join(map(str, tiles)) + " |" in prose, (cc, tiles)
-    assert "| the model below | 2 | 4 | 6 |" in prose
+    assert "| the model | 2 | 4 | 6 |" in prose
     assert "exact on `sm_90` from 2 stages on and on the safe side otherwise" in prose
 
 
 def test_the_compiled_shared_memory_is_read_in_chapter_9_not_7():
-    prose = cell_source(NOTEBOOK, "49527e1d")
-    assert "chapter 7 reads" not in prose and "[chapter 9](09_benchmarks.ipynb)" in prose
+    prose = cell_source(NOTEBOOK, "c06-buffers-md")
+    assert "chapter 7 reads" not in markdown(NOTEBOOK) and "[chapter 9](09_benchmarks.ipynb)" in prose
     ch9 = source_text("09_benchmarks.ipynb")
     assert "From the compiled kernel it also records" in ch9 and "the shared memory" in ch9
 
@@ -140,7 +140,7 @@ def test_the_fit_tables_largest_tiles_are_flagged_as_register_bound():
     assert 'assert {e for col in fits for e in fits[col] if "✗" in e} == {f"{B_big} ✗"}' in cell_source(NOTEBOOK, "dc4a6996")
     # ... the reader is told before the table, and nothing is retracted after it
     assert ("That is all it checks: a ✗ marks a tile whose fp32 $S$ and $O$ would not fit\neven a whole "
-            "SM's registers (below).") in cell_source(NOTEBOOK, "49527e1d")
+            "SM's registers (below).") in cell_source(NOTEBOOK, "c06-buffers-md")
     prose = cell_source(NOTEBOOK, "3f12ef78")
     assert "{glue:text}`reg_big_values`" in prose and "not real options" not in prose
     assert "No number of warps saves the ✗ tiles" in prose
@@ -194,3 +194,144 @@ def test_the_chapters_helpers_moved_to_the_library_still_check_and_draw():
     assert len(ax.get_lines()) == 2 * len(chips) + 2
     plt.close(fig); plt.close(fig2)
     assert "from flashbook.bench.chapter6 import check_close" in cell_source(NOTEBOOK, "dbf51304")
+
+
+# --- the T4 and bf16, the pointer model, plumbing, the exponentials worked out, the softmax's lead
+
+def _compile_t4(jobs):
+    from flashbook.kernels import targets
+
+    results = targets.compile_elsewhere(jobs, workers=2, cache_dir=compile_cache(), timeout=900)
+    for r in results:
+        assert r["error"] is None, r["error"]
+        assert r["tensor_core_ops"] == 0, "Triton now emits tensor-core code on sm_75: update chapter 6"
+    return results
+
+
+@pytest.mark.slow(seconds=30)
+def test_the_t4_rule_is_the_compiled_kernels_shared_memory_at_any_stage_count():
+    """On sm_75 tl.dot stages one fp32 copy of one product's operands, no pipeline: the formula is
+    the compiled forward's shared memory exactly, at 1 and 3 stages alike, both sides of its max."""
+    shapes = [(64, 64, 64), (32, 32, 128), (64, 32, 128), (32, 64, 128), (64, 64, 128), (128, 32, 64)]
+    jobs = [dict(kernel="forward", cc=75, head_dim=d, dtype="fp16", causal=False, atomic_dq=False,
+                 config=[bm, bn, 4, s], assemble=False) for bm, bn, d in shapes for s in (1, 3)]
+    sides = set()
+    for job, r in zip(jobs, _compile_t4(jobs)):
+        (bm, bn, _w, s), d = job["config"], job["head_dim"]
+        qk, pv = (bm + bn) * d, bm * bn + max(bm, bn) * d
+        assert r["shared"] == 4 * max(qk, pv) == smem.smem_bytes(bm, bn, d, num_stages=s, arch="sm_75"), job
+        sides.add("QK" if qk > pv else "PV" if pv > qk else "both")
+    assert {"QK", "PV"} <= sides
+    main = flat(cell_source(NOTEBOOK, "c06-buffers-md"))
+    assert ("The T4 (`sm_75`) follows another rule: Triton has no tensor-core path there, and `tl.dot` stages "
+            "one product's operands in fp32, with no pipeline, so `num_stages` changes nothing.") in main
+    box = flat(cell_source(NOTEBOOK, "49527e1d"))
+    assert "In bytes, as the compiled T4 kernels allocate at any `num_stages`:" in box
+    text = markdown(NOTEBOOK)
+    assert "A fit to" not in text and "the fit counts" not in text
+
+
+@pytest.mark.slow(seconds=20)
+def test_bf16_runs_on_a_t4_too_so_fp16_is_chosen_for_other_reasons():
+    """No tensor cores on sm_75 in Triton: a bf16 forward compiles to the same FMA code as fp16, so
+    the bf16 MMA's sm_80 requirement decides nothing; the chapter gives the reasons that do."""
+    jobs = [dict(kernel="forward", cc=75, head_dim=128, dtype=dtype, causal=False, atomic_dq=False,
+                 config=[64, 32, 8, 1], assemble=False) for dtype in ("fp16", "bf16")]
+    fp16, bf16 = _compile_t4(jobs)
+    assert fp16["shared"] == bf16["shared"]
+    text = flat(cell_source(NOTEBOOK, "c06-bf16-md"))
+    assert ("That does not decide the book's kernels: Triton uses no tensor cores on a T4, so a bf16 kernel "
+            "runs there too, on the same fp32 FMAs.") in text
+    assert ("get the T4's tensor cores only in fp16, and because fp16 rounds finer") in text
+    prose = markdown(NOTEBOOK)
+    assert "So the book's kernels use fp16 on a T4" not in prose and "no bf16 tensor cores: kernels use fp16" not in prose
+    summary = flat(cell_source(NOTEBOOK, "653d56e1"))
+    assert "Triton's `tl.dot` uses no tensor cores, whatever the dtype; the book runs fp16 there because" in summary
+    import torch
+
+    glued, _ = run_glued(cell_source(NOTEBOOK, "bf1a48e1"), quiet=True, torch=torch, chips=runtime.CHIPS)
+    assert glued["fp16_finer"] == 8 == 2 ** (10 - 7)               # 10 mantissa bits against 7
+
+
+def test_the_pointer_model_comes_before_the_tile_matmul_uses_it():
+    import numpy as np
+    import torch
+
+    ids = cell_ids(NOTEBOOK)
+    assert ids.index("2c73a56c") < ids.index("c06-offsets") < ids.index("1284c2c8") < ids.index("100d662a")
+    text = flat(cell_source(NOTEBOOK, "2c73a56c"))
+    assert "A torch tensor passed to a kernel arrives as a *pointer*, the address of its first element" in text
+    assert "a pointer plus a block of offsets is a block of addresses, and `tl.load` reads them all" in text
+    assert "`rows[:, None] * stride + cols[None, :]` is a (rows × cols) block" in text
+    _, ns = run_glued(cell_source(NOTEBOOK, "c06-offsets"), quiet=True, torch=torch, np=np)
+    x = ns["x"]
+    start = x.stride(0) + 4 * x.stride(2)                  # the figure's program: batch 1, head 0, tile 1
+    assert ns["offsets"].tolist() == [[start + 4 * r + c for c in range(4)] for r in range(4)]
+    assert "`rm[:, None] * stride_am + k[None, :] * stride_ak` addresses a `BLOCK_M x BLOCK_K` tile" in flat(
+        cell_source(NOTEBOOK, "1284c2c8"))
+
+
+def test_visible_cells_define_what_they_use_and_leave_the_glue_hidden():
+    setup = find_cell(NOTEBOOK, "3b3b44c2")
+    assert "remove-output" in setup["metadata"]["tags"] and "chips = runtime.CHIPS" in source_of(setup)
+    assert "except ImportError" not in source_of(setup)          # flashbook.display.glue falls back itself
+    assert "chips = runtime.CHIPS" not in cell_source(NOTEBOOK, "cff09ea0")
+    for cid in ("668cefbe", "c06-offsets", "c1447319", "7377fcc7", "df86aff0", "100d662a", "4e2b8eb3"):
+        cell = find_cell(NOTEBOOK, cid)
+        assert not cell["metadata"].get("tags") and "glue(" not in source_of(cell), cid
+    assert "hide-input" in find_cell(NOTEBOOK, "22ab5090")["metadata"]["tags"]     # the listing stays
+    text = markdown(NOTEBOOK)
+    for residue in ("Triton (3.6 to 3.9)", "the online\nbook has no recording", "not recorded for the online book"):
+        assert residue not in text, residue
+
+
+def test_terms_are_defined_where_the_page_first_uses_them():
+    page = "\n".join(source_of(c) for c in cells(NOTEBOOK) if "remove-cell" not in c["metadata"].get("tags", []))
+    for term, definition in (("PTX", "PTX (the virtual instruction set Triton compiles to)"),
+                             ("cuBLAS", "cuBLAS (NVIDIA's matrix-multiply library)"),
+                             ("FMA", "fused multiply-adds, FMAs: $a \\cdot b + c$ in one")):
+        flat_page = flat(page)
+        first = flat_page.index(term)
+        assert flat_page.index(definition) <= first <= flat_page.index(definition) + len(definition), term
+    assert "{term}`local memory`" in cell_source(NOTEBOOK, "3f12ef78")
+
+
+def test_the_exponentials_cost_is_worked_out_from_the_rates():
+    """4d FLOPs per score against 4,096 per clock per SM: 16 scores' products per clock at d = 64,
+    as many as the 16 exponentials per clock, so as long; twice as long at d = 128."""
+    import math
+
+    import pandas as pd
+
+    glued, _ = run_glued([cell_source(NOTEBOOK, "4e2b8eb3"), cell_source(NOTEBOOK, "c064e2b9")], quiet=True,
+                         math=math, pd=pd, FP16_BYTES=2, chips=runtime.CHIPS, h100=runtime.chip("H100"),
+                         runtime=runtime)
+    assert glued["exp_flops_64"] == 4 * 64 and glued["tc_flop_clk"] == "4,096"
+    assert glued["tc_scores_64"] == 4096 // 256 == runtime.SFU_PER_CLOCK_PER_SM == glued["sfu_clock"]
+    assert round(glued["exp_share_64"]) == 100 and round(glued["exp_share_128"]) == 50
+    prose = flat(cell_source(NOTEBOOK, "a45d236a"))
+    assert ("A score's two products cost $4d$ FLOPs, {glue:text}`exp_flops_64` at $d$ = 64, and an H100 SM's "
+            "tensor cores do {glue:text}`tc_flop_clk` dense fp16 FLOPs per clock {cite}`nvidia_h100_whitepaper`: "
+            "the products of {glue:text}`tc_scores_64` scores per clock, against the exponentials of "
+            "{glue:text}`sfu_clock`.") in prose
+
+
+def test_the_softmax_is_level_at_256_columns_and_ahead_from_512():
+    """Recorded: 547 against 538 GB/s at 256 columns (1.7%), then ahead at every length."""
+    from flashbook.bench.chapter6 import bandwidth_table, recorded_gpu_name
+    from flashbook.bench.runs import recorded_output
+
+    table = bandwidth_table(recorded_output("06_gpu_and_triton", "118fcf7e"))
+    ratio = table["fused Triton (GB/s)"] / table["torch.softmax (GB/s)"]
+    glued, _ = run_glued(cell_source(NOTEBOOK, "c06-softmax-glue"), CPU=True, chips=runtime.CHIPS, ratio=4.0)
+    cols = list(table.index)
+    assert abs(ratio[cols[0]] - 1) < 0.05 and (ratio[cols[1]:] > 1.05).all()
+    assert glued["sm_level_cols"] == str(cols[0]) and glued["sm_ahead_cols"] == str(cols[1])
+    assert glued["sm_level_pct"] == f"{100 * abs(ratio[cols[0]] - 1):.1f}" == "1.7"
+    read = flat(cell_source(NOTEBOOK, "c06-softmax-read"))
+    assert ("In the run shown the two are level at {glue:text}`sm_level_cols` columns ({glue:text}`sm_level_pct`% "
+            "apart); from {glue:text}`sm_ahead_cols` columns on the Triton kernel is ahead") in read
+    alt = find_cell(NOTEBOOK, "118fcf7e")["metadata"]["mystnb"]["image"]["alt"]
+    chip = next(key for key in runtime.CHIPS if key in recorded_gpu_name("06_gpu_and_triton"))
+    assert f"on the recorded GPU, an {chip}:" in alt and f"the {chip}'s datasheet bandwidth" in alt
+    assert (f"The two are level at {cols[0]} columns; from {cols[1]} on the fused kernel is ahead") in alt

@@ -9,14 +9,18 @@ buffers there are is the book's shared-memory model (``smem.smem_buffers``, via
 - before the loop, the copies of the first ``s - 1`` tiles are issued (``s = num_stages``);
 - iteration j waits for tile j's copy, computes S_j, the softmax and P_j V_j, and only then
   issues the copy of tile ``j + s - 1``: while tile j is computed, ``s - 2`` copies are in
-  flight, so at ``s = 2`` a program overlaps no copy with its own products (other programs on
-  the SM can);
+  flight, so at ``s = 2`` a program overlaps no copy with its own products on sm_80, and on
+  sm_90 only with the tail of P_j V_j (other programs on the SM fill the gap);
 - on sm_80, ``ldmatrix`` and the synchronous ``mma.sync`` are done with tile j's buffer when
   the refill is issued, so it goes into that buffer: ``s - 1`` buffers, and the model's last
   one is never needed (the model is on the safe side there);
 - on sm_90, the wgmma of P_j V_j is not waited for until the next iteration, so it still reads
   V_j from its buffer when the refill is issued: the refill needs another buffer, ``s`` in all;
-- at one stage Triton does not pipeline: copy, then compute, one buffer.
+- at one stage Triton does not pipeline: copy, then compute, one buffer, which K and V take in
+  turns (one tile where the model counts two).
+
+The panels count tiles as chapter 6's table of the compiled kernel does (``tiles_held``): K and V
+together, against the model's ``2 * model_buffers``.
 
 ``pipeline_schedule`` gives the events, ``pipeline_figure`` draws them.
 """
@@ -96,6 +100,13 @@ def buffers_used(num_stages: int, arch: str) -> int:
     return 1 if stages == 1 else (stages if _check_arch(arch) == "sm_90" else stages - 1)
 
 
+def tiles_held(num_stages: int, arch: str) -> int:
+    """B_c x d tiles of K and V together that the compiled loop keeps in shared memory: two per
+    buffer it fills, except at one stage, where K and V take turns in a single tile."""
+    stages = check_count(num_stages, "num_stages")
+    return 1 if stages == 1 else 2 * buffers_used(stages, arch)
+
+
 def in_flight(events, t: float) -> list:
     """The tiles whose copy is under way at time ``t``."""
     return sorted(tile for _b, tile, state, start, end in events if state == "copy" and start <= t < end)
@@ -138,9 +149,10 @@ def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
             ax.set_yticks(range(n_buffers), list(reversed(lanes)), fontsize=8)
             ax.set_ylim(-0.6, n_buffers - 0.4)
             ax.set_xlim(0, end)
-            used = buffers_used(s, arch)
-            head = f"{arch} ({ARCHS[arch]}): " if r == 0 else ""
-            ax.set_title(f"{head}num_stages = {s}: {used} of the model's {n_buffers} buffers used",
+            held = tiles_held(s, arch)
+            head = f"{arch} ({ARCHS[arch]})\n" if r == 0 else ""
+            what = "1 tile (K and V in turns)" if s == 1 else f"{held} tiles ({held // 2} K, {held // 2} V)"
+            ax.set_title(f"{head}num_stages = {s}: holds {what}; the model counts {2 * n_buffers}",
                          fontsize=9, loc="left")
             for side in ("top", "right"):
                 ax.spines[side].set_visible(False)
@@ -153,7 +165,7 @@ def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
                         Patch(facecolor=COLOURS["spare"], edgecolor="grey", linestyle="--",
                               label="counted by the model, never needed")],
                loc="outside lower center", ncol=5, fontsize=7.5, frameon=False)
-    fig.suptitle("The K/V buffers in shared memory (the number: which key tile). The copy of tile j + s - 1 "
-                 "is issued after tile j's products;\nsm_80 reuses tile j's buffer, sm_90 cannot yet: "
-                 "P_j V_j's wgmma still reads it", fontsize=9.5)
+    fig.suptitle("The K/V buffers in shared memory (a lane: one K and one V tile; the number: which key tile). "
+                 "The copy of tile j + s - 1\nis issued after tile j's products; sm_80 reuses tile j's buffer, "
+                 "sm_90 cannot yet: P_j V_j's wgmma still reads it", fontsize=9.5)
     return fig
