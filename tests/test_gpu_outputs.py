@@ -235,3 +235,15 @@ def test_the_prose_rule_catches_a_quoted_value_its_recording_lacks():
     reread = notebook(gpu_cell('g("speed", 1.5)'), nbformat.v4.new_code_cell('g("speed", from_recording)', id="c2"),
                       prose)
     assert unrecorded_quotes(reread, "x", {}) == []
+
+
+def test_the_box_is_short_and_keeps_the_run_one_click_away():
+    """The box says in one line what it is; the run's provenance sits in a <details> below it,
+    with a 40-character commit cut to 7 and a dirty tree said in words."""
+    prov = dict(PROV, commit="475bbb66fdbdf0631b775dc740df7e1977bd3a24+changes")
+    box = gpu_outputs.label(prov, changed=False)["data"]["text/html"]
+    lead, details = box.split("<details>", 1)
+    assert "The book was built without a GPU" in lead and "driver" not in lead
+    assert "<summary>The run</summary>" in details
+    assert "commit 475bbb6 with local changes" in details and "+changes" not in box
+    assert "475bbb66fdbdf" not in box

@@ -99,7 +99,8 @@ def describe(prov: dict) -> str:
     if prov.get("date"):
         parts.append(str(prov["date"])[:10])
     if prov.get("commit"):
-        parts.append(f"commit {prov['commit']}")
+        commit, _, extra = str(prov["commit"]).partition("+")
+        parts.append(f"commit {commit[:7]}" + (" with local changes" if extra else ""))
     return f"{prov.get('gpu', 'a GPU')} ({', '.join(parts)})"
 
 
@@ -112,11 +113,16 @@ def label(prov: dict | None, changed: bool) -> dict:
         css = f"admonition warning {MISSING_CLASS}"
     else:
         title = f"Recorded on {prov.get('gpu', 'a GPU')}"
-        text = (f"This cell needs a GPU and the book was built without one: below is its output "
-                f"from a run on {describe(prov)}.")
+        lead = "The book was built without a GPU: this is the cell's output from a run on one."
         if changed:
-            text += f" It was {CHANGED_NOTE}: the code above has changed since."
+            lead += f" It was {CHANGED_NOTE}: the code above has changed since."
         css = f"admonition note {LABEL_CLASS}"
+        text = f"{lead} The run: {describe(prov)}."
+        body = (f'<div class="{css}"><p class="admonition-title">{html.escape(title)}</p>'
+                f"<p>{html.escape(lead)}</p><details><summary>The run</summary>"
+                f"<p>{html.escape(describe(prov))}</p></details></div>")
+        return {"output_type": "display_data", "metadata": {},
+                "data": {"text/html": body, "text/plain": f"[{title}] {text}"}}
     body = (f'<div class="{css}"><p class="admonition-title">{html.escape(title)}</p>'
             f"<p>{html.escape(text)}</p></div>")
     return {"output_type": "display_data", "metadata": {},
