@@ -12,6 +12,7 @@ import json
 
 from ..display import listed
 from .chapter9_measured import slower_over_faster, twin_gaps
+from .experiments import moved_notes
 from .readback import find_runs, ladder_speedups, load_results
 from .runs import load_recorded_json, run_path
 
@@ -572,3 +573,4 @@ def build_into(ch) -> None:
     _gluon_bwd(ch)
     _gluon_bwd_rows(ch)
     _start_and_end(ch)
+    moved_notes(ch)          # appendix A3's notes from chapters 7, 9, 11 and 12 (experiments.MOVED_NOTES)

@@ -9,6 +9,8 @@ recorded. They need pandas, and no GPU.
 """
 from __future__ import annotations
 
+import json
+
 from .runs import load_recorded_json
 
 #: ``benchmarks/hopper_fwd_experiment.py``'s recorded run.
@@ -270,3 +272,263 @@ def atomic_dq_ranges(df) -> dict:
     """variant -> (fewest, most) times as long as the separate dQ kernel, over the shapes."""
     spans = df.groupby("variant", sort=False)["x_separate"].agg(["min", "max"])
     return {name: (row["min"], row["max"]) for name, row in spans.iterrows()}
+
+
+# ------------------------------------------------------------------ appendix A3's notes from other chapters
+
+#: The names ``moved_notes`` puts: the compile failures of the Hopper experiment, then what
+#: chapters 7, 9, 10, 11 and 12 measured on the way and appendix A3 keeps (its last sections).
+MOVED_NOTES = {
+    "hopper": ("ws_failed_error", "ws_failed_variants"),
+    "ch7": ("c7_batch", "c7_fb", "c7_fa2", "c7_fa2_full", "c9_runs", "c9_batch", "c9_fb", "c9_fa2",
+            "c9_fa2_full", "c7_fa2_gain"),
+    "ch9": ("c9_toolchain", "c9_clean_cfg", "c9_clean_ms", "c9_eq_cfg", "c9_eq_spill", "c9_eq_ms", "c9_eq_gap",
+            "c9_default_cfg", "c9_default_spill", "c9_default_ms", "c9_cudnn_spill", "c9_cudnn_regs",
+            "c9_cudnn_threads"),
+    "ch10": ("heavy_16k",),
+    "ch11": ("c11_first_lengths", "c11_first_called", "c11_first_gpu", "c11_first_cudnn", "c11_r1_call",
+             "c11_r1_cudnn", "c11_r1_empty", "c11_r2_short", "c11_r2_checked", "c11_r2_cudnn", "c11_r3_checked",
+             "c11_r3_cudnn", "c11_r3_empty", "c11_cudnn_called", "c11_cudnn_runs", "c11_old_cudnn",
+             "c11_old_paged"),
+    "ch12": ("c12_first_x", "c12_bwd_gap", "c12_stream", "c12_fused_4k", "c12_d64_keys", "c12_d64_queries",
+             "c12_order_gains", "c12_order_spread", "c12_lw_ms", "c12_lw_causal_ms", "c12_ft64", "c12_ft128",
+             "c12_ol_flex", "c12_st_failed", "c12_st_x"),
+}
+
+
+def _span(values, fmt: str) -> str:
+    """"low to high" of ``values`` in ``fmt`` (one value alone when they agree)."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def _moved_hopper(ch) -> None:
+    """Which descriptor variants did not compile, and the error each recorded."""
+    rows, _ = load_hopper_experiment(ch.root)
+    if rows is None or "error" not in rows:
+        return ch.nothing(*MOVED_NOTES["hopper"])
+    failed = rows[rows["error"].notna()]
+    errors = sorted({str(e).split(": ", 1)[-1] for e in failed["error"]})
+    ch.put("ws_failed_error", " and ".join(errors))
+    names = sorted({v.removeprefix("tma ") for v in failed["variant"]}, key=lambda v: (len(v), v))
+    ch.put("ws_failed_variants", " and ".join(names) if len(names) < 3 else ", ".join(names))
+
+
+def _moved_ch7(ch) -> None:
+    """Chapter 7's quick timing (batch 2, recorded GPU output) beside chapter 9's full runs, the
+    causal forward at N = 4096, d = 128: TFLOP/s of ours and of SDPA's FlashAttention-2 backend."""
+    import re
+
+    from .readback import load_results
+    from .runs import recorded_output, run_paths
+
+    text = recorded_output("07_triton_forward", "cd762aa3", ch.root)
+    sweeps = [load_results(p)[0] for p in run_paths("sweep", ch.root)]
+    found = re.search(r"batch (\d+), \d+ heads, N=(\d+), d=(\d+)", text or "")
+    if found is None or not sweeps:
+        return ch.nothing(*MOVED_NOTES["ch7"])
+    batch, n, d = (int(x) for x in found.groups())
+    quick = {}
+    for block in re.split(r"\n(?=(?:False|True)\s)", text.split("TFLOP/s", 1)[1]):
+        causal = block.lstrip().startswith("True")
+        for name, key in (("flashbook", "fb"), ("SDPA FlashAttention-2", "fa2")):
+            m = re.search(rf"{re.escape(name)}\s+[\d.]+\s+([\d.]+)", block)
+            if m:
+                quick[key, causal] = float(m.group(1))
+    full = []
+    for s in sweeps:
+        at = s[(s["status"] == "ok") & (s["seq"] == n) & (s["head_dim"] == d)]
+        full.append(at.pivot_table(index="causal", columns="impl", values="fwd_tflops"))
+    runs_batch = {int(b) for s in sweeps for b in s[(s["seq"] == n) & (s["head_dim"] == d)]["batch"]}
+    fb, fa2 = [p.loc[True, "flashbook"] for p in full], [p.loc[True, "sdpa-flash"] for p in full]
+    fa2_full = [p.loc[False, "sdpa-flash"] for p in full]
+    ch.put("c7_batch", batch); ch.put("c7_fb", quick["fb", True], ".0f"); ch.put("c7_fa2", quick["fa2", True], ".0f")
+    ch.put("c7_fa2_full", quick["fa2", False], ".0f")
+    ch.put("c9_runs", len(sweeps)); ch.put("c9_batch", " and ".join(str(b) for b in sorted(runs_batch)))
+    ch.put("c9_fb", _span(fb, ".0f")); ch.put("c9_fa2", _span(fa2, ".0f"))
+    ch.put("c9_fa2_full", _span(fa2_full, ".0f"))
+    ch.put("c7_fa2_gain", _span([100 * (x / quick["fa2", True] - 1) for x in fa2], ".0f"))
+
+
+def _moved_ch9(ch) -> None:
+    """Chapter 9's profile of the causal dK/dV tiles at d = 128 (run ``kernel_ncu``): the default
+    tile, the fastest tile that does the same tensor work without spilling (chapter 9's pair), the
+    default's tile and warps at that tile's stages, and cuDNN's backward registers and spill."""
+    import re
+
+    from . import profiles
+    from ..kernels import configs
+    from .runs import run_path
+
+    run = run_path("kernel_ncu", ch.root)
+    if run is None or not run.exists():
+        return ch.nothing(*MOVED_NOTES["ch9"])
+    table = profiles.pass_table(run)
+    tiles = table[(table["impl"] == "triton-dkdv") & (table["mask"] == "causal") & (table["dim"] == 128)]
+    by = {tuple(c): row for c, (_, row) in zip(tiles["config_dkdv"], tiles.iterrows())}
+    d = configs.default("backward_dkdv", cc=90, block_d=128, elem_bytes=2, causal=True)
+    default = (d.block_m, d.block_n, d.num_warps, d.num_stages)
+    same_work = {c: r for c, r in by.items()
+                 if r["spill_mb"] == 0 and abs(r["ops_ratio"] - by[default]["ops_ratio"]) < 1e-6}
+    clean = min(same_work, key=lambda c: same_work[c]["us"])
+    equal = default[:3] + clean[3:]                       # the default's tile and warps, the clean tile's stages
+
+    def cfg(c):
+        return f"{c[0]} × {c[1]}, {c[2]} warps, {c[3]} stages"
+
+    found = re.search(r"\btriton (\S+)", (run / "provenance.txt").read_text())
+    ch.put("c9_toolchain", found[1] if found else None)
+    ch.put("c9_clean_cfg", cfg(clean)); ch.put("c9_clean_ms", by[clean]["us"] / 1000, ".2f")
+    ch.put("c9_eq_cfg", cfg(equal)); ch.put("c9_eq_spill", by[equal]["spill_mb"], ".0f")
+    ch.put("c9_eq_ms", by[equal]["us"] / 1000, ".2f")
+    ch.put("c9_eq_gap", 100 * (by[equal]["us"] / by[clean]["us"] - 1), ".0f")
+    ch.put("c9_default_cfg", cfg(default)); ch.put("c9_default_spill", by[default]["spill_mb"], ".0f")
+    ch.put("c9_default_ms", by[default]["us"] / 1000, ".2f")
+    cudnn = table[(table["impl"] == "sdpa-cudnn") & (table["pass_"] == "backward") & ~table["causal"]
+                  & (table["dim"] == 128)].iloc[0]
+    ch.put("c9_cudnn_spill", cudnn["spill_mb"], ".0f"); ch.put("c9_cudnn_regs", int(cudnn["regs"]))
+    kernels = [k for k in profiles.kernel_rows(run) if k["impl"] == "sdpa-cudnn" and k["pass_"] == "backward"
+               and k["dim"] == 128 and not k["causal"]]
+    main = max(kernels, key=lambda k: k[profiles.TIME])
+    ch.put("c9_cudnn_threads", profiles.launch_extent(main, "Block Size"))
+
+
+def _moved_ch10(ch) -> None:
+    """Heaviest first at 16K: the measured gain beside the schedule model's (chapter 10's table)."""
+    heavy = ch.tables.get("heavy")
+    if heavy is None:
+        return ch.nothing(*MOVED_NOTES["ch10"])
+    rows = heavy[heavy.index.str.contains("N=16384 causal")]
+    ch.put("heavy_16k", "; ".join(f"{r['x previous']:.3f} against {r['predicted x']:.3f} at d = "
+                                  f"{shape.split()[0].removeprefix('d=')}" for shape, r in rows.iterrows()))
+
+
+def _moved_ch11(ch) -> None:
+    """Chapter 11's decoding runs: the host's time per eager call run by run (``decode_paged``,
+    ``decode_host``), SDPA cuDNN's called time at batch 1 and 2K over every decoding run, and the
+    kernel before the floor of four splits (the newest ``decode_short_path``)."""
+    import pandas as pd
+
+    from .decoding import repeat_ratios
+    from .readback import provenance_for
+    from .runs import run_path, run_paths
+
+    first, hosts, short = run_path("decode_paged", ch.root), run_paths("decode_host", ch.root), \
+        run_path("decode_short_path", ch.root)
+    if first is None or len(hosts) < 3 or short is None:
+        return ch.nothing(*MOVED_NOTES["ch11"])
+    df = pd.read_csv(first / "decode.csv")
+    small = df[(df["batch"] == 1) & (df["seq"] <= 16384) & (df["status"] == "ok")]
+    ours, cudnn = small[small["impl"] == "flash_decode"], small[small["impl"] == "sdpa-cudnn"]
+    ch.put("c11_first_lengths", f"{ours['seq'].min() // 1024}K to {ours['seq'].max() // 1024}K")
+    ch.put("c11_first_called", _span(1000 * ours["ms"], ".0f"))
+    ch.put("c11_first_gpu", _span(1000 * ours["graph_ms"], ".0f"))
+    ch.put("c11_first_cudnn", _span(1000 * cudnn["ms"], ".0f"))
+    at = [json.loads((p / "host.json").read_text())["2048"] for p in hosts[:3]]
+
+    def us(run, key):
+        return at[run][key]["median_us"] if isinstance(at[run][key], dict) else at[run][key]
+
+    ch.put("c11_r1_call", us(0, "call"), ".0f"); ch.put("c11_r1_cudnn", us(0, "sdpa_cudnn"), ".0f")
+    ch.put("c11_r1_empty", us(0, "empty"), ".0f")
+    ch.put("c11_r2_short", us(1, "call"), ".0f"); ch.put("c11_r2_checked", us(1, "checked_path"), ".0f")
+    ch.put("c11_r2_cudnn", us(1, "sdpa_cudnn"), ".0f")
+    ch.put("c11_r3_checked", us(2, "checked_path"), ".0f"); ch.put("c11_r3_cudnn", us(2, "sdpa_cudnn"), ".0f")
+    ch.put("c11_r3_empty", us(2, "empty"), ".1f")
+    # SDPA cuDNN called from Python, batch 1, 2K, in every recorded decoding table (one timer, one set of versions)
+    files = []
+    for name in ("decode", "decode_paged", "decode_short_path", "decode_repeats", "decode_table_before"):
+        for p in run_paths(name, ch.root):
+            f = (p if p.is_dir() else p.parent) / "decode.csv"
+            if f.is_file() and f not in files:
+                files.append(f)
+    called, setups = [], set()
+    for f in files:
+        d = pd.read_csv(f)
+        hit = d[(d["impl"] == "sdpa-cudnn") & (d["batch"] == 1) & (d["seq"] == 2048) & (d["status"] == "ok")]
+        if len(hit):
+            called.append(1000 * float(hit["ms"].iloc[0]))
+            p = provenance_for(f)
+            setups.add((p.get("torch"), p.get("triton"), p.get("cudnn"), (p.get("timing") or {}).get("method")))
+    if len(setups) != 1:
+        raise ValueError(f"the decoding runs differ in versions or timer: {sorted(setups)}")
+    ch.put("c11_cudnn_called", _span(called, ".1f")); ch.put("c11_cudnn_runs", len(called))
+    old = repeat_ratios([short])
+    ch.put("c11_old_cudnn", old.xs(64, level="batch")["fd_cudnn_ms"].max(), ".2f")
+    ch.put("c11_old_paged", old["paged_dense_graph"].max(), ".2f")
+
+
+def _moved_ch12(ch) -> None:
+    """Chapter 12's masked kernels: how each change of its speed table was found (the runs its
+    helpers in ``chapter12`` read, and the first comparison and profiles before them)."""
+    import re
+    import xml.etree.ElementTree as ET
+
+    from . import chapter12
+    from .runs import run_path, run_paths
+
+    masks, profile, fused = run_paths("masks", ch.root), run_path("masks_profile", ch.root), \
+        run_path("fused_bwd", ch.root)
+    order, tiles, loop = chapter12.document_order(ch.root), chapter12.forward_tiles(ch.root), \
+        chapter12.one_loop(ch.root)
+    long_window, gains, stress = chapter12.long_window_tiles(ch.root), chapter12.fused_bwd(ch.root), \
+        run_path("stress", ch.root)
+    if not masks or profile is None or fused is None or None in (order, tiles, loop, long_window, gains, stress) \
+            or loop["flex"] is None:
+        return ch.nothing(*MOVED_NOTES["ch12"])
+    first = json.loads((masks[0] / "masks.json").read_text())["rows"]
+    (x,) = [r["flex_over_flashbook_fwd_bwd"] for r in first
+            if r["mask"] == "window" and r["window"][0] == 1024 and r["seq"] == 4096]
+    ch.put("c12_first_x", x, ".2f")
+    before, after = (json.loads((profile / f).read_text())["profiles"]
+                     for f in ("profile_1_before_plans.json", "profile_2_plans.json"))
+
+    def gpu_bound(p):                 # the rows where the GPU, not the host, sets the time
+        return p["name"] == "window" and (p["n"] >= 16384 or p["batch"] > 1)
+
+    def label(p):
+        return f"{p['n'] // 1024}K" + (f" with batch {p['batch']}" if p["batch"] > 1 else "")
+
+    gaps = []
+    for p in filter(gpu_bound, after):
+        ours = sum(k["us_per_step"] for name, k in p["flashbook"]["kernels"].items() if name.startswith("_bwd"))
+        flex = sum(k["us_per_step"] for name, k in p["flex"]["kernels"].items() if "backward" in name)
+        gaps.append(f"{100 * (ours / flex - 1):.0f}% more at {label(p)}")
+    ch.put("c12_bwd_gap", ", ".join(gaps))
+    ch.put("c12_stream", ", ".join(f"{p['flashbook']['bwd_ms']:.3f} → {p['flashbook']['overlap']['bwd_ms']:.3f} ms "
+                                   f"at {label(p)}" for p in filter(gpu_bound, before)))
+    ch.put("c12_fused_4k", dict(gains["gains"]["documents"])[4096], ".1f")
+    refused = [r["error"] for f in sorted(fused.glob("*.json")) for r in json.loads(f.read_text())["rows"]
+               if "error" in r]
+    found = [re.search(r"key tile (\d+), query tile (\d+)", e) for e in refused]
+    if not found or not all(found):
+        raise ValueError(f"the one-grid run's refusals no longer name their tiles: {refused}")
+    ch.put("c12_d64_keys", found[0].group(1)); ch.put("c12_d64_queries", found[0].group(2))
+    by_d = {}
+    for n, d, gain in order["gains"]:
+        by_d.setdefault(d, []).append(f"{gain:.1f}% ({n // 1024}K)")
+    ch.put("c12_order_gains", "; ".join(f"d = {d}: {', '.join(g)}" for d, g in by_d.items()))
+    ch.put("c12_order_spread", 100 * order["spread"], ".0f")
+    ch.put("c12_lw_ms", long_window["window_ms"], ".3f"); ch.put("c12_lw_causal_ms", long_window["causal_ms"], ".3f")
+    for d in (64, 128):
+        (b_lo, b_hi), (a_lo, a_hi), lengths = tiles["flex"][d]
+        ch.put(f"c12_ft{d}", f"{b_lo:.2f}–{b_hi:.2f} to {a_lo:.2f}–{a_hi:.2f} "
+               f"(N = {lengths[0] // 1024}K–{lengths[-1] // 1024}K)")
+    ch.put("c12_ol_flex", ", ".join(f"{b:.2f} → {a:.2f} ({n // 1024}K)" for n, b, a in loop["flex"]))
+    runs = sorted(stress.glob("*classes_masks*.junit.xml"), key=lambda p: int(p.name.split("_")[0]))
+    message = next((f.get("message") or "" for path in runs for f in ET.parse(path).iter("failure")), "")
+    ran = re.search(r"(\d+) of (\d+) runs failed", message)
+    error = re.search(r"max error ([\d.e+-]+) .* exceeds 2 x ([\d.e+-]+) \(yardstick\) \+ ([\d.e+-]+) \(floors\)",
+                      message)
+    if ran is None or error is None:
+        raise ValueError("the stress run's failure message no longer gives its runs and its bound")
+    ch.put("c12_st_failed", f"{ran.group(1)} of {ran.group(2)}")
+    err, yard, floors = (float(v) for v in error.groups())
+    ch.put("c12_st_x", err / (2 * yard + floors), ".2f")
+
+
+def moved_notes(ch) -> None:
+    """Put into ``ch`` (chapter 10's ``build``) the values appendix A3 quotes beyond chapter
+    10's experiments: ``MOVED_NOTES``' names, "n/a" where a run is not recorded."""
+    for part in (_moved_hopper, _moved_ch7, _moved_ch9, _moved_ch10, _moved_ch11, _moved_ch12):
+        part(ch)
