@@ -36,6 +36,28 @@ def require(condition: bool, why: str):
         pytest.skip(why)
 
 
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+
+@pytest.fixture(scope="module")
+def recorded_chapter9():
+    """chapter9.build on the recorded runs of benchmarks/results/ (read-only for the tests)."""
+    from flashbook import bench
+    from flashbook.bench import chapter9
+
+    require(bench.latest_results(RESULTS) is not None, "no recorded results")
+    return chapter9.build(RESULTS)
+
+
+@pytest.fixture(scope="module")
+def recorded_chapter10():
+    """chapter10.build on the recorded runs (chapter 10 and the lab notes read it; read-only)."""
+    from flashbook.bench import chapter10
+
+    require(os.path.isfile(os.path.join(RESULTS, "index.json")), "no recorded runs")
+    return chapter10.build(RESULTS)
+
+
 @pytest.fixture
 def rng():
     """Fresh random numbers on every run (the seed is printed when a test fails)."""

@@ -20,13 +20,8 @@ def _glue(name):
 
 
 @pytest.fixture(scope="module")
-def ch():
-    from flashbook import bench
-    from flashbook.bench import chapter9
-
-    if bench.latest_results(RESULTS) is None:
-        pytest.skip("no recorded results")
-    return chapter9.build(RESULTS)
+def ch(recorded_chapter9):
+    return recorded_chapter9
 
 
 @pytest.fixture(scope="module")

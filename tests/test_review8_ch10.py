@@ -18,11 +18,8 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 @pytest.fixture(scope="module")
-def ch():
-    from flashbook.bench import chapter10
-
-    require(os.path.isfile(os.path.join(RESULTS, "index.json")), "no recorded runs")
-    return chapter10.build(RESULTS)
+def ch(recorded_chapter10):
+    return recorded_chapter10
 
 
 @pytest.fixture(scope="module")

@@ -70,10 +70,12 @@ def minimal_fwd(Q, K, V, O, seq_len, scale,
              mask=rows[:, None] < seq_len)
 
 
-def minimal_attention(q, k, v, *, causal: bool = False, block_m: int = 32, block_n: int = 32):
-    """Attention of ``q``, ``k``, ``v`` (batch, heads, seq_len, head_dim), all of one
-    float dtype on one device, with :func:`minimal_fwd`. Returns a tensor like ``q``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _checked(tensors: dict, block_m, block_n) -> tuple:
+    """Check the Python side's inputs, naming the bad one: every tensor 4-d (batch, heads,
+    seq_len, head_dim) and like the first (``q``) in shape, dtype and device, a float dtype, a
+    head_dim and block sizes that are powers of two >= 16. Returns q's shape."""
+    q = next(iter(tensors.values()))
+    for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
@@ -83,12 +85,19 @@ def minimal_attention(q, k, v, *, causal: bool = False, block_m: int = 32, block
                              f"{q.dtype} on {q.device}, {name} is {tuple(t.shape)} {t.dtype} on {t.device}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
-    batch, heads, seq_len, head_dim = q.shape
+    head_dim = q.shape[-1]
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
     for name, b in (("block_m", block_m), ("block_n", block_n)):
         if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
+    return tuple(q.shape)
+
+
+def minimal_attention(q, k, v, *, causal: bool = False, block_m: int = 32, block_n: int = 32):
+    """Attention of ``q``, ``k``, ``v`` (batch, heads, seq_len, head_dim), all of one
+    float dtype on one device, with :func:`minimal_fwd`. Returns a tensor like ``q``."""
+    batch, heads, seq_len, head_dim = _checked(dict(q=q, k=k, v=v), block_m, block_n)
     q, k, v = (t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q)
     grid = (triton.cdiv(seq_len, block_m), batch * heads)
@@ -182,26 +191,12 @@ def minimal_backward(q, k, v, o, lse, do, *, causal: bool = False, block_m: int 
     output's gradient ``do`` are (batch, heads, seq_len, head_dim), all of one float dtype
     on one device; ``lse`` is the forward's float32 log-sum-exp of each scaled score row,
     (batch, heads, seq_len), as ``flash_forward`` returns it with ``o``."""
-    for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("lse", lse)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 4:
-        raise ValueError(f"q must be 4-d (batch, heads, seq_len, head_dim), got shape {tuple(q.shape)}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
-    for name, t in (("k", k), ("v", v), ("o", o), ("do", do)):
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            raise ValueError(f"{name} must match q in shape, dtype and device: q is {tuple(q.shape)} "
-                             f"{q.dtype} on {q.device}, {name} is {tuple(t.shape)} {t.dtype} on {t.device}")
+    batch, heads, seq_len, head_dim = _checked(dict(q=q, k=k, v=v, o=o, do=do), block_m, block_n)
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor, got {type(lse).__name__}")
     if lse.shape != q.shape[:3] or lse.dtype != torch.float32 or lse.device != q.device:
         raise ValueError(f"lse must be float32 of shape {tuple(q.shape[:3])} (batch, heads, seq_len) on "
                          f"{q.device}, got {tuple(lse.shape)} {lse.dtype} on {lse.device}")
-    batch, heads, seq_len, head_dim = q.shape
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
-    for name, b in (("block_m", block_m), ("block_n", block_n)):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
     q, k, v, do, lse = (t.contiguous() for t in (q, k, v, do, lse))
     delta = (o.float() * do.float()).sum(-1).contiguous()      # rowsum(dO o O), chapter 5's delta
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
