@@ -160,7 +160,9 @@ def test_triton_is_taught_before_the_tile_sizes_use_it():
     model = cell_source(NOTEBOOK, "8951c53c")
     assert "`num_warps` is how many warps" in model and "`num_stages` is the depth" in model
     assert "show_between(flashbook.smem.smem_buffers" not in cell_source(NOTEBOOK, "c1447319")   # a formula instead
-    assert r"4\,\max\bigl(&(B_r + B_c)\,d" in cell_source(NOTEBOOK, "49527e1d")
+    formula = cell_source(NOTEBOOK, "49527e1d")
+    assert r"\text{bytes} &= 4\max(a, b)" in formula and r"a &= (B_r + B_c)\,d" in formula
+    assert r"b &= B_r B_c + \max(B_r, B_c)\,d" in formula
 
 
 def test_no_build_machine_leftovers():

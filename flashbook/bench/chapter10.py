@@ -30,7 +30,7 @@ from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
 from .chapter10_ladder import NO_DATA, SHAPE, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
-from .chapter9_measured import slower_over_faster, twin_gaps
+from .noise import slower_over_faster, twin_gaps
 from .chapter_data import ChapterData
 from .harness import TOLERANCE, shape_label
 from .readback import (ladder_speedups, latest_blocks, latest_ladder, latest_results, load_results,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ..display import listed
-from .chapter9_measured import slower_over_faster, twin_gaps
+from .noise import slower_over_faster, twin_gaps
 from .experiments import moved_notes
 from .readback import find_runs, ladder_speedups, load_results
 from .runs import load_recorded_json, run_path

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .costs import GB, attention_flops, attention_hbm_bytes, naive_memory_estimate, roofline_ms
 from .harness import shape_label
 from .impls import IMPLEMENTATIONS
+from .noise import twin_spread   # noqa: F401  (chapter 9 judges by it: measured.twin_spread)
 from .readback import (
     PERFORMANCE_TARGETS, SHAPE_KEYS, roofline_ceilings, roofline_points, seed_shape_rows,
     target_summary, target_table, target_verdict,
@@ -53,36 +54,6 @@ DIAG_KEYS = ("diag_n", "diag_d", "diag_visited", "diag_masked", "diag_excess", "
              "diag_measured", "diag_short_loss", "diag_short_measured", "diag_above", "diag_shapes")
 
 
-def slower_over_faster(ratio):
-    """How far apart two times are, as a gain is quoted: the slower over the faster, minus one,
-    for a ratio of the two (either way round; a number, an array or a pandas Series)."""
-    import numpy as np
-
-    return np.maximum(ratio, 1 / ratio) - 1
-
-
-def twin_gaps(df):
-    """Per shape, how far apart the forward times of ``flashbook`` and ``flashbook-atomic`` are
-    in one run (``slower_over_faster``): the two run the same forward kernel, so this is the
-    spread identical work shows there. None if either is missing."""
-    if df is None:
-        return None
-    ok = df[df["status"] == "ok"]
-    fwd_ms = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="fwd_ms")
-    if not {"flashbook", "flashbook-atomic"} <= set(fwd_ms.columns):
-        return None
-    return slower_over_faster(fwd_ms["flashbook-atomic"] / fwd_ms["flashbook"]).dropna()
-
-
-def twin_spread(df):
-    """The largest of ``twin_gaps``: this chapter's measure of noise, measured as the gains
-    are quoted (slower over faster, minus one), so that "a gain no larger than the noise"
-    compares like with like. Chapter 10 reads the same pairs the same way. None if either
-    implementation is missing."""
-    gaps = twin_gaps(df)
-    return float(gaps.max()) if gaps is not None and len(gaps) else None
-
-
 def ceilings(ch):
     """The roof of the GPU that ran the results (``roofline_ceilings``), or None."""
     if not ch.provenance:
@@ -97,7 +68,7 @@ def ceilings(ch):
 
 def speed(ch, ceil, noise) -> None:
     """TFLOP/s against N (the figure), the fastest implementations and three patterns;
-    ``noise``: ``twin_spread_symmetric`` of the run."""
+    ``noise``: ``twin_spread`` of the run (noise.py)."""
     import pandas as pd
 
     from .. import tiled
@@ -484,7 +455,7 @@ def _target_cells(table):
 
 def targets(ch, noise) -> None:
     """The targets' thresholds, then each shape's ratio and verdict (``noise``:
-    ``twin_spread_symmetric`` of the run), and the counts."""
+    ``twin_spread`` of the run), and the counts."""
     t = {x.label: x for x in PERFORMANCE_TARGETS}
     if set(TARGET_KEYS) != set(t):
         raise ValueError(f"the prose names every target once: {sorted(set(TARGET_KEYS) ^ set(t))}")
