@@ -78,3 +78,12 @@ def test_the_ring_is_exact_up_to_rounding_with_its_measured_ratio():
     row = next(line for line in book_page("which_kernel.md").splitlines()
                if line.startswith("| one sequence spread over several GPUs"))
     assert "the same result up to rounding" in row and "exact" not in row
+
+
+def test_before_you_ship_lists_the_advice_the_footnotes_held():
+    page = book_page("which_kernel.md")
+    ship = page.split("Before you ship:", 1)[1].split("[^decode]:", 1)[0]
+    for advice in ("{term}`CUDA graph`", "`ring_attention` needs K and V repeated", "`check_values=False`"):
+        assert advice in ship, advice
+    code = page.split("## One call", 1)[1].split("```", 2)[1]
+    assert "o.sum().backward()   # it trains too; for training speed, the table above points to SDPA" in code
