@@ -86,7 +86,8 @@ def test_ch12_documents_row_says_whose_tiling_and_gives_flashbooks_own():
     text = flat(markdown(CH12))
     assert "a few hundred to two thousand tokens" not in text
     assert "{glue:text}`doc_min` to {glue:text}`doc_max` tokens" in text
-    assert "that is what a FlexAttention `BlockMask` does" in text
+    assert "that is what a FlexAttention `BlockMask` does (a `BlockMask` lists, per query tile, the key tiles" in text
+    assert "The documents row tiles the packed row" not in text
     assert "That is {glue:text}`docs_full` whole and {glue:text}`docs_partial` cut tiles" in text
 
 
@@ -173,3 +174,49 @@ def test_ch12_keeps_the_lab_log_off_the_page():
                     "was not timed", "### Lessons from tuning the window", "### Where the time goes"):
         assert residue not in text, residue
     assert "## What mattered for speed" in text
+
+
+def test_ch12_names_the_profiles_own_draw_of_documents():
+    """"Where flashbook still loses" profiles another draw of packed documents (masks_profile.py:
+    seed 0) than the timed row (masks_bench.py: seed n + d): the page says so and gives the
+    profiled draw, computed with the function both scripts use."""
+    import inspect
+
+    from conftest import benchmark_script
+
+    bench_script, profile_script = benchmark_script("masks_bench"), benchmark_script("masks_profile")
+    assert bench_script.documents is masks.random_documents
+    assert inspect.signature(profile_script._inputs).parameters["seed"].default == 0
+    assert "masks_bench.documents(shape[\"n\"], seed)" in inspect.getsource(profile_script._inputs)
+    assert "seed=n + d" in inspect.getsource(bench_script.main)
+    path = bench.run_path("masks")
+    require(path is not None, "no recorded masks run")
+    rec = json.load(open(path / "masks.json"))
+    glued, _ = run_glued(cell_source(CH12, "c12-profile-draw"), quiet=True, np=np, masks=masks, masks_rec=rec)
+    drawn = bench_script.documents(8192, 0)
+    lengths = [int(x) for x in np.diff(drawn)]
+    assert glued["dp_n_docs"] == str(len(lengths))
+    assert glued["dp_lengths"] == ", ".join(map(str, lengths[:-1])) + f" and {lengths[-1]}"
+    causal = bench_script.allowed_pairs(8192, True, (-1, -1), drawn) / 8192 ** 2
+    assert glued["dp_pairs"] == f"{causal:.3f}"
+    row = next(r for r in rec["rows"] if (r["mask"], r["seq"], r["head_dim"]) == ("documents", 8192, 128))
+    assert row["allowed_pairs"] == bench_script.allowed_pairs(8192, True, (-1, -1), bench_script.documents(8192, 8192 + 128))
+    assert glued["dp_row_pairs"] == f"{row['allowed_fraction']:.3f}" and float(glued["dp_pairs"]) > row["allowed_fraction"]
+    text = flat(cell_source(CH12, "a5000337"))
+    assert ("The profile packs another random draw of documents than the table's row (seed 0 in "
+            "`benchmarks/masks_profile.py`, seed $N + d$ in `masks_bench.py`)") in text
+    for name in ("dp_n_docs", "dp_lengths", "dp_pairs", "dp_row_pairs"):
+        assert "{glue:text}`%s`" % name in text
+
+
+def test_ch12_visible_tile_table_imports_what_it_calls_and_the_speed_table_shows_spreads():
+    tiles = cell_source(CH12, "c12-tile-table")
+    assert "from flashbook.kernels import configs, hopper_choices" in tiles and "configs.tiles_for" in tiles
+    table = cell_source(CH12, "20b191f2")
+    assert '"spread %, fwd"' in table and '"spread %, fwd+bwd"' in table
+    assert "max(f['spread']['fwd'], x['spread']['fwd'])" in table
+    assert "the \"spread %\" columns" in flat(cell_source(CH12, "448189c1"))
+    text = flat(markdown(CH12))
+    for wrong in ("goes further: it *stores* 0", "inward for the whole one", "the prefix of 8 {glue:text}"):
+        assert wrong not in text, wrong
+    assert "flash-attn calls such packed sequences of varying length *varlen*" in text
