@@ -88,8 +88,14 @@ def test_ch11_and_which_kernel_say_every_paged_timing_used_64_token_pages():
                          bench=bench, chapter11=chapter11, pd=pd)
     assert glued["rows_cost"] == f"{cost.min():.0f} to {cost.max():.0f}" and f"{cost.max():.0f}" == "13"
     text = flat(markdown(CH11))
-    assert ("Every paged timing here used {glue:text}`page_timed`-token pages, which hold a whole "
-            "{glue:text}`page_tile`-key tile at $d$ = 128") in text
+    assert ("The chapter's other paged timings, all but the split-count gain above, used "
+            "{glue:text}`page_timed`-token pages, which hold a whole {glue:text}`page_tile`-key tile at "
+            "$d$ = 128") in text
+    # the split-count gain was timed before the one-index tile (decode_h200-3/1_splits_before)
+    assert "Every paged timing here used" not in text
+    assert "{glue:text}`split_gain_paged`% less on a paged one (timed with the earlier per-row page gather)" in text
+    before = bench.run_paths("decode_splits")[0]
+    assert before.name == "1_splits_before" and "a page index per key row" in (before.parent / "README.md").read_text()
     assert "such as vLLM's default of 16 tokens, take the per-row gather instead" in text
     assert "the one-index tile took {glue:text}`rows_cost`% less time than the gather" in text
     assert "(pages of {glue:text}`page_timed` tokens; medians of three runs)" in flat(cell_source(CH11, "c11-45"))
@@ -128,7 +134,7 @@ def test_ring_attention_needs_as_many_kv_heads_and_has_only_the_causal_mask():
     text = flat(cell_source(CH11, "c11-ring-call"))
     assert "`ring_attention` needs as many K/V heads as query heads" in text
     assert "(`k.repeat_interleave(heads // kv_heads, dim=1)`, and `v` likewise)" in text
-    assert "Its only mask is the causal one: no window, soft cap, prefix or ALiBi." in text
+    assert "Its only mask is the causal one: no window, soft cap, prefix or ALiBi (the masks of {doc}`chapter 12 <12_masks>`)." in text
     row = next(line for line in book_page("which_kernel.md").splitlines()
                if line.startswith("| one sequence spread over several GPUs"))
     assert "K and V need as many heads as q[^ring]" in row and "causal mask only" in row
@@ -193,7 +199,7 @@ def test_ch11_host_paragraph_separates_the_called_times_from_the_host_times():
     require(ns["host_table"] is not None, "no recorded host runs")
     runs = bench.run_paths("decode_host")
     newest = json.loads((runs[-1] / "host.json").read_text())["2048"]
-    assert glued["short_checked"] == f"{newest['checked_path']['median_us']:.0f}"
+    assert glued["short_checked"] == f"{newest['checked_path']['median_us']:.1f}"   # as the table rounds it
     assert glued["short_after"] == f"{newest['call']['median_us']:.0f}"
     assert glued["short_host_cudnn"] == f"{newest['sdpa_cudnn']['median_us']:.0f}"
     assert glued["short_before"] == f"{json.loads((runs[0] / 'host.json').read_text())['2048']['call']['median_us']:.0f}"

@@ -7,6 +7,7 @@ None where the run is not recorded. Only chapter 11 imports this module.
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 
@@ -185,12 +186,15 @@ HOST_PATHS = {"flash_decode, checked path (whole call)": ("checked_path",),
               "short path: the two compiled launchers": ("launch_compiled:split", "launch_compiled:combine")}
 
 
-def host_paths(root=None):
+def host_paths(root=None, seqs=("2048",)):
     """The host's microseconds per eager call at batch 1, every number from one run (the newest
     ``decode_host``): flash_decode's checked path (the plan forgotten before each call), its
-    short path and SDPA on cuDNN, whole calls and their pieces timed alone, at each recorded
-    cache length. Returns (that table, {cache length: host.json's entries}, the whole call of
-    the first ``decode_host`` run at 2K: an earlier tree, timed in another run), or None."""
+    short path and SDPA on cuDNN, whole calls and their pieces timed alone, at the cache
+    lengths ``seqs`` (None: every recorded one). The default is 2K alone: the run times 1,000
+    calls back to back with one synchronisation, and at 32K the short path's time per call
+    comes close to the GPU's own step at batch 1, so there the loop may wait on the GPU.
+    Returns (that table, {cache length: host.json's entries, every recorded length}, the whole
+    call of the first ``decode_host`` run at 2K: an earlier tree, timed in another run), or None."""
     runs = run_paths("decode_host", root)
     if not runs:
         return None
@@ -198,7 +202,7 @@ def host_paths(root=None):
     first = json.loads((runs[0] / "host.json").read_text())["2048"]["call"]["median_us"]
     table = pd.DataFrame({f"{int(seq) // 1024}K cache": [sum(pieces[k]["median_us"] for k in keys)
                                                           for keys in HOST_PATHS.values()]
-                          for seq, pieces in newest.items()},
+                          for seq, pieces in newest.items() if seqs is None or seq in seqs},
                          index=pd.Index(list(HOST_PATHS), name="µs on the host, batch 1"))
     return table.round(1), newest, first
 
@@ -211,6 +215,21 @@ def ring_send_factor(world: int, elem_bytes: int = 2) -> float:
     (float64 for float64 inputs): twice the bytes of a 2-byte K/V."""
     acc_bytes = 8 if elem_bytes == 8 else 4
     return 2 * (world - 1) + world * acc_bytes / elem_bytes
+
+
+def ring_min_shard(flops_per_s: float, bytes_per_s: float, causal: bool = False, backward: bool = False) -> int:
+    """Exercise 3's smallest shard c (tokens per rank) whose attention, at ``flops_per_s``, takes
+    at least as long as its hop, at ``bytes_per_s``, in one ring step. Unmasked forward:
+    4 c^2 d H FLOPs against K/V's 2 c d H values of 2 bytes, so c >= F / B. A causal zigzag step
+    computes half a block, which doubles c. A backward step does five c x c x d products where
+    the forward does two (2.5 times the FLOPs: the scores again, dV, dP, dQ, dK) and sends K/V
+    with float32 dK/dV, three times the bytes (``ring_send_factor``), which multiplies c by 3 / 2.5."""
+    ratio = flops_per_s / bytes_per_s
+    if causal:
+        ratio *= 2
+    if backward:
+        ratio *= 3 / 2.5
+    return math.ceil(ratio)
 
 
 def ring_link(ring_df, link_bytes_per_s, elem_bytes: int = 2):
