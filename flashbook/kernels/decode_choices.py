@@ -49,8 +49,8 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
 
     The model is then overruled where the H200 says otherwise. A large batch fills the GPU
     without splits, and the model takes 1; yet at batch 64 (8 KV heads) 4 splits took 8-12%
-    less time than 1 at 8K to 128K keys, 18-25% on a paged cache
-    (``benchmarks/results/decode_h200-3/1_splits_before``). Nsight Compute says why
+    less time than 1 at 8K to 128K keys, 18-25% on a paged cache read then a page index per key
+    row, before one index per tile (``benchmarks/results/decode_h200-3/1_splits_before``). Nsight Compute says why
     (``1_ncu``): the kernel's shared memory lets 3 programs share an SM, so 512 programs
     are 1.29 waves, and the SMs were busy 75% of the kernel's time; more, shorter programs
     fill the last wave. So a cache long enough gets at least ``min_splits`` splits of
