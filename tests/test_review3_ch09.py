@@ -43,7 +43,8 @@ def test_the_t4_shared_memory_model_is_one_fp32_copy_of_a_products_operands(ch):
 
     text = flat(cell_source(CH9, "blocks-md"))
     assert "fp32 tiles without stages" not in text and "(a test checks that the two agree)" not in text
-    assert "as chapter 6's one fp32 copy of a product's operands, with no stages" in text
+    assert "as chapter 6's one fp32 copy of a product's operands, with no stages" not in text   # unparseable
+    assert "the model counts one fp32 copy of each product's operands and no pipeline stages" in text
     bm, bn, d = 128, 64, 128
     assert smem.smem_bytes(bm, bn, d, arch="sm_75") == 4 * max((bm + bn) * d, bm * bn + max(bm, bn) * d)
     assert smem.smem_bytes(bm, bn, d, arch="sm_75") == 96 * 1024 != 4 * (bm + 2 * bn) * d

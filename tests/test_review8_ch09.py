@@ -129,7 +129,7 @@ def test_the_two_sdpa_flash_ratios_say_which_run_each_is_from(ch, passes):
     assert ch.values["ncu_run_flash_fwd_x"] == f"{at.loc['sdpa-flash', 'fwd_ms'] / at.loc['flashbook', 'fwd_ms']:.2f}" == "1.37"
     assert ch.values["ncu_flash_fwd_x"] == "1.42"
     text = flat(cell_source(CH9, "seed-measured-md"))
-    assert "In this profile, a single run, it took {glue:text}`ncu_flash_fwd_x`" in text
+    assert "In this profile, a single run, ours ran at {glue:text}`ncu_flash_fwd_x` times its speed" in text
     assert "the full comparison run's medians give {glue:text}`ncu_run_flash_fwd_x`" in text
 
 
@@ -245,3 +245,36 @@ def test_the_not_ran_table_has_one_row_per_shape_and_its_estimate(ch):
     naive_16k = rows[(rows["impl"] == "naive") & (rows["d"] == 128) & (rows["N"] == 16384)]
     assert naive_16k["needs (GB, estimated)"].iloc[0] == pytest.approx(69.3, abs=0.05)
     assert cell_ids(CH9).index("backward-credit-md") < cell_ids(CH9).index("memory-status")
+
+
+def test_speeds_point_one_way_and_the_default_call_is_quoted(ch):
+    """Round 2: every speed is ours relative to another's (its time over ours), said in the Key
+    results box; the box quotes the default call's (Gluon) forward from the front-door run, at the
+    cuDNN goal's shapes, glued from front_door.json; the 1K -> 16K gain is split by the mask."""
+    from flashbook import bench
+
+    md = flat(markdown(CH9))
+    assert "times as long as ours" not in md and "it took {glue:text}`t_fwd_flash_span` times as long" not in md
+    box = flat(cell_source(CH9, "measurements-md")).split(":::{admonition} Key results", 1)[1].split(":::", 1)[0]
+    assert "its time over ours, so above 1 means ours is faster" in box
+    assert 'backend="triton"' in box
+    for name in ("fd_fwd_goal", "fd_triton_goal", "fd_fwd_all", "fd_shapes"):
+        assert _glue(name) in box, name
+    run = bench.load_recorded_json("front_door")
+    goal = next(t for t in bench.PERFORMANCE_TARGETS
+                if t.kind == "goal" and t.metric == "fwd" and t.baseline == "sdpa-cudnn")
+    at = [r for r in run["rows"] if r["head_dim"] in goal.head_dims and r["seq"] >= goal.min_seq]
+    assert len(at) == 4 and {r["backend"] for r in at} == {"gluon"}
+    fwd = [r["auto_over_cudnn_fwd"] for r in at]
+    assert f"{min(fwd):.2f} to {max(fwd):.2f}" == "0.98 to 1.03"
+    assert ch.values["fd_fwd_goal"] == "0.98 to 1.03"          # glued from the same file and field
+    assert ch.values["fd_shapes"] == str(len(run["rows"])) and ch.values["fd_fwd_all"] == "0.88 to 1.15"
+    # the gain from the shortest to the longest length, one range per mask, not a median of both
+    text = flat(cell_source(CH9, "speed-patterns-md"))
+    assert "the median over the panels" not in text
+    assert (ch.values["fb_gain_full"], ch.values["fb_gain_causal"]) == ("12 to 19", "51 to 64")
+    # the profiler's detail is in boxes a reader can skip
+    assert ":::{dropdown} The profile in detail (optional)" in cell_source(CH9, "memory-md")
+    assert ":::{dropdown} The profile in detail (optional)" in cell_source(CH9, "backward-credit-md")
+    for term in ("*twin* kernels", "*tensor pipe busy*", "*persistent* means"):
+        assert term in md, term

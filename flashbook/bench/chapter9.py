@@ -295,6 +295,7 @@ def build(root=None) -> Chapter9:
     points = measured.roofline(ch, ceilings)
     measured.roofline_numbers(ch, points, ceilings)
     measured.targets(ch, noise)
+    measured.default_call(ch)   # the default call (Gluon forward on Hopper): the front-door run
     measured.seed_measured(ch, check, ceilings)
     block_sweep.blocks(ch)
     _sweep_against_run(ch)
