@@ -228,6 +228,11 @@ def show_figure(fig) -> None:
              "text/plain": repr(fig)}, raw=True)
 
 
+def span(values, fmt: str = ".0f") -> str:
+    """``values``' range as the prose quotes it, "low to high" ("n/a" when there are none)."""
+    return f"{min(values):{fmt}} to {max(values):{fmt}}" if len(values) else "n/a"
+
+
 def listed(items) -> str:
     """Items as prose: ["a", "b", "c"] -> "a, b and c"; one item alone; none -> "none"."""
     items = [str(x) for x in items]

@@ -425,7 +425,7 @@ def heavy_first(ch) -> None:
     from ..kernels import configs
     from .blocks import block_state
 
-    from .chapter9_measured import fixed_tiles
+    from .chapter9_causal import fixed_tiles
 
     names = ("heavy_pred_lo", "heavy_pred_hi", "heavy_lo", "heavy_hi", "heavy_sig", "heavy_n", "heavy_full_dev",
              "heavy_slots", "heavy_fixed", "heavy_fixed_shift")
