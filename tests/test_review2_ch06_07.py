@@ -67,11 +67,21 @@ def test_the_exponentials_time_is_not_small_on_hopper():
     share = {d: (1 / (h100.sms * runtime.SFU_PER_CLOCK_PER_SM * clock)) / (4 * d / (h100.fp16_tflops * 1e12))
              for d in (64, 128)}
     assert abs(share[64] - 1.0) < 0.01 and abs(share[128] - 0.5) < 0.01
-    prose = cell_source(CH6, "a45d236a")
+    # the roofline section ends on its point; the exponentials' cost is a "Going further" box after it
+    prose = cell_source(CH6, "c06-exp-box")
+    assert prose.startswith(":::{dropdown} Going further: the exponentials lower the roof\n")
+    assert "exp_share" not in cell_source(CH6, "a45d236a")
+    ids = [c["id"] for c in json.load(open(CH6))["cells"]]
+    assert ids.index("c064e2b9") < ids.index("5f5032c5") == ids.index("c06-exp-box") - 1
+    assert ("In short: naive attention is memory-bound on every chip; a fused kernel is compute-bound,\n"
+            "and the L2 cache keeps it there.") in cell_source(CH6, "5f5032c5")
+    assert ("as long as the matrix products at $d$ = 64 ({glue:text}`exp_share_64:.0f`%) and half as long\n"
+            "at $d$ = 128 ({glue:text}`exp_share_128:.0f`%") in prose
+    assert "assert round(exp_share[64]) == 100 and round(exp_share[128]) == 50" in code
     for name in ("sfu_clock", "exp_share_64:.0f", "exp_share_128:.0f"):
         assert "{glue:text}`" + name + "`" in prose, name
     assert "{cite}`shah2024flashattention3`" in prose and "*and* the special-function units" not in prose
-    assert "The ridges below count the tensor cores\nonly." in prose          # the table's ridges
+    assert "The section's ridges count the tensor cores\nonly." in prose      # the table's ridges
     # resolved on the page: with no overlap the roof drops by the counted share, the ridge with it
     assert "exp_roof_64 = 100 / (1 + exp_share[64] / 100)" in code
     assert 'glue("exp_ridge_h100_64", h100.ridge_flop_per_byte * exp_roof_64 / 100' in code
@@ -141,7 +151,7 @@ print(sorted({int(x) for x in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\
     assert r.returncode == 0, r.stderr[-2000:]
     waits = json.loads(r.stdout.strip().splitlines()[-1])
     assert max(waits) >= 1, waits                  # one product left running: Triton can overlap
-    prose = cell_source(CH7, "c07-ncu-md")
+    prose = cell_source(CH7, "c07-ncu-md") + "\n\n" + cell_source(CH7, "c07-issue-order-md")   # around the figure
     flat_prose = " ".join(prose.split())
     assert "every wait in this kernel is `wgmma.wait_group 0`, no product left running" in flat_prose
     assert "each product is used in the iteration that made it" not in prose   # PV is used in the next
@@ -187,9 +197,13 @@ def test_the_example_grid_is_dealt_out_by_head_groups_on_sm90():
     assert runtime.chip("H200").sms == sms
     assert configs.head_group(programs, sms=sms, cc=90) > 1          # the page's own example
     assert programs / sms < configs.SMALL_GRID_PROGRAMS_PER_SM
-    # the head grouping is told in the chapter's "Looking ahead" box, not in the grid's lesson
+    # the head grouping is told in its own box ("Rounds, tails and HEAD_GROUP"), not in the grid's
+    # lesson and not inside the box about chapter 10
     prose = cell_source(CH7, "c07-ladder-md")
-    assert prose.startswith(":::{admonition} Looking ahead")
+    assert prose.startswith(":::{admonition} Rounds, tails and `HEAD_GROUP`")
+    ahead = prose[prose.index(":::{admonition} Looking ahead: chapter 10"):]
+    assert "HEAD_GROUP" not in ahead and "tail" not in ahead
+    assert "(the box *Rounds, tails and `HEAD_GROUP`* above)" in cell_source(CH7, "dba5f882")
     assert "which was faster on the H200" not in prose and "per SM, a small grid" not in prose
     flat_box = " ".join(prose.split())
     assert "programs per SM: {glue:text}`big_per_sm` here." in flat_box

@@ -79,8 +79,11 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     assert "hide-output" in find_cell(CH6, "c06-pipeline-fig")["metadata"]["tags"]
     assert "Each stage of `num_stages` = $s$ is one more $K$ and $V$ tile kept in shared memory" in main
     # chapter 4's "in flight" (tiles held) and the compiled loop's copies under way, both true
-    assert '[chapter 4](04_tiled_forward.ipynb)\'s "two or three $K$, $V$ tiles in flight": tiles held at once' in main
-    assert "Fewer copies than that are under way at any moment" in main
+    assert ("The formula counts the tiles *held* in shared memory, each from the start of its copy to its "
+            'last use: [chapter 4](04_tiled_forward.ipynb)\'s "two or three $K$, $V$ tiles in flight".') in main
+    assert ("Fewer copies are actually in progress at any moment; the optional box after the table shows "
+            "the timeline.") in main
+    assert "Fewer copies than that are under way" not in main
     assert "extra copies" not in main + text and "the pipeliner adds room" not in main + text
     # the order of the compiled loop (the refill after both products) and where the refill goes
     assert "only then issues the copy of tile $j + s - 1$" in text and "$s - 2$ copies are under way ($s \\ge 2$)" in text
@@ -181,8 +184,11 @@ def test_exp2_saves_the_subnormal_guard_more_than_the_folded_multiply(tmp_path):
     assert "to one (`exp2`)" not in item
     text = flat(cell_source(CH7, "832d2080"))
     # fused by default in the versions run; Triton 3.9 announces the default turns off in 3.10
-    assert ("one fused multiply-add (the Triton versions this book runs fuse the two by default; "
-            "from Triton 3.10, only if asked)") in text
+    assert "each exponent as `qk * qk_scale - new_max`, one fused multiply-add." in text
+    assert ("The exponent is one fused multiply-add because the Triton versions this book runs fuse a "
+            "multiply and an add by default. Triton 3.9 announces that 3.10 will stop fusing by default "
+            "(`TRITON_DEFAULT_FP_FUSION`); the exponent would then take a multiply and an add.") in text
+    assert "from Triton 3.10, only if asked" not in text          # 3.10 is announced, not released
     assert "up to version" not in text                # read as "no longer after it"
     # the five instructions, named in the order ops["natural"] has them above
     assert ("Folding saves one multiply per score; most of the saving is elsewhere. `tl.exp` becomes a "
@@ -266,14 +272,19 @@ def test_the_page_shows_how_stages_is_called():
 
 
 def test_the_what_limits_it_text_is_three_paragraphs():
-    """The busy figures, then why (wgmma and Triton's waits), then what Gluon changes."""
+    """The busy figures, then why (wgmma, the warpgroup, and, after the issue-order figure,
+    Triton's waits), then what Gluon changes."""
     paragraphs = [flat(p) for p in cell_source(CH7, "c07-ncu-md").split("\n\n")]
+    after = [flat(p) for p in cell_source(CH7, "c07-issue-order-md").split("\n\n")]
     busy = next(p for p in paragraphs if p.startswith("The difference is in the tensor cores"))
     assert "wgmma" not in busy and "{glue:text}`ncu_tc_cudnn` in cuDNN's." in busy
     why = next(p for p in paragraphs if p.startswith("Why?"))
     assert "Overlap needs a product still running while the softmax works" in why
-    assert "`wgmma.wait_group 0`" in why and "Triton does leave one running." in why and "Gluon" not in why
-    gluon = next(p for p in paragraphs if p.startswith("Chapter 10 writes a kernel in {term}`Gluon`"))
+    assert "{term}`warpgroup`: 4 warps" in why and "Gluon" not in why      # defined before the figure
+    waits = after[0]                                                        # the figure's upper timeline
+    assert waits.startswith("In the upper timeline the softmax and the products take turns")
+    assert "`wgmma.wait_group 0`" in waits and "Triton does leave one running." in waits and "Gluon" not in waits
+    gluon = next(p for p in after if p.startswith("Chapter 10 writes a kernel in {term}`Gluon`"))
     assert "producer" in gluon and "wait_group" not in gluon
 
 

@@ -139,8 +139,9 @@ def test_the_fit_tables_largest_tiles_are_flagged_as_register_bound():
     assert 'tiles["S/P"] + tiles["O"] <= chip.regs_per_sm_kib * 1024 // 4' in table and '" ✗"' in table
     assert 'assert {e for col in fits for e in fits[col] if "✗" in e} == {f"{B_big} ✗"}' in cell_source(NOTEBOOK, "dc4a6996")
     # ... the reader is told before the table, and nothing is retracted after it
-    assert ("That is all it checks: a ✗ marks a tile whose fp32 $S$ and $O$ would not fit\neven a whole "
-            "SM's registers (below).") in cell_source(NOTEBOOK, "c06-buffers-md")
+    assert ("It checks shared memory; a ✗ adds one register test: that tile's fp32 $S$\nand $O$ would not "
+            "fit even a whole SM's registers (below).") in cell_source(NOTEBOOK, "c06-buffers-md")
+    assert "That is all it checks" not in cell_source(NOTEBOOK, "c06-buffers-md")
     prose = cell_source(NOTEBOOK, "3f12ef78")
     assert "{glue:text}`reg_big_values`" in prose and "not real options" not in prose
     assert "No number of warps saves the ✗ tiles" in prose
@@ -157,10 +158,16 @@ def test_the_chip_tables_memory_column_says_datasheet_gb():
 def test_triton_is_taught_before_the_tile_sizes_use_it():
     ids = cell_ids(NOTEBOOK)
     assert ids.index("8951c53c") < ids.index("49527e1d")          # Triton's model, then the tiles
+    # the first loop (the tile matmul) comes before the stages that pipeline it
+    assert (ids.index("c06-softmax-md") < ids.index("1284c2c8") < ids.index("100d662a")
+            < ids.index("c06-buffers-md") < ids.index("c06-bf16-md") < ids.index("cdcabe1c"))
     model = cell_source(NOTEBOOK, "8951c53c")
     assert "`num_warps` is how many warps" in model and "`num_stages` is the depth" in model
+    assert "issued ahead of their use" not in model and "the first such loop is the tile matmul below" in model
+    assert "Each iteration of the tile matmul's `for k0` loop copies a tile of $A$ and one of $B$" in flat(
+        cell_source(NOTEBOOK, "c06-buffers-md"))
     assert "show_between(flashbook.smem.smem_buffers" not in cell_source(NOTEBOOK, "c1447319")   # a formula instead
-    formula = cell_source(NOTEBOOK, "49527e1d")
+    formula = cell_source(NOTEBOOK, "c06-buffers-md")
     assert r"\text{bytes} &= 4\max(a, b)" in formula and r"a &= (B_r + B_c)\,d" in formula
     assert r"b &= B_r B_c + \max(B_r, B_c)\,d" in formula
 
@@ -212,23 +219,37 @@ def _compile_t4(jobs):
 
 @pytest.mark.slow(seconds=30)
 def test_the_t4_rule_is_the_compiled_kernels_shared_memory_at_any_stage_count():
-    """On sm_75 tl.dot stages one fp32 copy of one product's operands, no pipeline: the formula is
-    the compiled forward's shared memory exactly, at 1 and 3 stages alike, both sides of its max."""
-    shapes = [(64, 64, 64), (32, 32, 128), (64, 32, 128), (32, 64, 128), (64, 64, 128), (128, 32, 64)]
+    """On sm_75 tl.dot stages one fp32 copy of one product's operands, no pipeline: the compiled
+    forward's shared memory is 4 max((B_r + B_c) d, B_r B_c + B_r d) at 1 and 3 stages alike, both
+    sides of its max. The model's max(B_r, B_c) d equals it for B_r >= B_c (the library's T4 forward
+    tiles) and is on the safe side for B_c > B_r (64 x 128 at d = 32: 40,960 B compiled)."""
+    shapes = [(64, 64, 64), (32, 32, 128), (64, 32, 128), (32, 64, 128), (64, 64, 128), (128, 32, 64),
+              (64, 128, 32), (32, 128, 16)]
     jobs = [dict(kernel="forward", cc=75, head_dim=d, dtype="fp16", causal=False, atomic_dq=False,
                  config=[bm, bn, 4, s], assemble=False) for bm, bn, d in shapes for s in (1, 3)]
     sides = set()
     for job, r in zip(jobs, _compile_t4(jobs)):
         (bm, bn, _w, s), d = job["config"], job["head_dim"]
-        qk, pv = (bm + bn) * d, bm * bn + max(bm, bn) * d
-        assert r["shared"] == 4 * max(qk, pv) == smem.smem_bytes(bm, bn, d, num_stages=s, arch="sm_75"), job
+        qk, pv = (bm + bn) * d, bm * bn + bm * d
+        model = smem.smem_bytes(bm, bn, d, num_stages=s, arch="sm_75")
+        assert r["shared"] == 4 * max(qk, pv) <= model, job
+        assert (r["shared"] == model) == (bm >= bn or qk >= bm * bn + bn * d), job
         sides.add("QK" if qk > pv else "PV" if pv > qk else "both")
     assert {"QK", "PV"} <= sides
+    from flashbook.kernels import configs
+    assert all(c.block_m >= c.block_n for _, c, *_ in configs._PREFERRED["sm_75"]["forward"])
     main = flat(cell_source(NOTEBOOK, "c06-buffers-md"))
     assert ("The T4 (`sm_75`) follows another rule: Triton has no tensor-core path there, and `tl.dot` stages "
             "one product's operands in fp32, with no pipeline, so `num_stages` changes nothing.") in main
-    box = flat(cell_source(NOTEBOOK, "49527e1d"))
-    assert "In bytes, as the compiled T4 kernels allocate at any `num_stages`:" in box
+    # the T4's byte formula sits under its rule, not in the optional box
+    assert ("The larger of the forward's two products sets the size: $Q$ and $K$ for $QK^\\top$, or $P$ "
+            "($B_r \\times B_c$) and a $B_r \\times d$ buffer for $PV$.") in main
+    assert ("this is what the compiled T4 kernels allocate at any `num_stages` when $B_r \\ge B_c$ (the "
+            "library's T4 forward tiles):") in main
+    assert ("With $B_c > B_r$ the compiled buffer has $B_r$ rows, not $\\max(B_r, B_c)$: the model is then "
+            "on the safe side.") in main
+    assert "$V$'s buffer sized for" not in main
+    assert "T4 kernels allocate" not in cell_source(NOTEBOOK, "49527e1d")
     text = markdown(NOTEBOOK)
     assert "A fit to" not in text and "the fit counts" not in text
 
@@ -311,7 +332,7 @@ def test_the_exponentials_cost_is_worked_out_from_the_rates():
     assert glued["exp_flops_64"] == 4 * 64 and glued["tc_flop_clk"] == "4,096"
     assert glued["tc_scores_64"] == 4096 // 256 == runtime.SFU_PER_CLOCK_PER_SM == glued["sfu_clock"]
     assert round(glued["exp_share_64"]) == 100 and round(glued["exp_share_128"]) == 50
-    prose = flat(cell_source(NOTEBOOK, "a45d236a"))
+    prose = flat(cell_source(NOTEBOOK, "c06-exp-box"))
     assert ("A score's two products cost $4d$ FLOPs, {glue:text}`exp_flops_64` at $d$ = 64, and an H100 SM's "
             "tensor cores do {glue:text}`tc_flop_clk` dense fp16 FLOPs per clock {cite}`nvidia_h100_whitepaper`: "
             "the products of {glue:text}`tc_scores_64` scores per clock, against the exponentials of "
