@@ -52,9 +52,10 @@ def test_the_noise_table_tells_within_run_from_between_run(ch):
     assert max(float(x) for x in here) == float(v["noise"])          # the floor is a within-run gap
     highs = [float(x.split(" to ")[1].split(" ")[0]) for x in within["in each recorded run (%)"]]
     assert max(highs) == float(v["noise_runs"])                     # so is the largest recorded gap
-    # the Gluon sweep timed twice is a between-run sample: its 18% is not the rule's middle tier
-    gluon = float(between.loc["Gluon sweep, run again", "largest gap here (%)"])
-    assert gluon == pytest.approx(float(v["rerun_max"]), abs=0.5) and gluon > float(v["noise_runs"])
+    # the Gluon sweep timed twice is a between-run sample, not the rule's middle tier; it is quoted
+    # in the noise rule's dropdown, not shown as a row about a kernel the reader has not met yet
+    assert "Gluon sweep, run again" not in set(between.index)
+    assert float(v["rerun_max"]) > float(v["noise_runs"])
     # the last rung in the ladder and in the full comparison, recomputed from the two CSVs
     from flashbook import bench
 
@@ -68,7 +69,7 @@ def test_the_noise_table_tells_within_run_from_between_run(ch):
 
 def test_the_noise_prose_says_the_two_kinds_apart(text):
     assert "Identical kernels *within one run* give the noise floor" in text
-    assert "In two runs one kernel moved more" in text
+    assert "One kernel timed in two runs moves more" in text
     assert "The older repeats in the table spread more" not in text     # the newest run was the quietest
     # the no-op rungs are said in words, without the code excerpts the rungs had not yet introduced
     src = sources_by_id(notebook(CH10))

@@ -418,11 +418,9 @@ def _tuning(ch: Chapter10) -> None:
 def _noise_table(ch: Chapter10) -> None:
     """The noise samples in one table, told apart by how they were timed: identical kernels
     within one run (the floor, ``noise``, and its largest over every recorded run, ``noise_runs``)
-    and one kernel in two runs (the last rung in the ladder and the full comparison, the Gluon
-    sweep run twice). It shows in place of the lab notes' run-by-run table (``repeats``)."""
+    and one kernel in two runs (the last rung in the ladder and the full comparison; the Gluon
+    sweep run twice is quoted in the noise rule's dropdown, ``rerun_max``). It shows in place of the lab notes' run-by-run table (``repeats``)."""
     import pandas as pd
-
-    from .chapter10_lab import GLUON_RERUN
 
     ch.outputs["noise"] = [o for o in ch.outputs.get("noise", []) if o != ("table", "repeats")]
     repeats = ch.tables.get("repeats")
@@ -441,10 +439,6 @@ def _noise_table(ch: Chapter10) -> None:
     if xrun is not None and len(xrun):
         rows.append({"timed": "in two runs", "compared": "last rung: ladder and full comparison", "pairs": len(xrun),
                      "largest gap here (%)": f"{100 * float((xrun - 1).abs().max()):.1f}",
-                     "in each recorded run (%)": "-"})
-    if GLUON_RERUN in every.index:
-        rows.append({"timed": "in two runs", "compared": "Gluon sweep, run again", "pairs": int(pairs[GLUON_RERUN]),
-                     "largest gap here (%)": f"{every.loc[GLUON_RERUN, 'max']:.1f}",
                      "in each recorded run (%)": "-"})
     ch.table("noise", "noise_samples", pd.DataFrame(rows).set_index(["timed", "compared"]))
 
