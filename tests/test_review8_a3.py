@@ -10,21 +10,21 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import ROOT, compile_probe, require
+from conftest import RESULTS, ROOT, compile_probe, require
 from notebook_text import cell_ids, flat, markdown, notebook, sources_by_id
 
 A3 = "A3_lab_notes.ipynb"
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+
+@pytest.fixture(scope="module")
+def src():
+    """A3's cells by id, their text flattened."""
+    return {k: flat(v) for k, v in sources_by_id(notebook(A3)).items()}
 
 
 @pytest.fixture(scope="module")
 def ch(recorded_chapter10):
     return recorded_chapter10
-
-
-@pytest.fixture(scope="module")
-def src():
-    return {k: flat(v) for k, v in sources_by_id(notebook(A3)).items()}
 
 
 def _index() -> dict:

@@ -3,15 +3,13 @@ the profile's readings say what they can show (work per busy cycle, cuDNN's wgmm
 launch, idle share, the register limit per thread), the noise is measured as the gains are, and
 the page states its results in numbers, all read from the recorded runs."""
 import json
-import os
 
 import numpy as np
 import pytest
 
+from conftest import RESULTS
 from notebook_text import cell_ids, cell_source, flat, markdown, notebook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
 CH9 = notebook("09_benchmarks")
 
 

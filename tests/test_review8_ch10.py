@@ -10,11 +10,10 @@ import re
 
 import pytest
 
-from conftest import ROOT, compile_probe, require
+from conftest import RESULTS, ROOT, compile_probe, require
 from notebook_text import cell_ids, flat, markdown, notebook, sources_by_id
 
 CH10 = "10_making_it_fast.ipynb"
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 @pytest.fixture(scope="module")
