@@ -122,7 +122,7 @@ def test_why_it_is_this_fast_cites_the_nsight_compute_run():
     # the table shows this chapter's kernel and cuDNN's; chapter 10's kernel only in the prose
     _, ns = run_glued(cell_source(NOTEBOOK, "c07-ncu"), bench=bench, pd=pd)
     assert set(ns["ncu_table"].index.get_level_values("kernel")) == {"this chapter's kernel", "SDPA cuDNN"}
-    prose = cell_source(NOTEBOOK, "c07-ncu-md")
+    prose = cell_source(NOTEBOOK, "c07-ncu-md") + cell_source(NOTEBOOK, "c07-issue-order-md")
     for name in ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma"):
         assert f"{{glue:text}}`{name}`" in prose, name
     # Triton already issues asynchronous wgmma on sm_90 (tests/test_compile_targets.py checks the PTX)
