@@ -228,7 +228,7 @@ def test_the_kernel_bullet_says_the_idea_first_and_leaves_triton_to_a_note():
     flow = flat(cell_source(CH4, "002fe647"))
     assert "Triton" not in flow and "smem_bytes" not in flow and _glue("f_total") in flow
     text = cell_source(CH4, "5d3f8a21")
-    assert text.startswith(":::{dropdown} How a real kernel counts (optional; chapter 6 measures it)\n")
+    assert text.startswith("(real-kernel-count)=\n:::{dropdown} How a real kernel counts (optional; chapter 6 measures it)\n")
     assert text.rstrip().endswith(":::")
     idea, rest = (flat(part) for part in text.split("\n\n", 1))
     assert "Triton" not in idea and "num_stages" not in idea and "pipeline" not in idea
