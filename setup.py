@@ -1,8 +1,8 @@
 """Build hook: the wheel carries the recorded GPU runs (chapters 9 and 10 read them).
 
 ``benchmarks/results/`` stays where the benchmark scripts write it; building the
-package copies its CSV and JSON files and each run's provenance.txt (not the archived
-executed notebooks or the logs) into
+package copies its CSV, JSON and JUnit XML files and each run's provenance.txt (not the
+archived executed notebooks or the logs) into
 ``flashbook/data/results`` of the build, so a plain ``pip install`` (from git, an
 sdist or a wheel) has them. ``flashbook.resources.results_dir`` finds them.
 Everything else about the package is in pyproject.toml.
@@ -15,7 +15,7 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "benchmarks" / "results"
-SHIPPED = ("*.csv", "*.json", "provenance.txt")
+SHIPPED = ("*.csv", "*.json", "*.xml", "provenance.txt")
 
 
 class BuildPyWithResults(build_py):
