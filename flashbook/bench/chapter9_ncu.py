@@ -63,7 +63,7 @@ def ncu(ch) -> None:
     ch.put("ncu_tc_fb_fwd", at.loc[("triton", False, "forward"), "tensor_pct"], ".0f")
     ch.put("ncu_tc_cudnn_fwd", at.loc[("sdpa-cudnn", False, "forward"), "tensor_pct"], ".0f")
     # the causal dK/dV tiles profiled one by one: the default spills; the fastest tile that does not
-    tiles = table[(table["impl"] == "triton-dkdv") & (table["mask"] == "causal") & (table["dim"] == 128)]
+    tiles = profiles.causal_dkdv_tiles(table)
     spilling = tiles[tiles["spill_mb"] == at.loc[("triton", True, "backward"), "spill_mb"]]
     # the fastest tile that does not spill and executes the same tensor work as the default:
     # the like-with-like test of what the spill costs
@@ -75,22 +75,14 @@ def ncu(ch) -> None:
         bm, bn, _, _ = best["config_dkdv"]
         ch.put("ncu_nospill_tile", f"{bm} × {bn}")
         ch.put("ncu_nospill_ms", best["us"] / 1000, ".2f"); ch.put("ncu_spill_ms", default["us"] / 1000, ".2f")
-
-        def cfg(c):
-            return f"{c[0]} × {c[1]}, {c[2]} warps, {c[3]} stages"
-
-        ch.put("ncu_nospill_cfg", cfg(best["config_dkdv"])); ch.put("ncu_spill_cfg", cfg(default["config_dkdv"]))
+        ch.put("ncu_nospill_cfg", profiles.tile_label(best["config_dkdv"]))
+        ch.put("ncu_spill_cfg", profiles.tile_label(default["config_dkdv"]))
         ch.put("ncu_nospill_ops", best["ops_ratio"], ".2f"); ch.put("ncu_spill_ops", default["ops_ratio"], ".2f")
         ch.put("ncu_nospill_slower", 100 * (best["us"] / default["us"] - 1), ".0f")
     else:
         ch.nothing("ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms", "ncu_nospill_cfg", "ncu_spill_cfg",
                    "ncu_nospill_ops", "ncu_spill_ops", "ncu_nospill_slower")
-    # the toolchain that compiled the profiled kernels: whether a tile spills depends on it
-    import re
-
-    prov = run / "provenance.txt"
-    found = re.search(r"\btriton (\S+)", prov.read_text()) if prov.exists() else None
-    ch.put("ncu_toolchain", found[1] if found else None)
+    ch.put("ncu_toolchain", profiles.toolchain(run))     # whether a tile spills depends on it
     # the same causal tile and stages, spilling (fewer warps) against not spilling (more warps)
     pairs = [(a, b) for _, a in tiles[tiles["spill_mb"] > 0].iterrows() for _, b in tiles[tiles["spill_mb"] == 0].iterrows()
              if (a["config_dkdv"][0], a["config_dkdv"][1], a["config_dkdv"][3])

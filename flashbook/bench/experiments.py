@@ -354,8 +354,6 @@ def _moved_ch9(ch) -> None:
     """Chapter 9's profile of the causal dK/dV tiles at d = 128 (run ``kernel_ncu``): the default
     tile, the fastest tile that does the same tensor work without spilling (chapter 9's pair), the
     default's tile and warps at that tile's stages, and cuDNN's backward registers and spill."""
-    import re
-
     from . import profiles
     from ..kernels import configs
     from .runs import run_path
@@ -364,7 +362,7 @@ def _moved_ch9(ch) -> None:
     if run is None or not run.exists():
         return ch.nothing(*MOVED_NOTES["ch9"])
     table = profiles.pass_table(run)
-    tiles = table[(table["impl"] == "triton-dkdv") & (table["mask"] == "causal") & (table["dim"] == 128)]
+    tiles = profiles.causal_dkdv_tiles(table)
     by = {tuple(c): row for c, (_, row) in zip(tiles["config_dkdv"], tiles.iterrows())}
     d = configs.default("backward_dkdv", cc=90, block_d=128, elem_bytes=2, causal=True)
     default = (d.block_m, d.block_n, d.num_warps, d.num_stages)
@@ -373,11 +371,8 @@ def _moved_ch9(ch) -> None:
     clean = min(same_work, key=lambda c: same_work[c]["us"])
     equal = default[:3] + clean[3:]                       # the default's tile and warps, the clean tile's stages
 
-    def cfg(c):
-        return f"{c[0]} × {c[1]}, {c[2]} warps, {c[3]} stages"
-
-    found = re.search(r"\btriton (\S+)", (run / "provenance.txt").read_text())
-    ch.put("c9_toolchain", found[1] if found else None)
+    cfg = profiles.tile_label
+    ch.put("c9_toolchain", profiles.toolchain(run))
     ch.put("c9_clean_cfg", cfg(clean)); ch.put("c9_clean_ms", by[clean]["us"] / 1000, ".2f")
     ch.put("c9_eq_cfg", cfg(equal)); ch.put("c9_eq_spill", by[equal]["spill_mb"], ".0f")
     ch.put("c9_eq_ms", by[equal]["us"] / 1000, ".2f")

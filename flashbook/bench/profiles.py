@@ -110,6 +110,27 @@ def pass_table(folder):
     return pd.DataFrame(out)
 
 
+def causal_dkdv_tiles(table, dim: int = 128):
+    """The causal dK/dV tiles the profile ran one by one at head dimension ``dim``: the rows of
+    ``pass_table`` whose ``config_dkdv`` names each tile (chapters 8 and 9, appendix A3)."""
+    return table[(table["impl"] == "triton-dkdv") & (table["mask"] == "causal") & (table["dim"] == dim)]
+
+
+def tile_label(config) -> str:
+    """A dK/dV ``config_dkdv`` (block_m, block_n, warps, stages) as the prose names it."""
+    return f"{config[0]} × {config[1]}, {config[2]} warps, {config[3]} stages"
+
+
+def toolchain(folder) -> str | None:
+    """The Triton version that compiled the profiled kernels (the run's ``provenance.txt``): whether
+    a tile spills depends on it. None where the run does not record it."""
+    import re
+
+    prov = Path(folder) / "provenance.txt"
+    found = re.search(r"\btriton (\S+)", prov.read_text()) if prov.exists() else None
+    return found[1] if found else None
+
+
 def forward_wgmma(rows, impl: str = "sdpa-flash", dim: int = 128) -> int:
     """How many ``wgmma`` instructions ``impl``'s forward issued (no mask, head dimension ``dim``),
     summed over its kernels among ``rows`` (``kernel_rows``'s): 0 for code of mma.sync only."""
