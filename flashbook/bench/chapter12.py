@@ -127,17 +127,16 @@ def _flex_ratios(folder) -> dict | None:
             if r["mask"] == "window" and r["window"][0] == 1024 and "flex_over_flashbook_fwd_bwd" in r}
 
 
-def fused_bwd(root=None) -> dict | None:
-    """The backward's dK/dV and dQ programs in one launch (run ``fused_bwd``), as the chapter
-    quotes it: {mask name: [(N, per cent of two launches' backward time that one launch in
-    FlexAttention's order saved)]} over every recorded row at d = 128 (negative: it took longer),
-    and ``exact``: every variant's gradients bitwise the two launches', in every row."""
+def _fused_bwd_rows(root):
+    """The rows of run ``fused_bwd`` that were timed, in file order, as (mask name, N, head
+    dimension as recorded, the row, the key of its two-launch variant: "separate", or "library"
+    in the first runs), or None when the run is not recorded."""
     from .cli import parse_seq_list
 
     folder = run_path("fused_bwd", root)
     if folder is None or not folder.is_dir():
         return None
-    gains, exact = {}, True
+    out = []
     for path in sorted(folder.glob("*.json")):
         with open(path) as f:
             rows = json.load(f)["rows"]
@@ -145,11 +144,26 @@ def fused_bwd(root=None) -> dict | None:
             if "median_ms" not in row:   # a shape the run refused (its error is recorded)
                 continue
             name, n, d, *_ = row["shape"].split(":")
-            ms = row["median_ms"]
-            two = ms["separate"] if "separate" in ms else ms["library"]   # the first runs' name for it
-            if d == "128":
-                gains.setdefault(name, []).append((parse_seq_list(n)[0], 100 * (two - ms["halves"]) / two))
-            exact = exact and all(row["bitwise_equal"].values())
+            two = "separate" if "separate" in row["median_ms"] else "library"
+            out.append((name, parse_seq_list(n)[0], d, row, two))
+    return out
+
+
+def fused_bwd(root=None) -> dict | None:
+    """The backward's dK/dV and dQ programs in one launch (run ``fused_bwd``), as the chapter
+    quotes it: {mask name: [(N, per cent of two launches' backward time that one launch in
+    FlexAttention's order saved)]} over every recorded row at d = 128 (negative: it took longer),
+    and ``exact``: every variant's gradients bitwise the two launches', in every row."""
+    timed = _fused_bwd_rows(root)
+    if timed is None:
+        return None
+    gains, exact = {}, True
+    for name, n, d, row, two_name in timed:
+        ms = row["median_ms"]
+        two = ms[two_name]
+        if d == "128":
+            gains.setdefault(name, []).append((n, 100 * (two - ms["halves"]) / two))
+        exact = exact and all(row["bitwise_equal"].values())
     return {"gains": {name: sorted(rows) for name, rows in gains.items()}, "exact": exact} if gains else None
 
 
@@ -332,26 +346,16 @@ def fused_bwd_rounds(root=None) -> dict | None:
     two launches, -1 when every one was slower, 0 otherwise}} over the rows at d = 128, or None
     when the run is not recorded. (The run's README quotes a "largest spread" over all three of
     its variants, the interleaved order's included; the rule compares the two variants timed.)"""
-    from .cli import parse_seq_list
-
-    folder = run_path("fused_bwd", root)
-    if folder is None or not folder.is_dir():
+    timed = _fused_bwd_rows(root)
+    if timed is None:
         return None
     out = {}
-    for path in sorted(folder.glob("*.json")):
-        with open(path) as f:
-            rows = json.load(f)["rows"]
-        for row in rows:
-            if "times_ms" not in row:   # a shape the run refused
-                continue
-            name, n, d, *_ = row["shape"].split(":")
-            if d != "128":
-                continue
-            two_name = "separate" if "separate" in row["times_ms"] else "library"
-            two, one = row["times_ms"][two_name], row["times_ms"]["halves"]
-            med_two, med_one = statistics.median(two), statistics.median(one)
-            spread = max((max(t) - min(t)) / statistics.median(t) for t in (two, one))
-            every = 1 if max(one) < min(two) else -1 if min(one) > max(two) else 0
-            out[name, parse_seq_list(n)[0]] = {"gain": 100 * (med_two - med_one) / med_two,
-                                               "spread": 100 * spread, "every": every}
+    for name, n, d, row, two_name in timed:
+        if d != "128" or "times_ms" not in row:
+            continue
+        two, one = row["times_ms"][two_name], row["times_ms"]["halves"]
+        med_two, med_one = statistics.median(two), statistics.median(one)
+        spread = max((max(t) - min(t)) / statistics.median(t) for t in (two, one))
+        every = 1 if max(one) < min(two) else -1 if min(one) > max(two) else 0
+        out[name, n] = {"gain": 100 * (med_two - med_one) / med_two, "spread": 100 * spread, "every": every}
     return out or None
