@@ -392,10 +392,9 @@ def default_call(ch) -> None:
     if not at:
         ch.nothing(*names)
         return
-    span = lambda xs: f"{min(xs):.2f} to {max(xs):.2f}"
-    ch.put("fd_fwd_goal", span([r["auto_over_cudnn_fwd"] for r in at]))
-    ch.put("fd_triton_goal", span([r["triton_over_cudnn_fwd"] for r in at]))
-    ch.put("fd_fwd_all", span([r["auto_over_cudnn_fwd"] for r in rows]))
+    ch.put("fd_fwd_goal", _span([r["auto_over_cudnn_fwd"] for r in at], ".2f"))
+    ch.put("fd_triton_goal", _span([r["triton_over_cudnn_fwd"] for r in at], ".2f"))
+    ch.put("fd_fwd_all", _span([r["auto_over_cudnn_fwd"] for r in rows], ".2f"))
     ch.put("fd_shapes", len(rows))
 
 
