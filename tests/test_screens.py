@@ -7,7 +7,7 @@ sits inside a box that scrolls or clips sideways (wide equations, tables and cod
 in their own box: book/_ext/static/flashbook.css). Each page asks for nothing from the
 network and raises no JavaScript error; on a chapter page MathJax typesets without an
 error, every figure loads, and the chapter has its "What you will learn", summary and
-exercises (one visit a page checks it all).
+exercises, and glued values read in the weight of their sentence (one visit a page checks it all).
 """
 import glob
 import os
@@ -108,6 +108,10 @@ def test_page_fits_the_screen_and_is_photographed(server, browser, rel):  # noqa
             img = images.nth(i)
             img.scroll_into_view_if_needed()
             assert img.evaluate("el => el.complete && el.naturalWidth > 50"), f"figure {i} did not load"
+        heavy = page.evaluate("""() => [...document.querySelectorAll('span.pasted-text')]
+          .filter(e => getComputedStyle(e).fontWeight !== getComputedStyle(e.parentElement).fontWeight)
+          .map(e => e.textContent.slice(0, 40))""")
+        assert heavy == [], f"glued text set in another weight than its sentence: {heavy[:3]}"
         if slug[:1].isdigit():   # a chapter; the appendix pages (A2_) have no exercises
             text = page.inner_text("main")
             for heading in ("What you will learn", "Summary", "Exercises"):
