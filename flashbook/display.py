@@ -228,9 +228,13 @@ def show_figure(fig) -> None:
              "text/plain": repr(fig)}, raw=True)
 
 
-def span(values, fmt: str = ".0f") -> str:
-    """``values``' range as the prose quotes it, "low to high" ("n/a" when there are none)."""
-    return f"{min(values):{fmt}} to {max(values):{fmt}}" if len(values) else "n/a"
+def span(values, fmt: str = ".0f", collapse: bool = False) -> str:
+    """``values``' range as the prose quotes it, "low to high" ("n/a" when there are none);
+    with ``collapse``, one value alone where both ends print the same."""
+    if not len(values):
+        return "n/a"
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if collapse and lo == hi else f"{lo} to {hi}"
 
 
 def listed(items) -> str:

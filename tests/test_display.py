@@ -93,3 +93,15 @@ def test_listed_writes_items_as_prose():
     assert listed(["causal 4K", "window 4K", "documents 4K"]) == "causal 4K, window 4K and documents 4K"
     assert listed(["a", "b"]) == "a and b" and listed(iter(["only"])) == "only"
     assert listed([]) == "none" and listed([880, 2976]) == "880 and 2976"
+
+
+def test_span_says_a_range_and_collapses_only_when_asked():
+    from flashbook.display import span
+
+    assert span([3.14159, 2.5], ".1f") == "2.5 to 3.1"
+    assert span([1.04, 0.96], ".0f") == "1 to 1"                  # both ends print the same
+    assert span([1.04, 0.96], ".0f", collapse=True) == "1"        # ... said once when asked
+    assert span([], ".1f") == "n/a"
+    import pandas as pd
+
+    assert span(pd.Series([7.256, 1.2]), ".2f") == "1.20 to 7.26"  # a column works as a list does

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import runtime, tiled
-from ..display import listed, show_figure   # show_figure: also the notebook's
+from ..display import listed, show_figure, span   # show_figure: also the notebook's
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
@@ -457,17 +457,14 @@ def _dq_lesson(ch: Chapter10) -> None:
     if bsteps is None or runs is None:
         return ch.say("dq_lesson", "No recorded ladder or atomic-dQ runs (benchmarks/results/).", missing=True)
 
-    def span(values) -> str:
-        return f"{values.min():.2f} to {values.max():.2f}"
-
     dims = sorted(bsteps["head_dim"].unique())
     fenced = bsteps[bsteps["name"] == "dQ separate"]             # vs_prev: the atomic rung's time over this one's
     atomic, separate = int(ch.values["mm_atomic"]), int(ch.values["mm_separate"])
-    rows = [("atomic, acq_rel adds (the ladder)", atomic, {d: span(fenced[fenced["head_dim"] == d]["vs_prev"]) for d in dims})]
+    rows = [("atomic, acq_rel adds (the ladder)", atomic, {d: span(fenced[fenced["head_dim"] == d]["vs_prev"], ".2f") for d in dims})]
     for variant, label in (("atomic", "atomic, acq_rel adds (experiment)"),
                            ("relaxed", "atomic, relaxed adds (experiment; the code shown)")):
         these = runs[runs["variant"] == variant]
-        rows.append((label, atomic, {d: span(these[these["d"] == d]["x_separate"]) for d in dims}))
+        rows.append((label, atomic, {d: span(these[these["d"] == d]["x_separate"], ".2f") for d in dims}))
     rows.append(("separate dQ kernel (the default)", separate, {d: "1" for d in dims}))
     table = pd.DataFrame([{"dQ added by": label, "products per tile pair": n,
                            **{f"d = {d}": x[d] for d in dims}} for label, n, x in rows]).set_index("dQ added by")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from ..display import span
 from .runs import load_recorded_json
 
 #: ``benchmarks/hopper_fwd_experiment.py``'s recorded run.
@@ -296,12 +297,6 @@ MOVED_NOTES = {
 }
 
 
-def _span(values, fmt: str) -> str:
-    """"low to high" of ``values`` in ``fmt`` (one value alone when they agree)."""
-    lo, hi = format(min(values), fmt), format(max(values), fmt)
-    return lo if lo == hi else f"{lo} to {hi}"
-
-
 def _moved_hopper(ch) -> None:
     """Which descriptor variants did not compile, and the error each recorded."""
     rows, _ = load_hopper_experiment(ch.root)
@@ -345,9 +340,9 @@ def _moved_ch7(ch) -> None:
     ch.put("c7_batch", batch); ch.put("c7_fb", quick["fb", True], ".0f"); ch.put("c7_fa2", quick["fa2", True], ".0f")
     ch.put("c7_fa2_full", quick["fa2", False], ".0f")
     ch.put("c9_runs", len(sweeps)); ch.put("c9_batch", " and ".join(str(b) for b in sorted(runs_batch)))
-    ch.put("c9_fb", _span(fb, ".0f")); ch.put("c9_fa2", _span(fa2, ".0f"))
-    ch.put("c9_fa2_full", _span(fa2_full, ".0f"))
-    ch.put("c7_fa2_gain", _span([100 * (x / quick["fa2", True] - 1) for x in fa2], ".0f"))
+    ch.put("c9_fb", span(fb, ".0f", collapse=True)); ch.put("c9_fa2", span(fa2, ".0f", collapse=True))
+    ch.put("c9_fa2_full", span(fa2_full, ".0f", collapse=True))
+    ch.put("c7_fa2_gain", span([100 * (x / quick["fa2", True] - 1) for x in fa2], ".0f", collapse=True))
 
 
 def _moved_ch9(ch) -> None:
@@ -416,9 +411,9 @@ def _moved_ch11(ch) -> None:
     small = df[(df["batch"] == 1) & (df["seq"] <= 16384) & (df["status"] == "ok")]
     ours, cudnn = small[small["impl"] == "flash_decode"], small[small["impl"] == "sdpa-cudnn"]
     ch.put("c11_first_lengths", f"{ours['seq'].min() // 1024}K to {ours['seq'].max() // 1024}K")
-    ch.put("c11_first_called", _span(1000 * ours["ms"], ".0f"))
-    ch.put("c11_first_gpu", _span(1000 * ours["graph_ms"], ".0f"))
-    ch.put("c11_first_cudnn", _span(1000 * cudnn["ms"], ".0f"))
+    ch.put("c11_first_called", span(1000 * ours["ms"], ".0f", collapse=True))
+    ch.put("c11_first_gpu", span(1000 * ours["graph_ms"], ".0f", collapse=True))
+    ch.put("c11_first_cudnn", span(1000 * cudnn["ms"], ".0f", collapse=True))
     at = [json.loads((p / "host.json").read_text())["2048"] for p in hosts[:3]]
 
     def us(run, key):
@@ -447,7 +442,7 @@ def _moved_ch11(ch) -> None:
             setups.add((p.get("torch"), p.get("triton"), p.get("cudnn"), (p.get("timing") or {}).get("method")))
     if len(setups) != 1:
         raise ValueError(f"the decoding runs differ in versions or timer: {sorted(setups)}")
-    ch.put("c11_cudnn_called", _span(called, ".1f")); ch.put("c11_cudnn_runs", len(called))
+    ch.put("c11_cudnn_called", span(called, ".1f", collapse=True)); ch.put("c11_cudnn_runs", len(called))
     old = repeat_ratios([short])
     ch.put("c11_old_cudnn", old.xs(64, level="batch")["fd_cudnn_ms"].max(), ".2f")
     ch.put("c11_old_paged", old["paged_dense_graph"].max(), ".2f")
