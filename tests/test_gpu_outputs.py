@@ -247,3 +247,24 @@ def test_the_box_is_short_and_keeps_the_run_one_click_away():
     assert "<summary>The run</summary>" in details
     assert "commit 475bbb6 with local changes" in details and "+changes" not in box
     assert "475bbb66fdbdf" not in box
+
+
+def test_a_page_explains_the_recording_once_and_names_the_run_in_every_box():
+    """The first recorded box of a page says what a recording is; later unchanged ones from the
+    same run are their title and the run; a changed cell always says it changed."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"print({i})", id=f"c{i}") for i in range(3)]
+    for c in nb.cells:
+        c.metadata["tags"] = ["gpu"]
+    cells = [{"id": c.id, "source_sha256": gpu_outputs.source_sha256(c.source),
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "x\n"}]} for c in nb.cells]
+    cells[2]["source_sha256"] = "0" * 64                                     # the code changed since
+    status = gpu_outputs.apply(nb, {"provenance": PROV, "cells": cells})
+    assert status == {"c0": "recorded", "c1": "recorded", "c2": "changed"}
+    boxes = [c.outputs[0]["data"]["text/html"] for c in nb.cells]
+    assert "The book was built without a GPU" in boxes[0]
+    assert "The book was built without a GPU" not in boxes[1] and "<summary>The run</summary>" in boxes[1]
+    assert gpu_outputs.CHANGED_NOTE in boxes[2]
+    assert all(f"Recorded on {PROV['gpu']}" in b for b in boxes)

@@ -104,8 +104,10 @@ def describe(prov: dict) -> str:
     return f"{prov.get('gpu', 'a GPU')} ({', '.join(parts)})"
 
 
-def label(prov: dict | None, changed: bool) -> dict:
-    """The boxed note shown above recorded outputs (an nbformat display_data output)."""
+def label(prov: dict | None, changed: bool, repeat: bool = False) -> dict:
+    """The boxed note shown above recorded outputs (an nbformat display_data output). With
+    ``repeat`` (a later cell of the page, from the run the first box explained, unchanged
+    since) the box is its title and the run, one click away, without the explanation again."""
     if prov is None:
         title = "Not recorded on a GPU yet"
         text = ("This cell needs a GPU. No run on a GPU has been recorded for it, so what "
@@ -118,8 +120,10 @@ def label(prov: dict | None, changed: bool) -> dict:
             lead += f" It was {CHANGED_NOTE}: the code above has changed since."
         css = f"admonition note {LABEL_CLASS}"
         text = f"{lead} The run: {describe(prov)}."
+        if repeat and not changed:
+            lead, text = "", f"The run: {describe(prov)}."
         body = (f'<div class="{css}"><p class="admonition-title">{html.escape(title)}</p>'
-                f"<p>{html.escape(lead)}</p><details><summary>The run</summary>"
+                + (f"<p>{html.escape(lead)}</p>" if lead else "") + "<details><summary>The run</summary>"
                 f"<p>{html.escape(describe(prov))}</p></details></div>")
         return {"output_type": "display_data", "metadata": {},
                 "data": {"text/html": body, "text/plain": f"[{title}] {text}"}}
@@ -141,6 +145,7 @@ def apply(nb, record: dict | None) -> dict:
     recorded = {c["id"]: c for c in (record or {}).get("cells", [])}
     prov = (record or {}).get("provenance")
     status = {}
+    explained = False          # the first unchanged recorded cell's box says what it is; later ones, the run
     for cell in nb.cells:
         if not is_gpu_cell(cell):
             continue
@@ -158,7 +163,8 @@ def apply(nb, record: dict | None) -> dict:
         # values, flashbook.display.RECORD_GLUE: those quote the build machine's numbers
         # until the chapter is recorded again); the recorded ones win where both exist
         outputs += [o for o in cell.get("outputs", []) if _glue_key(o) and _glue_key(o) not in have]
-        cell.outputs = [nbformat.from_dict(label(prov, changed))] + outputs
+        cell.outputs = [nbformat.from_dict(label(prov, changed, repeat=explained))] + outputs
+        explained = explained or not changed
     return status
 
 
