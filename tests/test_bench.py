@@ -1090,8 +1090,9 @@ def test_chapter_9_draws_every_figure_from_recorded_results(which, tmp_path):
                    for kind, what in items if kind == "text")
     assert set(ch.messages) == unprofiled and "No recorded results" not in said and "No block sweep" not in said
     blank = sorted(name for name, value in ch.values.items() if value == "n/a"
-                   # a synthetic root holds no Nsight profile and no front-door run: their readings say n/a there
-                   and not (which == "synthetic" and name.startswith(("ncu_", "cc_", "fd_"))))
+                   # a synthetic root holds no Nsight profile, no front-door run and no recorded live cell:
+                   # their readings say n/a there
+                   and not (which == "synthetic" and name.startswith(("ncu_", "cc_", "fd_", "live_"))))
     assert not blank, f"numbers the prose quotes but the data did not give: {blank}"
     assert ch.explorer is not None and ch.explorer["views"]
     if which == "recorded":     # Nsight's count, as tests/test_profiles.py reads the record

@@ -296,3 +296,17 @@ def test_figure_descriptions_fit_a_screen_reader():
         assert 80 <= len(alt) <= 450, (name, cid, len(alt))
         assert not any(ch in alt for ch in "$`*\\\n\""), (name, cid, alt)
         assert not alt.lower().startswith(("image of", "figure showing", "a figure")), (name, cid)
+
+
+def test_command_lines_in_glued_provenance_keep_their_double_hyphens(built):
+    """Sphinx's smart quotes would turn a recorded command's "--out" into an en dash ("–out"),
+    which a reader cannot paste; _config.yml keeps quotes and ellipses, not dashes."""
+    from bs4 import BeautifulSoup
+
+    page = BeautifulSoup(open(os.path.join(built, "notebooks", "11_decoding_and_many_gpus.html"),
+                              encoding="utf-8").read(), "html.parser")
+    text = " ".join(page.get_text().split())
+    assert "benchmarks/ring_bench.py --out" in text and "benchmarks/decode_bench.py --out" in text
+    for path in _html_pages(built):
+        body = BeautifulSoup(open(path, encoding="utf-8").read(), "html.parser").get_text()
+        assert not re.search(r"\s–(out|seqs|batches|impl|rep-ms|budget-s)\b", body), path

@@ -309,3 +309,12 @@ def test_numpy_chapters_never_import_triton():
     assert imports
     code = "\n".join(sorted(imports)) + "\nimport sys\nassert 'triton' not in sys.modules, 'triton imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+def test_no_chapter_uses_a_footnote_the_colab_edition_cannot_show():
+    """Jupyter's Markdown has no footnotes: a MyST ``[^name]`` would show as its raw label in
+    Colab, and the site moves it (with any glued value in it) to the end of the page."""
+    for path in NOTEBOOKS:
+        for cell in _load(path).cells:
+            if cell.cell_type == "markdown":
+                assert not re.search(r"\[\^[\w-]+\]", cell.source), (os.path.basename(path), cell.id)

@@ -110,7 +110,7 @@ def test_exercise_1_spec_matches_its_stub():
 
 
 def test_program_and_block_are_told_apart_from_cuda():
-    assert "(positions\n  in the block; not CUDA's lanes, which are the threads of a warp)" in cell_source(CH6, "8951c53c")
+    assert "**lanes** (the block's positions)" in cell_source(CH6, "8951c53c")
     assert "A Triton program is what CUDA\ncalls a thread block" in cell_source(CH6, "8951c53c")
     assert "one program (a CUDA thread block)" not in cell_source(CH6, "a588df3d")
 
@@ -250,5 +250,5 @@ def test_chapter_7_small_wordings():
     assert "`tl.dot` must sum over at least 16" in cell_source(CH7, "6cd03bbd")
     assert "Two masks bridge that gap" in cell_source(CH7, "6e8580cf")
     assert "sectors the kernel requests" in cell_source(CH7, "c07-ncu-md")
-    assert "sectors (its 32-byte units) requested from it" in cell_source(CH6, "5f5032c5")
+    assert ("with the L2 serving\n{glue:text}`ncu_l2`% of the requests") in cell_source(CH6, "5f5032c5")
     assert "a grid of the same shape" in cell_source(CH7, "111fff05")

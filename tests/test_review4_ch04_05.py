@@ -88,6 +88,9 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
     assert sees.tolist() == [[0, 0], [0, 0], [1, 0], [1, 1]]     # rows 4 and 5 see none of its keys
     assert "query tile 1 (rows 4 to 7) visits key tiles 0 to 3" in flat(cell_source(CH4, "1e4c7a90"))
     library = flat(cell_source(CH4, "7b2d9e45"))
+    # the correct loop runs (and is checked) before the tutorial loop and its NaN are shown
+    assert ids.index("b263ee77") < ids.index("7c6cf013") < ids.index("cb9f9cf5")
+    assert ids.index("84de0ee0") + 1 == ids.index("434e2c11")             # the N_q > N_k demo follows
     assert "In that form only the running maximum is ever subtracted" in library
     assert "The tile is visited, yet its first two rows see none of its keys" in library
     exercise = flat(cell_source(CH4, "853aa331"))
@@ -206,31 +209,35 @@ def test_a_nan_row_stays_nan_and_a_row_that_sees_no_key_gives_zero_and_minus_inf
 
 
 def test_shared_memory_and_registers_are_defined_where_first_used():
-    """Finding 7: the first prose use of shared memory defines it, with registers, and links both."""
+    """Finding 7: the first prose use of shared memory defines it, with registers, and links both
+    (now the data-flow picture, which follows the loop)."""
     ids = cell_ids(CH4)
     first = next(c["id"] for c in CH4["cells"]
                  if c["cell_type"] == "markdown" and "shared memory" in "".join(c["source"]).lower())
-    assert first == "2db0895f"
-    text = flat(cell_source(CH4, "2db0895f"))
+    assert first == "a7082dfc"
+    text = flat(cell_source(CH4, "a7082dfc"))
     assert "{term}`Shared memory <shared memory>` (the paper's \"SRAM\")" in text
     assert "{term}`Registers <register>` are private to each thread" in text
     for name in ("f_t4", "f_h100", "f_regs"):
         assert _glue(name) in text
-    assert ids.index("2db0895f") < ids.index("fe451e51")      # before "registers" is leaned on
+    assert ids.index("a7082dfc") < ids.index("fe451e51")      # before "registers" is leaned on
+    assert ids.index("beb1162b") < ids.index("a7082dfc") < ids.index("541185ed")  # after the loop, before the counts
     assert (runtime.chip("T4").smem_per_block_kib, runtime.chip("H100").smem_per_block_kib,
             runtime.chip("A100").regs_per_sm_kib) == (64, 227, 256)
 
 
 def test_the_kernel_bullet_says_the_idea_first_and_leaves_triton_to_a_note():
-    """Finding 8: the flow teaches the everything-on-chip count; the kernel's count is in a
-    titled dropdown that says what stays in shared memory in plain words first, then Triton,
-    stages and the T4's fp32 operands. The numbers are unchanged."""
+    """Finding 8: the flow teaches the everything-on-chip count; the kernel's count is a titled
+    subsection that says what stays in shared memory in plain words (the summary and Exercise 3
+    rely on it), then a dropdown with Triton, stages and the T4's fp32 operands. The numbers are
+    unchanged."""
     flow = flat(cell_source(CH4, "002fe647"))
     assert "Triton" not in flow and "smem_bytes" not in flow and _glue("f_total") in flow
     text = cell_source(CH4, "5d3f8a21")
-    assert text.startswith("(real-kernel-count)=\n:::{dropdown} How a real kernel counts (optional; chapter 6 measures it)\n")
+    assert text.startswith("(real-kernel-count)=\n### How a real kernel counts\n\n")
     assert text.rstrip().endswith(":::")
-    idea, rest = (flat(part) for part in text.split("\n\n", 1))
+    idea, rest = (flat(part) for part in text.split("\n\n", 1)[1].split("\n\n:::{dropdown}", 1))
+    assert "dropdown" not in idea and "chapter 6 finds" not in rest
     assert "Triton" not in idea and "num_stages" not in idea and "pipeline" not in idea
     assert "plus spare copies of $K_j$ and $V_j$, so that the next ones can load while it computes" in idea
     for name in ("k_a100", "k_t4", "k_t4_fits", "k_t4_left"):
@@ -373,7 +380,9 @@ def test_a2_says_which_column_is_scanned_and_which_read_from_bits():
 
 
 def test_chapter_4_calls_dram_hbm_and_says_nsight_calls_it_dram():
-    """Re-check N3: a newcomer meets HBM everywhere else in the chapter."""
-    text = flat(cell_source(CH4, "800ac299"))
-    assert "the real traffic to HBM (which Nsight Compute calls DRAM" in text
-    assert "read from HBM" in text and "real DRAM traffic" not in text
+    """Re-check N3: a newcomer meets HBM everywhere else in the chapter. The profile itself is
+    chapter 1's (named there by its DRAM counter); chapter 4 says what it found, in HBM's name."""
+    text = flat(cell_source(CH4, "2db0895f"))
+    assert ("A profile of chapter 7's kernel (in {doc}`chapter 1 <01_attention_numpy>`) found HBM "
+            "delivering $Q$, $K$ and $V$ once each") in text
+    assert "DRAM" not in markdown(CH4) and "real DRAM traffic" not in text

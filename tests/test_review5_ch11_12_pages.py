@@ -161,8 +161,8 @@ def test_ch11_says_the_two_gpu_speedup_compares_triton_with_triton():
     assert set(ring["causal"]) == {True} and set(ring["head_dim"]) == {128}
     for n in ring["n"]:         # within the Gluon kernel's head sizes, and not where it measured slower
         assert not hopper_choices.slower_than_triton(128, int(n), int(n), True)
-    text = flat(cell_source(CH11, "c11-41"))
-    assert ("Both sides run chapter 7's Triton forward and chapter 8's backward (`single_ms` is "
+    text = flat(cell_source(CH11, "c11-45"))                         # "How the ring was timed"
+    assert ("Both sides run chapter 7's Triton forward and chapter 8's backward (one GPU's is "
             "`flash_attention(..., backend=\"triton\")`), so the speedup compares like with like") in text
     assert ("the default call, which takes chapter 10's Gluon forward at these shapes, is not in this "
             "comparison") in text
@@ -219,9 +219,10 @@ def test_ch11_host_paragraph_separates_the_called_times_from_the_host_times():
             ) in box and "short_before" not in lesson
     assert ("`flash_decode` ({glue:text}`short_after` µs) is still slower there than cuDNN "
             "({glue:text}`short_host_cudnn` µs)") in lesson
+    against = flat(cell_source(CH11, "c11-h10").split("### Against cuDNN")[1])   # above its table
     assert ("The benchmark's \"called\" times below do not show the host's share: 256 MiB written before "
             "each call to empty the L2 cache keep the GPU busy for at least {glue:text}`flush_us` µs, and a "
-            "shorter host call hides behind that.") in box
+            "shorter host call hides behind that.") in against and "flush_us" not in box + lesson
     assert "slightly slower" not in lesson + box and "short_fd" not in cell_source(CH11, "c11-h3")
 
 

@@ -214,12 +214,18 @@ def test_the_benchmarked_kernel_is_named_and_the_atomic_rows_relabelled(ch):
     assert "{doc}`Which function should I use? <../book/which_kernel>`" in cell_source(CH9, "measurements-md")
     assert "`flashbook-atomic` (acq_rel adds, as recorded)" in md
     assert ATOMIC_LABEL == "flashbook-atomic (acq_rel adds, as recorded)"
-    # the tables and the figures' legends show the label, the data keep the implementation's name
-    assert ATOMIC_LABEL in ch.tables["seed_measured"].index and "flashbook-atomic" in set(ch.results["impl"])
-    for name in ("tflops", "memory"):
+    # round 3 (reader): the seed-shape tables and the speed figure leave the old twin out; the memory
+    # figure still shows it under its label; the data keep the implementation's name
+    assert "flashbook-atomic" in set(ch.results["impl"])
+    for table in ("seed_measured", "seed_measured_d"):
+        assert not any("flashbook-atomic" in i for i in ch.tables[table].index), table
+        assert "flashbook" in ch.tables[table].index
+    assert "The speed figure and the seed-shape tables leave it out." in flat(md)
+    for name, shown in (("tflops", False), ("memory", True)):
         fig = ch.figures[name]()
         texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-        assert "flashbook-atomic" not in texts and any(t.startswith("flashbook-atomic\n(acq_rel") for t in texts), name
+        assert "flashbook-atomic" not in texts, name
+        assert any(t.startswith("flashbook-atomic\n(acq_rel") for t in texts) == shown, name
 
 
 def test_terms_are_defined_before_use_and_sentences_unnested():
@@ -255,9 +261,22 @@ def test_speeds_point_one_way_and_the_default_call_is_quoted(ch):
     assert "times as long as ours" not in md and "it took {glue:text}`t_fwd_flash_span` times as long" not in md
     box = flat(cell_source(CH9, "measurements-md")).split(":::{admonition} Key results", 1)[1].split(":::", 1)[0]
     assert "its time over ours, so above 1 means ours is faster" in box
-    assert 'backend="triton"' in box
-    for name in ("fd_fwd_goal", "fd_triton_goal", "fd_fwd_all", "fd_shapes"):
-        assert _glue(name) in box, name
+    assert 'backend="triton"' in box and "roughly matches cuDNN" in box
+    # round 3: the box says it in one sentence; the front-door numbers sit in the cuDNN paragraph,
+    # at that run's shapes, beside chapter 10's sweep and how far cuDNN moved between runs
+    cudnn = flat(cell_source(CH9, "seed-measured-md"))
+    for name in ("fd_fwd_goal", "fd_triton_goal", "fd_goal_shapes", "fd_sweep_goal", "live_cudnn_moved"):
+        assert _glue(name) in cudnn, name
+    assert "at the cuDNN shapes above" not in md and "(that run's shapes;" in cudnn and "read both as a tie" in cudnn
+    assert ch.values["fd_goal_shapes"] == "4K and 16K"
+    from flashbook.bench.experiments import gluon_schedule_table
+    sweep = gluon_schedule_table(128)
+    sweep = sweep[(sweep["dtype"] == "bf16") & (sweep["seq"] >= 4096)]
+    ratio = sweep["producer"] / sweep["cudnn"]
+    assert ch.values["fd_sweep_goal"] == f"{ratio.min():.2f} to {ratio.max():.2f}" == "1.00 to 1.09"
+    live = ch.tables["live_recorded"]
+    cud = live.drop(columns=[c for c in live.columns if "/" in c]).xs("sdpa-cudnn", level="impl")
+    assert ch.values["live_cudnn_moved"] == f"{100 * (cud.max(axis=1) / cud.min(axis=1) - 1).max():.0f}" == "16"
     run = bench.load_recorded_json("front_door")
     goal = next(t for t in bench.PERFORMANCE_TARGETS
                 if t.kind == "goal" and t.metric == "fwd" and t.baseline == "sdpa-cudnn")
@@ -276,3 +295,27 @@ def test_speeds_point_one_way_and_the_default_call_is_quoted(ch):
     assert ":::{dropdown} The profile in detail (optional)" in cell_source(CH9, "backward-credit-md")
     for term in ("*twin* kernels", "*tensor pipe busy*", "*persistent* means"):
         assert term in md, term
+
+
+def test_round3_the_dq_kernel_spills_too_and_units_are_said(ch):
+    """Round 3 (expert): the dQ kernel also runs at 255 registers and spills (38 and 25 MB); the
+    backward times are sums over every kernel of the pass; the wgmma count is per warp; the
+    profile's peak shares are its own (cuDNN's in the full run: 61%)."""
+    from flashbook.bench import profiles
+    from flashbook.bench.runs import run_path
+
+    rows = [k for k in profiles.kernel_rows(run_path("kernel_ncu", RESULTS)) if k["impl"] == "triton"
+            and k["pass_"] == "backward" and k["dim"] == 128 and k["Kernel Name"] == "_bwd_dq"]
+    by = {k["causal"]: k for k in rows}
+    v = ch.values
+    assert v["ncu_dq_regs"] == str(int(by[False][profiles.REGS])) == "255"
+    assert (v["ncu_dq_spill_full"], v["ncu_dq_spill_causal"]) == (
+        f"{by[False][profiles.SPILL_ST] / 1e6:.0f}", f"{by[True][profiles.SPILL_ST] / 1e6:.0f}") == ("38", "25")
+    text = flat(cell_source(CH9, "backward-credit-md"))
+    for name in ("ncu_dq_regs", "ncu_dq_spill_full", "ncu_dq_spill_causal"):
+        assert _glue(name) in text, name
+    assert "For the dK/dV kernel, avoiding the spill does not help" in text
+    assert _glue("ncu_cudnn_us") + " (all kernels of the pass)" in text
+    targets = flat(cell_source(CH9, "seed-measured-md"))
+    assert _glue("ncu_cudnn_wgmma") + " `wgmma` instructions, counted per warp" in targets
+    assert _glue("ncu_run_cudnn_peak_pct") in targets and v["ncu_run_cudnn_peak_pct"] == "61"

@@ -87,7 +87,10 @@ def _span(values) -> str:
 
 
 def test_the_dq_lesson_table_is_recomputed_from_its_runs(ch):
-    table = ch.tables["dq_lesson"]
+    # the page shows relaxed against separate; the acq_rel rows moved to an unshown table
+    lesson, acq_rel = ch.tables["dq_lesson"], ch.tables["dq_acq_rel"]
+    assert not any("acq_rel" in label for label in lesson.index)
+    table = lesson.combine_first(acq_rel)
     rows = _ladder_rows()
     ms = {(r["seq"], r["head_dim"], r["causal"], r["name"]): float(r["ms"]) for r in rows if r["pass_"] == "bwd"}
     runs = [json.load(open(os.path.join(RESULTS, _index()[name]["path"])))["rows"]
@@ -101,7 +104,7 @@ def test_the_dq_lesson_table_is_recomputed_from_its_runs(ch):
             x = [1 / r["vs_separate"] for run in runs for r in run if r["variant"] == variant and r["d"] == d]
             assert table.loc[label, f"d = {d}"] == _span(x)
         assert table.loc["separate dQ kernel (the default)", f"d = {d}"] == "1"
-    assert list(table["products per tile pair"]) == [5, 5, 5, 7]
+    assert list(lesson["products per tile pair"]) == [5, 7] and list(acq_rel["products per tile pair"]) == [5, 5]
     # chapter 8's ranges and this table come from the same reader (experiments.atomic_dq_both)
     relaxed = table.loc["atomic, relaxed adds (experiment; the code shown)"]
     lows = [float(relaxed[f"d = {d}"].split(" to ")[0]) for d in (64, 128)]
@@ -246,3 +249,34 @@ def test_terms_come_before_they_are_used(text):
     assert "(a model: one instruction" not in text
     assert "Turned around, this is Amdahl's law" in text
     assert "its *occupancy*" in flat(src["c10-heavy-pred-md"]) and "(occupancy: {glue:text}`heavy_slots`)" in text
+
+
+def test_the_front_door_and_the_sweep_are_told_apart_with_how_far_each_kernel_moved(ch):
+    """The Gluon forward against cuDNN at d = 128, N >= 4K, bf16 in the two runs the book quotes
+    (the front-door run and the schedule sweep), recomputed from their files; movement between
+    the runs measured as gains are (slower over faster, minus one)."""
+    from flashbook.bench.chapter10_beyond import gluon_schedule_table
+    from flashbook.bench.runs import load_recorded_json
+
+    rows = [r for r in load_recorded_json("front_door")["rows"]
+            if r["head_dim"] == 128 and r["seq"] >= 4096 and r["dtype"] == "bf16"]
+    sweep = gluon_schedule_table(128)
+    assert len(rows) >= 4
+    fd, sw, moved_c, moved_g = [], [], [], []
+    for r in rows:
+        m = sweep[(sweep["dtype"] == "bf16") & (sweep["seq"] == r["seq"]) & (sweep["causal"] == r["causal"])]
+        assert len(m) == 1, r["seq"]
+        m = m.iloc[0]
+        fd.append(r["sdpa-cudnn"]["fwd_ms"] / r["auto"]["fwd_ms"])
+        sw.append(m["producer"] / m["cudnn"])
+        a, b = r["sdpa-cudnn"]["fwd_tflops"], m["cudnn"]
+        moved_c.append(max(a, b) / min(a, b) - 1)
+        a, b = r["auto"]["fwd_tflops"], m["producer"]
+        moved_g.append(max(a, b) / min(a, b) - 1)
+    v = ch.values
+    assert (v["fd128_lo"], v["fd128_hi"]) == (f"{min(fd):.2f}", f"{max(fd):.2f}")
+    assert (v["sweep128_lo"], v["sweep128_hi"]) == (f"{min(sw):.2f}", f"{max(sw):.2f}")
+    assert v["fd_cudnn_moved"] == f"{100 * max(moved_c):.0f}" and v["fd_gluon_moved"] == f"{100 * max(moved_g):.0f}"
+    text = " ".join(markdown(notebook(CH10)).split())
+    for name in ("fd128_lo", "sweep128_hi", "fd_cudnn_moved", "fd_gluon_moved"):
+        assert "{glue:text}`" + name + "`" in text, name

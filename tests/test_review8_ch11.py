@@ -151,7 +151,7 @@ def test_ch11_ring_thresholds_and_takeaway_come_from_the_run():
     share = (ring_df.sort_values("n")["comm_ms"] / ring_df.sort_values("n")["compute_ms"])
     assert glued["comm_share_hi"] == f"{100 * share.max():.0f}" and share.is_monotonic_decreasing
     assert int(ring_df["n"].min()) // int(ring_df["world_size"].iloc[0]) >= int(glued["min_shard_bwd"].replace(",", ""))
-    text = flat(cell_source("11_decoding_and_many_gpus", "c11-45"))
+    text = flat(cell_source("11_decoding_and_many_gpus", "c11-41") + "\n" + cell_source("11_decoding_and_many_gpus", "c11-45"))
     for said in ("That is for an unmasked forward step: a causal zigzag step computes half a block",
                  "{glue:text}`min_shard_causal`", "{glue:text}`min_shard_bwd`",
                  "even with no overlap at all, its transfers would add at most {glue:text}`comm_share_hi`%"):

@@ -220,3 +220,68 @@ def test_ch12_visible_tile_table_imports_what_it_calls_and_the_speed_table_shows
     for wrong in ("goes further: it *stores* 0", "inward for the whole one", "the prefix of 8 {glue:text}"):
         assert wrong not in text, wrong
     assert "flash-attn calls such packed sequences of varying length *varlen*" in text
+
+
+def test_ch12_heaviest_first_gain_gives_its_grid_and_the_long_rows():
+    """The heaviest-first row quotes its small grid (batch 1, 16 heads: 512 forward programs) and
+    that from 16K tokens on the order made no difference beyond the spread, read from the run."""
+    from flashbook.bench import chapter12
+
+    order = chapter12.window_order()
+    require(order is not None, "runs window_order and window_tiles are not recorded")
+    rec = json.load(open(bench.run_path("window_order")))
+    row = next(r for r in rec["rows"] if r["shape"] == "window 4K at 4K")
+    assert (order["batch"], order["heads"], order["seq"]) == (row["batch"], row["heads"], row["seq"]) == (1, 16, 4096)
+    late = []
+    for r in rec["rows"]:
+        if r["mask"] == "window" and r["seq"] >= 16384:
+            t = r["times"]
+            ratio = np.median(t["heavy-off"]["fwd"]) / np.median(t["rule"]["fwd"])
+            spread = max((max(t[v]["fwd"]) - min(t[v]["fwd"])) / np.median(t[v]["fwd"]) for v in ("heavy-off", "rule"))
+            assert abs(ratio - 1) <= spread
+            late.append(ratio)
+    assert len(late) == 4 and order["late_within"]
+    assert (order["late_lo"], order["late_hi"]) == pytest.approx((min(late), max(late)))
+    glued, _ = run_glued(cell_source(CH12, "e16e7c60"), quiet=True, np=np, pd=pd)
+    assert (glued["wo_batch"], glued["wo_heads"], glued["wo_programs"], glued["wo_late_from"]) == ("1", "16", "512", "16K")
+    table = flat(cell_source(CH12, "b98bd1a6"))
+    assert "{glue:text}`wo_programs` forward programs, a small grid" in table
+    assert "within the repeats' spread, as in chapter 10's rung 5" in table
+
+
+def test_ch12_backward_claim_follows_the_recorded_rows():
+    """"Where the lead is smallest: the backward": from 8K on, a plain window's or packed documents'
+    backward (fwd+bwd less fwd) is level with Flex's or a little slower; with the soft cap faster.
+    No row of the comparison has flashbook slower beyond the noise."""
+    path = bench.run_path("masks")
+    require(path is not None, "no recorded masks run")
+    rows = json.load(open(path / "masks.json"))["rows"]
+
+    def bwd(r):
+        return ((r["flex"]["fwd_bwd_ms"] - r["flex"]["fwd_ms"]) / (r["flashbook"]["fwd_bwd_ms"] - r["flashbook"]["fwd_ms"]))
+
+    level = [bwd(r) for r in rows if r["seq"] > 4096 and r["mask"] in ("window", "documents")]
+    capped = [bwd(r) for r in rows if r["seq"] > 4096 and "softcap" in r["mask"]]
+    assert 0.9 < min(level) < 1 < max(level) < 1.1 and min(capped) > 1.05
+    text = flat(markdown(CH12))
+    for wrong in ("Where flashbook still loses", "The backward is the slower half", "(the rule is in the box below)",
+                  "Seven choices in the library"):
+        assert wrong not in text, wrong
+    lead = flat(cell_source(CH12, "a5000337"))
+    assert lead.startswith("**Where the lead is smallest: the backward.**") and "{glue:text}`mb_bwd_lo`" in lead
+    assert "one run without repeats" in lead
+
+
+def test_ch12_soft_cap_instructions_are_counted_in_the_compiled_kernel():
+    """The soft cap's "three of its operations per score instead of one": in the forward compiled
+    for sm_90 here, it adds one MUFU.EX2 and one MUFU.RCP beside each of the softmax's exp2."""
+    from flashbook.bench import chapter12
+
+    sass = chapter12.soft_cap_sass()
+    require(sass is not None, "this machine cannot compile for sm_90 and disassemble")
+    plain, cap, per = sass["plain"], sass["softcap"], sass["scores_per_thread"]
+    added = cap["EX2"] - plain["EX2"]
+    assert added == cap["RCP"] - plain["RCP"] > 0 and added % per == 0 and plain["EX2"] - added < per
+    growth = flat(cell_source(CH12, "c12-window-growth"))
+    assert "No profile separates the causes; the likely ones:" in growth
+    assert "{glue:text}`sc_cap_ex2` and {glue:text}`sc_cap_rcp`" in growth

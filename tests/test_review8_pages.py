@@ -87,3 +87,31 @@ def test_before_you_ship_lists_the_advice_the_footnotes_held():
         assert advice in ship, advice
     code = page.split("## One call", 1)[1].split("```", 2)[1]
     assert "o.sum().backward()   # it trains too; for training speed, the table above points to SDPA" in code
+
+
+def test_ranges_that_differ_from_the_linked_chapters_name_their_runs():
+    """The training and inference rows give this page's run and, beside the chapter link, that
+    chapter's own run (chapter 9's full comparison, chapter 10's Gluon sweep), each checked
+    against its recorded data; the two host times per decoding call name their machines."""
+    full, _ = bench.load_results(bench.latest_results(bench.results_root()))
+    goal = next(t for t in bench.PERFORMANCE_TARGETS if t.kind == "goal" and t.metric == "bwd")
+    ch9 = bench.target_table(full, targets=[goal])["ratio"].dropna()
+    sweep = bench.gluon_schedule_table(128)
+    require(sweep is not None, "no recorded Gluon sweep")
+    sweep = sweep[sweep["dtype"] == "bf16"]
+    ch10 = sweep["producer"] / sweep["cudnn"]
+    glued = page_glued("which_kernel.md")
+    assert (glued["ch9_bwd_goal_lo"], glued["ch9_bwd_goal_hi"]) == (f"{ch9.min():.2f}", f"{ch9.max():.2f}")
+    assert (glued["ch10_fwd128_lo"], glued["ch10_fwd128_hi"]) == (f"{ch10.min():.2f}", f"{ch10.max():.2f}")
+    lines = book_page("which_kernel.md").splitlines()
+    training = next(line for line in lines if line.startswith("| training |"))
+    assert "this page's run; {doc}`chapter 9 <../notebooks/09_benchmarks>`'s full run gave" in training
+    assert "{glue:text}`ch9_bwd_goal_lo`" in training
+    inference = next(line for line in lines if line.startswith("| inference with plain full or causal attention"))
+    assert "in this page's run; {doc}`chapter 10 <../notebooks/10_making_it_fast>`'s sweep gave" in inference
+    assert "{glue:text}`ch10_fwd128_hi`" in inference
+    note = next(line for line in lines if line.startswith("[^decode]:"))
+    assert "on the H200 machine's CPU (host times depend on the CPU, not the GPU)" in note
+    text = flat(book_page("which_kernel.md"))
+    assert ("{glue:text}`kv_fd_host` µs for `flash_decode` (on this H100 machine's CPU; the H200 machine's "
+            "took {glue:text}`dec_host_fd` µs for the same call)") in text

@@ -113,7 +113,7 @@ def test_fa1_with_the_papers_blocks_moves_more_than_naive_on_a_t4():
 
 def test_d_v_and_program_are_defined_where_first_used():
     assert "$d_v$ is the width of the value" in cell_source(CH4, "541185ed")
-    assert "{term}`program`" in cell_source(CH4, "7b2d9e45")
+    assert "{term}`program`" in cell_source(CH4, "c04-loop-md")      # the library loop's introduction
     assert "program" not in cell_source(CH4, "cb9f9cf5")       # not used before it is defined
 
 

@@ -240,8 +240,11 @@ def test_the_t4_rule_is_the_compiled_kernels_shared_memory_at_any_stage_count():
     assert all(c.block_m >= c.block_n for _, c, *_ in configs._PREFERRED["sm_75"]["forward"])
     main = flat(cell_source(NOTEBOOK, "c06-buffers-md"))
     assert ("The T4 (`sm_75`) follows another rule: Triton has no tensor-core path there, and `tl.dot` stages "
-            "one product's operands in fp32, with no pipeline, so `num_stages` changes nothing.") in main
-    # the T4's byte formula sits under its rule, not in the optional box
+            "one product's operands in fp32, with no pipeline, so `num_stages` changes nothing") in main
+    # the T4's byte formula sits under its rule, in the section's own "On the T4" box, not in the
+    # optional box on Triton's buffers
+    assert main.index("The T4 (`sm_75`) follows another rule") < main.index(":::{dropdown} On the T4 (`sm_75`) (optional)")
+    assert main.index(":::{dropdown} On the T4 (`sm_75`) (optional)") < main.index("The larger of the forward's two products")
     assert ("The larger of the forward's two products sets the size: $Q$ and $K$ for $QK^\\top$, or $P$ "
             "($B_r \\times B_c$) and a $B_r \\times d$ buffer for $PV$.") in main
     assert ("this is what the compiled T4 kernels allocate at any `num_stages` when $B_r \\ge B_c$ (the "
@@ -263,9 +266,11 @@ def test_bf16_runs_on_a_t4_too_so_fp16_is_chosen_for_other_reasons():
     fp16, bf16 = _compile_t4(jobs)
     assert fp16["shared"] == bf16["shared"]
     text = flat(cell_source(NOTEBOOK, "c06-bf16-md"))
-    assert ("That does not decide the book's kernels: Triton uses no tensor cores on a T4, so a bf16 kernel "
-            "runs there too, on the same fp32 FMAs.") in text
-    assert ("get the T4's tensor cores only in fp16, and because fp16 rounds finer") in text
+    assert ("Triton itself uses no tensor cores on a T4, so a bf16 kernel would run there too, on the same "
+            "fp32 FMAs.") in text
+    assert ("get the T4's tensor cores only in fp16, and fp16 rounds finer than bf16") in text
+    # the conclusion leads; the bf16 MMA's sm_80 requirement is background, in a box
+    assert text.index("On a T4 the book's kernels run in fp16.") < text.index(":::{dropdown}") < text.index("`sm_80` or newer")
     prose = markdown(NOTEBOOK)
     assert "So the book's kernels use fp16 on a T4" not in prose and "no bf16 tensor cores: kernels use fp16" not in prose
     summary = flat(cell_source(NOTEBOOK, "653d56e1"))
@@ -283,7 +288,12 @@ def test_the_pointer_model_comes_before_the_tile_matmul_uses_it():
     ids = cell_ids(NOTEBOOK)
     assert ids.index("2c73a56c") < ids.index("c06-offsets") < ids.index("1284c2c8") < ids.index("100d662a")
     text = flat(cell_source(NOTEBOOK, "2c73a56c"))
-    assert "A torch tensor passed to a kernel arrives as a *pointer*, the address of its first element" in text
+    launch = flat(cell_source(NOTEBOOK, "1757c44a"))        # said where the first kernel is launched
+    assert ids.index("668cefbe") < ids.index("1757c44a") < ids.index("2c73a56c")
+    assert "A torch tensor passed to a kernel arrives as a *pointer*, the address of its first element" in launch
+    assert "`kernel[grid](args)` launches one program per entry of `grid`" in launch
+    assert "a `tl.constexpr` argument becomes a compile-time constant" in launch
+    assert "The programs run in parallel, in no fixed order, and share nothing but global memory" in launch
     assert "a pointer plus a block of offsets is a block of addresses, and `tl.load` reads them all" in text
     assert "`rows[:, None] * stride + cols[None, :]` is a (rows × cols) block" in text
     _, ns = run_glued(cell_source(NOTEBOOK, "c06-offsets"), quiet=True, torch=torch, np=np)
@@ -352,8 +362,9 @@ def test_the_softmax_is_level_at_256_columns_and_ahead_from_512():
     assert glued["sm_level_cols"] == str(cols[0]) and glued["sm_ahead_cols"] == str(cols[1])
     assert glued["sm_level_pct"] == f"{100 * abs(ratio[cols[0]] - 1):.1f}" == "1.7"
     read = flat(cell_source(NOTEBOOK, "c06-softmax-read"))
-    assert ("In the run shown the two are level at {glue:text}`sm_level_cols` columns ({glue:text}`sm_level_pct`% "
+    assert ("At {glue:text}`sm_level_cols` columns the two are level ({glue:text}`sm_level_pct`% "
             "apart); from {glue:text}`sm_ahead_cols` columns on the Triton kernel is ahead") in read
+    assert "In the run shown" not in read
     alt = find_cell(NOTEBOOK, "118fcf7e")["metadata"]["mystnb"]["image"]["alt"]
     chip = next(key for key in runtime.CHIPS if key in recorded_gpu_name("06_gpu_and_triton"))
     assert f"on the recorded GPU, an {chip}:" in alt and f"the {chip}'s datasheet bandwidth" in alt

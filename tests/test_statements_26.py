@@ -169,8 +169,16 @@ def test_chapters_quote_the_recorded_dram_bytes_and_l2_hits(name, cell_id):
     assert glued["ncu_qkv"] == f"{qkv_mb / 3:.1f}"
     assert float(glued["ncu_l2"]) > 80
     text = markdown(nb)
-    for key in ("ncu_shape", "ncu_dram", "ncu_qkv", "ncu_l2"):
+    # chapter 1 gives the profile; chapter 6 points to chapter 1 and quotes the L2's share; chapter 4
+    # points to chapter 1 and quotes only the ratio to its own count, no typed MB
+    keys = {"06": ("ncu_l2",), "04": ("ncu_model_x",)}.get(name[:2], ("ncu_shape", "ncu_dram", "ncu_qkv", "ncu_l2"))
+    for key in keys:
         assert "{glue:text}`" + key + "`" in text, key
+    if name.startswith("04"):
+        assert "{doc}`chapter 1 <01_attention_numpy>`" in text and "$Q$, $K$ and $V$ once each" in " ".join(text.split())
+        assert glued["ncu_dram"] not in text and glued["ncu_qkv"] not in text
+    if name.startswith("06"):
+        assert "[chapter 1](01_attention_numpy.ipynb)" in text and "$Q$, $K$ and $V$ once each" in text
     assert "chapter 11 shows" not in text          # decoding's profile says nothing about re-reads
     if name.startswith("04"):
         from flashbook.kernels import configs

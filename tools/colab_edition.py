@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import glob
 import json
 import os
@@ -150,11 +151,19 @@ def glue_records(slug: str, executed_dir: str = EXECUTED) -> dict:
         return json.load(f)
 
 
+@functools.lru_cache(maxsize=None)
+def smartquotes_action() -> str:
+    """The book's ``smartquotes_action`` (_config.yml; Sphinx's default is "qDe")."""
+    with open(os.path.join(ROOT, "_config.yml"), encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    return ((config.get("sphinx") or {}).get("config") or {}).get("smartquotes_action", "qDe")
+
+
 def _as_rendered(text: str) -> str:
-    """What Sphinx's smart quotes (its default, action "qDe") make of a text."""
+    """What Sphinx's smart quotes (the book's action) make of a text."""
     from docutils.utils.smartquotes import smartyPants
 
-    return smartyPants(text, "qDe", "en")
+    return smartyPants(text, smartquotes_action(), "en")
 
 
 def glued_text(records: dict, key: str, role: str, slug: str) -> str:

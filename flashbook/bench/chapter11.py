@@ -32,15 +32,22 @@ def print_provenance(csv_path, full: bool = False, root=None) -> None:
         print(f"{key:>11}: {value}")
 
 
-def decode_shares(root=None):
+def provenance_text(csv_path) -> str:
+    """The provenance recorded beside ``csv_path`` on one line, "key: value; key: value"."""
+    return "; ".join(f"{key}: {value}" for key, value in provenance_summary(provenance_for(csv_path)).items())
+
+
+def decode_shares(root=None, show: bool = True):
     """The newest ``decode.csv``: (path, its ok rows, flash_decode's rows, flash_decode's cache bytes per
-    second as % of the measured copy bandwidth by cache length and batch), or None."""
+    second as % of the measured copy bandwidth by cache length and batch), or None. Prints the run's
+    provenance unless ``show`` is False (``provenance_text`` gives it on one line)."""
     runs = find_runs(root, "decode.csv")
     if not runs:
         return None
     path = runs[0]
     df = pd.read_csv(path)
-    print_provenance(path, full=True, root=root)
+    if show:
+        print_provenance(path, full=True, root=root)
     ok = df[df["status"] == "ok"]
     ours = ok[ok["impl"] == "flash_decode"]
     share = ours.pivot_table(index="seq", columns="batch", values="copy_fraction_graph")
@@ -104,14 +111,27 @@ RING_COLUMNS = ["n", "single_ms", "ring_ms", "speedup", "compute_ms", "comm_ms",
                 "overlapped_spread_ms", "hidden_fraction", "check"]
 
 
-def ring_runs(root=None):
-    """The newest ``ring.csv`` (two GPUs): (its rows, the table the chapter shows), or None."""
+def ring_runs(root=None, show: bool = True):
+    """The newest ``ring.csv`` (two GPUs): (its rows, the table the chapter shows), or None. Prints
+    the run's provenance unless ``show`` is False (``ring_provenance`` gives it on one line)."""
     runs = find_runs(root, "ring.csv")
     if not runs:
         return None
     ring_df = pd.read_csv(runs[0])
-    print_provenance(runs[0], root=root)
+    if show:
+        print_provenance(runs[0], root=root)
     return ring_df, ring_df[RING_COLUMNS].set_index("n").round(3)
+
+
+#: the ring table's columns the chapter shows in its reading flow, with their labels
+RING_SHOWN = {"single_ms": "one GPU (ms)", "ring_ms": "two GPUs (ms)", "speedup": "speedup",
+              "compute_ms": "ring, compute alone (ms)", "comm_ms": "ring, transfers alone (ms)"}
+
+
+def ring_provenance(root=None) -> str:
+    """The newest ``ring.csv``'s provenance on one line (``provenance_text``), or "not recorded"."""
+    runs = find_runs(root, "ring.csv")
+    return provenance_text(runs[0]) if runs else "not recorded"
 
 
 def ring_settings(root=None) -> dict:
@@ -137,10 +157,14 @@ def ncu_table(before, after, batch=64, seq=32768):
     for splits, steps in (("1 split", before), ("4 splits", after)):
         for s in steps:
             if (s["batch"], s["seq"]) == (batch, seq) and s["impl"] != "paged":
-                rows.append({"splits": splits, "kernel": s["impl"], "µs": s["kernel_us"] + s["merge_us"],
+                # cuDNN has no split count: it was profiled alongside, in the same session
+                name = (f"flash_decode, {splits}" if s["impl"] == "dense"
+                        else f"cuDNN (profiled alongside the {splits.replace(' splits', '-split').replace(' split', '-split')} run)" if s["impl"] == "sdpa-cudnn"
+                        else f"{s['impl']} ({splits})")
+                rows.append({"kernel": name, "µs": s["kernel_us"] + s["merge_us"],
                              "programs per SM": s["per_sm"], "waves": s["waves"],
                              "SMs busy (%)": 100 * s["sm_busy"], "DRAM (% of peak)": s["dram_pct"]})
-    table = pd.DataFrame(rows).set_index(["splits", "kernel"])
+    table = pd.DataFrame(rows).set_index("kernel")
     return table.round({"µs": 0, "waves": 2, "SMs busy (%)": 0, "DRAM (% of peak)": 0})
 
 

@@ -30,6 +30,10 @@ CAUSAL_TILES = {"backward_dkdv": (64, 128, 8, 3), "backward_dq": (128, 64, 8, 4)
 SHORT_TILES = {"backward_dkdv": (64, 64, 4, 2), "backward_dq": (64, 64, 4, 2)}
 
 
+#: from this length on (tokens), the window rows whose launch order made no difference beyond the spread
+LATE_SEQ = 16384
+
+
 def window_order(root=None) -> dict | None:
     """The window's order and tiles, as the chapter quotes them:
 
@@ -39,7 +43,11 @@ def window_order(root=None) -> dict | None:
     - ``gain_{kernel}_lo/hi``: per cent less backward time with the causal mask's tiles than with
       the short window's, over the W = 4K shapes (``long``), and ``loss_{kernel}_lo/hi`` the per
       cent more with W = 1K (``short``); kernel is ``dkdv`` or ``dq``;
-    - ``windows``: the windows' left sides those tile sweeps timed (no length between them was).
+    - ``windows``: the windows' left sides those tile sweeps timed (no length between them was);
+    - ``batch``, ``heads``, ``seq``: the shape of the window as long as the sequence (its grid);
+    - ``late_lo``, ``late_hi``: the plain order's forward time over last first's, over the window
+      rows from ``LATE_SEQ`` tokens on, and ``late_within``: each of those within its spread (the
+      larger of the two orders' (slowest - fastest) / median of the forward's rounds).
     """
     from ..kernels import configs
 
@@ -52,6 +60,16 @@ def window_order(root=None) -> dict | None:
     out = {"plain_fwd": same["heavy-off"]["fwd_ms"], "last_fwd": same["rule"]["fwd_ms"],
            "causal_fwd": causal["rule"]["fwd_ms"],
            "exact": all(all(r["exact"].values()) for r in order["rows"]), "rows": len(order["rows"])}
+    out.update({key: rows["window 4K at 4K"][key] for key in ("batch", "heads", "seq")})
+    late = []
+    for r in order["rows"]:
+        if r["mask"] == "window" and r["seq"] >= LATE_SEQ:
+            t = r["times"]
+            spread = max((max(t[v]["fwd"]) - min(t[v]["fwd"])) / statistics.median(t[v]["fwd"])
+                         for v in ("heavy-off", "rule"))
+            late.append((t["heavy-off"]["fwd_ms"] / t["rule"]["fwd_ms"], spread))
+    out["late_lo"], out["late_hi"] = min(x for x, _ in late), max(x for x, _ in late)
+    out["late_within"] = all(abs(x - 1) <= spread for x, spread in late)
     with open(paths[-1]) as f:
         sweeps = json.load(f)["sweeps"]
     medians = [(sweep["window"] + 1 >= configs.LONG_WINDOW, _tile_medians(sweep)) for sweep in sweeps]
@@ -359,3 +377,40 @@ def fused_bwd_rounds(root=None) -> dict | None:
         every = 1 if max(one) < min(two) else -1 if min(one) > max(two) else 0
         out[name, n] = {"gain": 100 * (med_two - med_one) / med_two, "spread": 100 * spread, "every": every}
     return out or None
+
+
+def soft_cap_sass() -> dict | None:
+    """The special-function unit's instructions (SASS ``MUFU.EX2`` and ``MUFU.RCP``) in the forward
+    kernel compiled for sm_90 on this machine (no GPU needed), bf16, d = 128, causal, its default
+    tiles, without and with the soft cap: {"plain": {"EX2": n, "RCP": n}, "softcap": {...},
+    "scores_per_thread": scores of one tile each thread holds}. Counts are of instructions in the
+    code, not of instructions executed. None when the compiler or its disassembler is missing."""
+    import os
+    import subprocess
+    import sys
+
+    from ..kernels import configs
+
+    cfg = configs.default("forward", cc=90, block_d=128, elem_bytes=2, causal=True)
+    code = (
+        "import json, re\n"
+        "from flashbook.kernels import configs, targets\n"
+        f"cfg = configs.Config({cfg.block_m}, {cfg.block_n}, {cfg.num_warps}, {cfg.num_stages})\n"
+        "out = {}\n"
+        "for name, cap in (('plain', False), ('softcap', True)):\n"
+        "    c = targets.compile_kernel('forward', cc=90, config=cfg, head_dim=128, dtype='bf16',"
+        " causal=True, softcap=cap)\n"
+        "    sass = c.asm['sass']\n"
+        "    out[name] = {op: len(re.findall(r'MUFU\\.' + op + r'\\b', sass)) for op in ('EX2', 'RCP')}\n"
+        "print(json.dumps(out))\n")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True, env=env, timeout=900)
+        if proc.returncode != 0:
+            return None
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    out["scores_per_thread"] = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+    return out

@@ -50,6 +50,7 @@ def live_recorded(ch) -> None:
     rows = parse_table(recorded_output("09_benchmarks", LIVE_CELL, ch.root) or "") if record else []
     if ch.results is None or not rows:
         ch.say(cell, "No live run is recorded beside the full runs: nothing to compare here.")
+        ch.nothing("live_cudnn_moved")
         return
     live = pd.DataFrame(rows)
     when = (record.get("provenance") or {}).get("date", "")
@@ -81,5 +82,6 @@ def live_recorded(ch) -> None:
     # how far one implementation's forward moved across the runs at one shape
     timed = table.drop(columns=[c for c in table.columns if "/" in c])
     moved = (timed.max(axis=1) / timed.min(axis=1) - 1).groupby(level="impl").max()
+    ch.put("live_cudnn_moved", 100 * moved["sdpa-cudnn"] if "sdpa-cudnn" in moved.index else None, ".0f")
     ch.say(cell, "The most each implementation's forward moved across these runs at one shape: "
                  + ", ".join(f"{impl} {100 * m:.0f}%" for impl, m in moved.sort_values(ascending=False).items()))

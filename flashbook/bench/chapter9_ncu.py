@@ -20,7 +20,8 @@ NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb
             "ncu_nospill_cfg", "ncu_spill_cfg", "ncu_nospill_ops", "ncu_spill_ops", "ncu_nospill_slower",
             "ncu_pair_dkdv_x", "ncu_toolchain", "ncu_cudnn_wgmma", "ncu_run_flash_fwd_x", "ncu_peak",
             "ncu_flash_peak_pct", "ncu_fb_peak_pct", "ncu_cudnn_peak_pct",
-            "ncu_flash_per_busy", "ncu_fb_per_busy", "ncu_cudnn_per_busy")
+            "ncu_flash_per_busy", "ncu_fb_per_busy", "ncu_cudnn_per_busy",
+            "ncu_dq_regs", "ncu_dq_spill_full", "ncu_dq_spill_causal", "ncu_run_cudnn_peak_pct")
 
 
 def ncu(ch) -> None:
@@ -48,6 +49,12 @@ def ncu(ch) -> None:
     ch.put("ncu_rate", (fb["ops_ratio"] / fb["us"]) / (cu["ops_ratio"] / cu["us"]), ".2f")
     ch.put("ncu_regs", fb["regs"]); ch.put("ncu_spill_full", fb["spill_mb"], ".0f")
     ch.put("ncu_spill_causal", at.loc[("triton", True, "backward"), "spill_mb"], ".0f")
+    # the dQ kernel of the same passes: its registers and local-memory stores (it spills too)
+    dq = {k["causal"]: k for k in profiles.kernel_rows(run) if k["impl"] == "triton" and k["pass_"] == "backward"
+          and k["dim"] == 128 and k["Kernel Name"] == "_bwd_dq"}
+    ch.put("ncu_dq_regs", int(dq[False][profiles.REGS]) if False in dq else None)
+    for causal, key in ((False, "full"), (True, "causal")):
+        ch.put(f"ncu_dq_spill_{key}", dq[causal][profiles.SPILL_ST] / 1e6 if causal in dq else None, ".0f")
     # which dK/dV tile spilled those: the library's defaults, with the warps each launch had
     from .chapter8 import ncu_dkdv_registers
     from ..kernels import configs
@@ -154,6 +161,9 @@ def ncu(ch) -> None:
             if res is not None else None)
     ch.put("ncu_run_flash_fwd_x", same.loc["sdpa-flash", "fwd_ms"] / same.loc["flashbook", "fwd_ms"]
            if same is not None and {"sdpa-flash", "flashbook"} <= set(same.index) else None, ".2f")
+    # cuDNN's forward at the same shape in the full comparison run, as a share of the peak
+    ch.put("ncu_run_cudnn_peak_pct", 100 * same.loc["sdpa-cudnn", "fwd_tflops"] / peak
+           if same is not None and "sdpa-cudnn" in same.index else None, ".0f")
     ch.put("ncu_flash_spill_gb", flash["spill_mb"] / 1e3, ".1f"); ch.put("ncu_flash_regs", flash["regs"])
     # SDPA-flash's backward starts with element-wise kernels (copies, by their traffic)
     copies = [k for k in pass_kernels("sdpa-flash") if "elementwise_kernel" in k["Kernel Name"]]
