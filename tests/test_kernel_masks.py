@@ -460,10 +460,12 @@ def test_alibi_forward_and_backward_match_float64(case):
     yardstick = checks.torch_grads(q, k, v, do, dtype=dtype, alibi_slopes=slopes, **rule)
     seen = masks.allowed(n_q, n_k, causal=causal, window=window or (-1, -1)).sum(axis=1)
     terms = (1, 1, group * max(1, int((seen == 1).sum())), 1)   # dK: rows that see one key alone
-    problems = [checks.within_twice_yardstick(name, got, want, ys, head_dim=d, terms=t)
-                for name, got, want, ys, t in zip(("o", "dq", "dk", "dv"), (o, *(x.grad for x in leaves)),
-                                                  (o_want, *grads_want), yardstick, terms)]
-    assert not any(problems), [p for p in problems if p]
+    # the book's rule as the stress suite applies it: dQ and dK may also carry the error of the
+    # kernel's own rounded o, read back for delta (a fresh seed once put fp16 dQ 2.2e-3 off, all
+    # of it that term: checks.output_error_grads)
+    problems = checks.backward_problems((o.detach(), *(x.grad for x in leaves)), (o_want, *grads_want),
+                                        yardstick, q, k, v, do, head_dim=d, terms=terms, alibi_slopes=slopes, **rule)
+    assert not problems, problems
     finite = torch.isfinite(lse_want)   # rows that see no key: -inf in both
     lse = lse.cpu()
     assert torch.equal(torch.isfinite(lse), finite)
@@ -538,3 +540,29 @@ def test_bad_alibi_slopes_are_refused_by_name():
     with pytest.raises(ValueError, match="ALiBi"):
         flashbook.flash_attention(q, k, v, alibi_slopes=torch.rand(2, device=DEVICE), backend="gluon")
 
+
+
+def test_the_alibi_fp16_dq_that_missed_the_rule_is_the_rounded_outputs_error(monkeypatch):
+    """Seed 4071579741 put fp16 dQ (causal, 40 queries over 9 keys, GQA) 2.2e-3 off, just past
+    the rule without its allowance; ``checks.output_error_grads`` explains that element to 1e-7:
+    the backward reads the forward's rounded o for delta, as FlashAttention's does. With the
+    allowance (``checks.backward_problems``) the case passes, and nothing else is loosened."""
+    dtype, n_q, n_k, batch, heads, group, d, causal, window, cap, per_batch = ALIBI_CASES["causal-more-queries-gqa"]
+    gen = torch.Generator().manual_seed(4071579741)
+    q = torch.randn(batch, heads, n_q, d, generator=gen).to(DEVICE, dtype)
+    k, v = (torch.randn(batch, heads // group, n_k, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    do = torch.randn(batch, heads, n_q, d, generator=gen).to(DEVICE, dtype)
+    slopes = _slopes((heads,), gen).to(DEVICE)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = autograd.flash_attention(*leaves, alibi_slopes=slopes, causal=True)
+    o.backward(do)
+    _, _, dq_want, _, _ = _alibi_truth(q, k, v, do, alibi_slopes=slopes.cpu().numpy(), causal=True, window=(-1, -1))
+    yard = checks.torch_grads(q, k, v, do, dtype=dtype, alibi_slopes=slopes, causal=True)[1]
+    dq = leaves[0].grad
+    assert "dq: max error" in checks.within_twice_yardstick("dq", dq, dq_want, yard, head_dim=d)
+    explained, _ = checks.output_error_grads(q, k, v, do, o.detach(), alibi_slopes=slopes, causal=True)
+    err = dq.double().cpu() - dq_want
+    worst = tuple(int(i) for i in (err.abs() == err.abs().max()).nonzero()[0])
+    assert abs(float(err[worst]) - float(explained[worst])) < 1e-6 < abs(float(err[worst]))
+    assert checks.within_twice_yardstick("dq", dq, dq_want, yard, head_dim=d,
+                                         allow=float(explained.abs().max())) is None

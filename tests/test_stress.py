@@ -162,7 +162,7 @@ def test_the_one_gpu_failure_of_run_14_is_the_forwards_output_error():
     step = torch.finfo(torch.float16).eps * float(truth.abs().max())
     assert float((got.double() - truth - ddk).abs().max()) <= step
     assert "dk: max error" in checks.within_twice_yardstick("dk", got, truth, yardstick, head_dim=16)
-    allow = stress.output_error_allowance(*ins, one(o, *rows), mask)[2]
+    allow = checks.output_error_allowance(*ins, one(o, *rows), **mask)[2]
     assert allow == float(ddk.abs().max())
     assert checks.within_twice_yardstick("dk", got, truth, yardstick, head_dim=16, allow=allow) is None
     worse = truth + 2 * (got.double() - truth)

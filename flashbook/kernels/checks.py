@@ -148,3 +148,38 @@ def error_bound(got, want, yardstick, *, head_dim: int, terms: int = 1) -> tuple
     floor = (8 * torch.finfo(torch.float32).eps * math.sqrt(head_dim * max(1, terms)) * (1 + largest)
              + torch.finfo(got.dtype).eps * max(0.25, largest / 2))
     return base, floor
+
+
+GRADS = ("o", "dq", "dk", "dv")
+
+
+def output_error_allowance(q, k, v, do, o, **mask) -> tuple:
+    """(o, dq, dk, dv)'s ``allow`` for ``within_twice_yardstick``: for dQ and dK the largest
+    element of the part of their error that the kernel's own output error explains
+    (``output_error_grads``; ``mask``: its keyword arguments), 0 for o and dV."""
+    dq, dk = output_error_grads(q, k, v, do, o, **mask)
+    return 0.0, float(dq.abs().max()), float(dk.abs().max()), 0.0
+
+
+def compare(names, got, truth, yardstick, head_dim, terms=None, allow=None) -> list:
+    """Each output against the truth by the book's rule; ``terms``: for each, how many
+    rounded products an element sums, 1 by default; ``allow``: for each, the error granted
+    beyond the yardstick's, 0 by default (``within_twice_yardstick``). A list of problems."""
+    problems = []
+    for name, g, t, y, n, a in zip(names, got, truth, yardstick, terms or [1] * len(names),
+                                   allow or [0.0] * len(names)):
+        if g.shape != t.shape:
+            problems.append(f"{name}: shape {tuple(g.shape)}, want {tuple(t.shape)}")
+            continue
+        problem = within_twice_yardstick(name, g, t, y, head_dim=head_dim, terms=n, allow=a)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def backward_problems(got, truth, yardstick, q, k, v, do, *, head_dim: int, terms=None, **mask) -> list:
+    """(o, dq, dk, dv) against the truth by the book's rule, dQ and dK granted the error that
+    the kernel's own rounded output carries into them (``output_error_allowance``), as the
+    stress suite grants it: every gradient test asks the same. A list of problems."""
+    allow = output_error_allowance(q, k, v, do, got[0], **mask)
+    return compare(GRADS, got, truth, yardstick, head_dim, terms=terms, allow=allow)

@@ -47,7 +47,7 @@ FP32_HEAD_DIMS = (16, 64, 80, 128)   # see all_classes: float32 at 256 compiles 
 #: new tokens per decode step (1 is plain decoding; more is speculative decoding)
 NEW_TOKENS = (1, 2, 3, 8, 16)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-GRADS = ("o", "dq", "dk", "dv")
+GRADS = checks.GRADS
 KERNELS = ("attention", "decode", "gluon", "varlen")
 
 
@@ -107,22 +107,6 @@ def _slopes(case: Case, device):
 def _draw(shapes, dtype, seed, device):
     gen = torch.Generator(device=device).manual_seed(seed)
     return [torch.randn(s, generator=gen, device=device, dtype=torch.float32).to(dtype) for s in shapes]
-
-
-def _compare(names, got, truth, yardstick, head_dim, terms=None, allow=None) -> list:
-    """Each output against the truth by the book's rule; ``terms``: for each, how many
-    rounded products an element sums, 1 by default; ``allow``: for each, the error granted
-    beyond the yardstick's, 0 by default (``within_twice_yardstick``)."""
-    problems = []
-    for name, g, t, y, n, a in zip(names, got, truth, yardstick, terms or [1] * len(names),
-                                   allow or [0.0] * len(names)):
-        if g.shape != t.shape:
-            problems.append(f"{name}: shape {tuple(g.shape)}, want {tuple(t.shape)}")
-            continue
-        problem = checks.within_twice_yardstick(name, g, t, y, head_dim=head_dim, terms=n, allow=a)
-        if problem:
-            problems.append(problem)
-    return problems
 
 
 def _launch(case: Case, seed: int, device):
@@ -207,15 +191,8 @@ def run_attention(case: Case, seed: int, device) -> list:
                 alibi_slopes=_slopes(case, q.device))
     truth = checks.torch_grads(q, k, v, do, dtype=torch.float64, **mask)
     yardstick = checks.torch_grads(q, k, v, do, dtype=DTYPES[case.dtype], **mask)
-    return _compare(GRADS, got, truth, yardstick, case.head_dim, terms=(1, 1, alone_rows(case), 1),
-                    allow=output_error_allowance(q, k, v, do, got[0], mask))
-
-
-def output_error_allowance(q, k, v, do, o, mask) -> tuple:
-    """(o, dq, dk, dv)'s ``allow``: for dQ and dK the largest element of the part of their
-    error that the kernel's own output error explains (``checks.output_error_grads``)."""
-    dq, dk = checks.output_error_grads(q, k, v, do, o, **mask)
-    return 0.0, float(dq.abs().max()), float(dk.abs().max()), 0.0
+    return checks.backward_problems(got, truth, yardstick, q, k, v, do, head_dim=case.head_dim,
+                                    terms=(1, 1, alone_rows(case), 1), **mask)
 
 
 def alone_rows(case: Case) -> int:
@@ -243,7 +220,7 @@ def run_decode(case: Case, seed: int, device) -> list:
         truth = checks.torch_attention(q[i:i + 1].double(), ks.double(), vs.double(), causal=case.causal, softcap=cap)
         yardstick = checks.torch_attention(q[i:i + 1], ks, vs, causal=case.causal, softcap=cap)
         problems += [f"sequence {i} (length {n}): {p}"
-                     for p in _compare(("o",), (o[i:i + 1],), (truth,), (yardstick,), case.head_dim)]
+                     for p in checks.compare(("o",), (o[i:i + 1],), (truth,), (yardstick,), case.head_dim)]
     return problems
 
 
@@ -266,10 +243,9 @@ def run_varlen(case: Case, seed: int, device) -> list:
         truth = checks.torch_grads(*inputs, dtype=torch.float64, **mask)
         yardstick = checks.torch_grads(*inputs, dtype=DTYPES[case.dtype], **mask)
         alone = alone_rows(replace(case, seq_q=rows.stop - rows.start, seq_k=keys.stop - keys.start))
-        allow = output_error_allowance(*inputs, mine[0], mask)
         problems += [f"document {b} ({rows.stop - rows.start} x {keys.stop - keys.start}): {p}"
-                     for p in _compare(GRADS, mine, truth, yardstick, case.head_dim, terms=(1, 1, alone, 1),
-                                       allow=allow)]
+                     for p in checks.backward_problems(mine, truth, yardstick, *inputs, head_dim=case.head_dim,
+                                                       terms=(1, 1, alone, 1), **mask)]
     return problems
 
 
