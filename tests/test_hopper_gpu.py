@@ -99,9 +99,8 @@ def test_gluon_against_float64(case, config, dtype):
     got = (o, *(x.grad for x in leaves))
     want = checks.reference_grads(q, k, v, do, causal=causal)
     yardstick = checks.torch_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal=causal, dtype=dtype)
-    problems = [checks.within_twice_yardstick(name, g.cpu(), w, y, head_dim=d)
-                for name, g, w, y in zip(("o", "dq", "dk", "dv"), got, want, yardstick)]
-    problems = [p for p in problems if p]
+    problems = checks.backward_problems(tuple(g.detach().cpu() for g in got), want, yardstick,
+                                        *(x.cpu() for x in (q, k, v, do)), head_dim=d, causal=causal)
     assert not problems, f"seed {seed}: " + "; ".join(problems)
     # the autograd path ran the default configuration's forward
     assert torch.equal(o_ag.detach(), hopper.gluon_forward(q, k, v, causal=causal)[0])

@@ -126,7 +126,10 @@ def compare_with_sdpa(label, b, h, h_kv, n_q, n_k, d, causal, dtype, *, backend=
     ours, theirs, truth = three_ways(b, h, h_kv, n_q, n_k, d, causal, dtype, seed,
                                      backend=backend, dq_mode=dq_mode)
     errors, problems = {}, []
-    for name, a, s, t in zip(("o", "dq", "dk", "dv"), ours, theirs, truth):
+    # dQ and dK may also carry the error of our rounded o, read for delta (the book's rule)
+    allow = checks.output_error_allowance(*_inputs(b, h, h_kv, n_q, n_k, d, DTYPES[dtype], seed), ours[0],
+                                          causal=causal)
+    for name, a, s, t, extra in zip(("o", "dq", "dk", "dv"), ours, theirs, truth, allow):
         assert torch.isfinite(a).all(), f"{label}: {name} has NaN/inf"
         err, _ = checks.max_error(a, t)
         base, _ = checks.max_error(s, t)
@@ -134,7 +137,7 @@ def compare_with_sdpa(label, b, h, h_kv, n_q, n_k, d, causal, dtype, *, backend=
         # the yardstick of test_kernels, with its floors: a few float32 ulps, and one
         # rounding step of the dtype (on the H200 one draw in 36+ puts the worst dq
         # element one fp16 step off where SDPA's is 0.43 step off: 2.15x, RMS ratio 1.00004)
-        problem = checks.within_twice_yardstick(name, a, t, s, head_dim=d)
+        problem = checks.within_twice_yardstick(name, a, t, s, head_dim=d, allow=extra)
         if problem:
             problems.append(problem)
     record(test="sdpa", label=label, shape=[b, h, h_kv, n_q, n_k, d], causal=causal, dtype=dtype,

@@ -54,10 +54,12 @@ def _check(dtype, causal, seq_len, seed, device, *, batch=2, heads=2, block_m=16
     truth = checks.torch_grads(q, k, v, do, causal=causal, dtype=torch.float64)[1:]      # autograd, float64
     yardstick = checks.torch_grads(q.to(device), k.to(device), v.to(device), do.to(device), causal=causal,
                                    dtype=dtype)[1:]
-    for name, x, want, yard in zip(("dq", "dk", "dv"), got, truth, yardstick):
+    # dQ and dK may also carry the error of the forward's rounded o, read for delta (the book's rule)
+    allow = checks.output_error_allowance(q, k, v, do, o.cpu(), causal=causal)[1:]
+    for name, x, want, yard, a in zip(("dq", "dk", "dv"), got, truth, yardstick, allow):
         assert x.shape == q.shape and x.dtype == dtype and x.device.type == torch.device(device).type, name
         assert not torch.isnan(x).any(), f"{name}: elements left unwritten (NaN), seed {seed}"
-        problem = checks.within_twice_yardstick(name, x.cpu(), want, yard.cpu(), head_dim=HEAD_DIM)
+        problem = checks.within_twice_yardstick(name, x.cpu(), want, yard.cpu(), head_dim=HEAD_DIM, allow=a)
         assert problem is None, f"seed {seed}: {problem}"
 
 
