@@ -268,3 +268,19 @@ def test_a_page_explains_the_recording_once_and_names_the_run_in_every_box():
     assert "The book was built without a GPU" not in boxes[1] and "<summary>The run</summary>" in boxes[1]
     assert gpu_outputs.CHANGED_NOTE in boxes[2]
     assert all(f"Recorded on {PROV['gpu']}" in b for b in boxes)
+
+
+def test_a_recorded_cells_prints_show_as_one_box_per_stream():
+    """A recording keeps each flush as its own stream output; the page shows one box per
+    run of one stream, in order, text unchanged, other outputs where they were."""
+    outs = [{"output_type": "stream", "name": "stdout", "text": "a\n"},
+            {"output_type": "stream", "name": "stdout", "text": ["b\n", "c\n"]},
+            {"output_type": "stream", "name": "stderr", "text": "warn\n"},
+            {"output_type": "stream", "name": "stdout", "text": "d\n"},
+            {"output_type": "display_data", "metadata": {}, "data": {"text/plain": "t"}},
+            {"output_type": "stream", "name": "stdout", "text": "e\n"}]
+    got = gpu_outputs.merge_streams(outs)
+    assert [(o["output_type"], o.get("name"), o.get("text")) for o in got] == [
+        ("stream", "stdout", "a\nb\nc\n"), ("stream", "stderr", "warn\n"), ("stream", "stdout", "d\n"),
+        ("display_data", None, None), ("stream", "stdout", "e\n")]
+    assert outs[0]["text"] == "a\n"                     # the recording itself is not changed

@@ -133,6 +133,24 @@ def label(prov: dict | None, changed: bool, repeat: bool = False) -> dict:
             "data": {"text/html": body, "text/plain": f"[{title}] {text}"}}
 
 
+def merge_streams(outputs: list) -> list:
+    """Copies of ``outputs`` with each run of consecutive stream outputs of one stream
+    (stdout or stderr) joined into one: a recording keeps a cell's prints as the kernel
+    flushed them, which the page would show as one box per flush."""
+    merged = []
+    for o in outputs:
+        o = copy.deepcopy(o)
+        if o.get("output_type") == "stream" and not isinstance(o.get("text", ""), str):
+            o["text"] = "".join(o["text"])
+        last = merged[-1] if merged else None
+        if (last is not None and o.get("output_type") == "stream" and last.get("output_type") == "stream"
+                and last.get("name") == o.get("name")):
+            last["text"] += o.get("text", "")
+        else:
+            merged.append(o)
+    return merged
+
+
 def _glue_key(output):
     return output.get("metadata", {}).get("scrapbook", {}).get("name")
 
@@ -156,7 +174,7 @@ def apply(nb, record: dict | None) -> dict:
             continue
         changed = rec["source_sha256"] != source_sha256(cell.source)
         status[cell.id] = "changed" if changed else "recorded"
-        outputs = [nbformat.from_dict(copy.deepcopy(o)) for o in rec["outputs"]]
+        outputs = [nbformat.from_dict(o) for o in merge_streams(rec["outputs"])]
         have = {_glue_key(o) for o in outputs} - {None}
         # numbers the live cell glues but the recording lacks stay, so the prose never loses
         # a value (a newer cell; or a recording made before tools/run_notebooks.py kept glued
