@@ -38,7 +38,10 @@ def test_dataflow_forward_counts_come_from_the_io_model():
         assert level in words
     names = {p.get_label() for p in ax.patches}
     assert {"Q_i", "K_j", "V_j", "S/P", "O_i", "m, l", "Q", "K", "V", "O", "lse"} <= names
-    assert len(arrows(ax)) == 5
+    # 5 crossings of the HBM boundary, and the two products: Q_i, K_j -> S/P and V_j, S/P -> O_i
+    dashed = [a for a in arrows(ax) if a.arrow_patch.get_linestyle() != "solid"]
+    assert len(arrows(ax)) == 5 + 4 and len(dashed) == 4
+    assert "$S = Q_i K_j^T$" in words and "$O_i$ += $P V_j$" in words
 
 
 @pytest.mark.parametrize("dq", ["atomic", "separate"])

@@ -36,6 +36,22 @@ def _arrow(ax, x0, lev0, x1, lev1, label, color="black", style="-|>"):
             ha="left", va="center")
 
 
+def _compute(ax, sources, target, label, at, color="#55A868"):
+    """Thin dashed arrows from the on-chip tiles ``sources`` ((x, level) each) into the tile
+    ``target`` that a matrix product makes from them, the product written at ``at``."""
+    (xt, lt) = target
+    yt = _LEVEL_Y[lt]
+    for xs, ls in sources:
+        ys = _LEVEL_Y[ls]
+        if ys == yt:        # beside it on the same level: edge to edge
+            start, end = (xs + 0.42 * np.sign(xt - xs), ys), (xt - 0.42 * np.sign(xt - xs), yt)
+        else:               # above it: bottom edge to top edge
+            start, end = (xs, ys - 0.22), (xt + 0.12 * np.sign(xs - xt), yt + 0.22)
+        ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color=color, lw=1.1,
+                                                              linestyle="--", shrinkA=0, shrinkB=0))
+    ax.text(*at, label, fontsize=7.5, color=color, ha="center", va="center")
+
+
 def dataflow_counts(n: int, d: int, block_q: int, block_k: int, *, pass_: str = "forward",
                     dq: str = "separate") -> dict:
     """How many times each array crosses between HBM and the chip, from ``tiled``'s counts.
@@ -72,7 +88,8 @@ def dataflow(ax, pass_: str = "forward", *, n: int = 1024, d: int = 64, block_q:
     Three bands, HBM on top, shared memory in the middle, registers below. Arrows
     down are loads, arrows up are stores, labelled with how many times the whole
     array crosses (``dataflow_counts``, i.e. ``tiled``'s I/O counts). Forward: Q_i
-    stays, K_j and V_j stream, O and lse are written once. Backward: K_j and V_j stay,
+    stays, K_j and V_j stream, O and lse are written once; dashed arrows show the two
+    matrix products that turn the tiles into S/P and O_i. Backward: K_j and V_j stay,
     Q_i and dO_i stream; dQ goes back by atomic adds (``dq="atomic"``) or through a
     second kernel with query tiles outside (``dq="separate"``).
     """
@@ -94,6 +111,8 @@ def dataflow(ax, pass_: str = "forward", *, n: int = 1024, d: int = 64, block_q:
         _arrow(ax, 1.0, H, 1.0, S, f"read {_times(r['Q'])}")
         _arrow(ax, 2.6, H, 2.6, S, f"read {_times(r['K'])}")
         _arrow(ax, 4.2, H, 4.2, S, f"read {_times(r['V'])}")
+        _compute(ax, [(1.0, S), (2.6, S)], (2.6, R), "$S = Q_i K_j^T$", at=(1.25, 0.42))   # the two products
+        _compute(ax, [(4.2, S), (2.6, R)], (6.0, R), "$O_i$ += $P V_j$", at=(4.3, 0.12))
         _arrow(ax, 6.0, R, 6.0, H, f"written {_times(w['O'])}", color="#C44E52")
         _arrow(ax, 7.4, R, 7.4, H, f"lse written {_times(w['lse'])}", color="#C44E52")
         title = (f"Forward, N = {n}, d = {d}, $B_r$ = {block_q}: one program per query tile "
