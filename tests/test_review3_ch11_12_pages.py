@@ -342,7 +342,7 @@ def test_recheck_the_tile_table_names_the_triton_kernel_and_the_flex_rows_are_tr
 
     text = cell_source("12_masks.ipynb", "29e6aa0d")
     assert "the H200 Triton forward's for the causal mask" in text
-    assert "$128 \\times 128$" in cell_source("12_masks.ipynb", "57939711")   # the Gluon tiles, after the table
+    assert "$128 \\times 128$" in cell_source("12_masks.ipynb", "c12-tile-shapes")   # the Gluon tiles, after the table
     assert configs.default("forward", cc=90, block_d=128, elem_bytes=2, causal=True).block_m == 128
     assert hopper_choices.default_config(128, 8192, True)[:2] == (128, 128)
     assert not hopper_choices.slower_than_triton(128, 8192, 8192, True)

@@ -66,16 +66,26 @@ def _articles_loop(q, k, v, block_q, block_k, scale, allowed, *, guard_tile_max,
 def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4_follows():
     """Finding 1: the NaN comes from the tile's own maximum m_ij; a guard on the running maximum
     alone fixes nothing, and a student who follows the three fixes of the text passes Exercise 4."""
-    text = flat(cell_source(CH4, "cb9f9cf5"))
+    fix1, fixes23 = flat(cell_source(CH4, "cb9f9cf5")), flat(cell_source(CH4, "7b2d9e45"))
+    text = fix1 + " " + fixes23
     assert "Where the running maximum is still $-\\infty$, subtract 0 instead" not in text
     assert "when $B_r \\ne B_c$" not in text
+    # the section opens by naming the two places a subtracted maximum can be -inf
+    assert ("A maximum subtracted in an exponent can be $-\\infty$ in two places: the tile's own "
+            "maximum $m_{ij}$") in fix1 and "the running maximum, in every loop, for a row that has seen no key yet" in fix1
+    # fix 1 ends right above the N = 8 demo; fixes 2 and 3 follow it, with no NumPy shorthand
+    assert "1. **Skip wholly masked tiles.**" in fix1 and fix1.rstrip().endswith("Here is one, in a small causal problem:")
+    assert "2. **Guard the exponent.**" in fixes23 and "3. **Guard the merge too.**" in fixes23
+    assert "where=" not in text and "(printed below)" not in text
     for words in ("Wherever a maximum that is subtracted may be $-\\infty$, subtract 0 instead",
                   "the tile's own $m_{ij}$ in $P_{ij} = \\exp(S_{ij} - m_{ij})$",
-                  "Guarding only the running maximum fixes nothing here",
+                  "Guarding only the running maximum (fix 3 without fix 2) fixes nothing for rows 4 and 5",
                   "when $B_c$ is not a multiple of $B_r$, a tile the diagonal cuts can still hold rows",
                   "**Guard the merge too.**", "$\\exp(m_i - m^{\\text{new}})$",
-                  "divide only the rows whose $l_i$ is not 0 (`where=l_i != 0`: a NaN $l_i$ stays NaN"):
+                  "divide only the rows whose $l_i$ is not 0. Rows with $l_i = 0$ get 0; a NaN $l_i$ is left as NaN"):
         assert words in text, words
+    # the running-maximum-only remark comes after fix 3, not inside fix 2
+    assert fixes23.index("Guarding only the running maximum") > fixes23.index("3. **Guard the merge too.**")
     # the B_c-not-a-multiple-of-B_r case is printed right after the list: a visited tile whose
     # first rows see none of its keys; then the library's form of the loop
     ids = cell_ids(CH4)
@@ -218,12 +228,16 @@ def test_shared_memory_and_registers_are_defined_where_first_used():
     text = flat(cell_source(CH4, "a7082dfc"))
     assert "{term}`Shared memory <shared memory>` (the paper's \"SRAM\")" in text
     assert "{term}`Registers <register>` are private to each thread" in text
-    for name in ("f_t4", "f_h100", "f_regs"):
+    for name in ("f_h100", "f_regs"):
         assert _glue(name) in text
+    assert "T4" not in text and "A100" not in text          # one chip for both numbers
+    assert "on an H100, up to {glue:text}`f_h100` KiB for one" in text
+    assert "an H100 has {glue:text}`f_regs` KiB of them on each {term}`SM`" in text
+    assert 'g("f_regs", runtime.chip("H100").regs_per_sm_kib)' in cell_source(CH4, "19a1b768")
     assert ids.index("a7082dfc") < ids.index("fe451e51")      # before "registers" is leaned on
     assert ids.index("beb1162b") < ids.index("a7082dfc") < ids.index("541185ed")  # after the loop, before the counts
     assert (runtime.chip("T4").smem_per_block_kib, runtime.chip("H100").smem_per_block_kib,
-            runtime.chip("A100").regs_per_sm_kib) == (64, 227, 256)
+            runtime.chip("H100").regs_per_sm_kib) == (64, 227, 256)
 
 
 def test_the_kernel_bullet_says_the_idea_first_and_leaves_triton_to_a_note():
@@ -264,6 +278,8 @@ def test_special_function_units_clock_and_tera_per_second_are_defined():
     assert "{term}`special-function units <special-function unit>`" in text
     assert "compute exp, log and reciprocals" in text and "(T/s: $10^{12}$ results per second)" in text
     assert "one tick of the chip's clock" in text and _glue("a100_clock") in text and _glue("a100_sms") in text
+    assert ("The {glue:text}`a100_fp32` TFLOP/s quoted earlier is twice the first: it counts a fused "
+            "multiply-add (FMA, $a\\cdot b + c$ in one instruction) as 2 FLOPs.") in text
     a100 = runtime.chip("A100")
     alu = a100.sms * runtime.FP32_PER_CLOCK_PER_SM[a100.arch] * a100.boost_clock_mhz * 1e6
     assert alu / 1e12 == pytest.approx(9.75, abs=0.01) == a100.fp32_tflops / 2
@@ -383,6 +399,7 @@ def test_chapter_4_calls_dram_hbm_and_says_nsight_calls_it_dram():
     """Re-check N3: a newcomer meets HBM everywhere else in the chapter. The profile itself is
     chapter 1's (named there by its DRAM counter); chapter 4 says what it found, in HBM's name."""
     text = flat(cell_source(CH4, "2db0895f"))
-    assert ("A profile of chapter 7's kernel (in {doc}`chapter 1 <01_attention_numpy>`) found HBM "
-            "delivering $Q$, $K$ and $V$ once each") in text
+    assert ("A profile of chapter 7's kernel, reported in {doc}`chapter 1 <01_attention_numpy>`, found HBM "
+            "delivering $Q$, $K$ and $V$ once each at {glue:text}`ncu_shape`, with {glue:text}`ncu_block_q`-row "
+            "query tiles: 1/{glue:text}`ncu_model_x` of this chapter's count for that shape.") in text
     assert "DRAM" not in markdown(CH4) and "real DRAM traffic" not in text

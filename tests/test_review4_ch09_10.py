@@ -32,7 +32,7 @@ def test_heaviest_first_says_what_a_measured_fixed_cost_changes(ch, cells):
     assert 0 <= float(v["heavy_fixed_shift"]) < 0.01
     # the shift is small beside the gains measured, so the model's verdict does not depend on it
     assert float(v["heavy_fixed_shift"]) < float(v["heavy_hi"]) - 1
-    assert "Chapter 9's measured fixed cost ({glue:text}`heavy_fixed` key tiles, not one) moves it by" in cells["c10-heads-md"]
+    assert "Chapter 9's measured fixed cost ({glue:text}`heavy_fixed` key tiles, not one) moves the prediction by" in cells["c10-heads-md"]
     assert "{glue:text}`heavy_fixed_shift`" in cells["c10-heads-md"]
 
 
@@ -64,7 +64,7 @@ def test_the_summary_compares_atomic_modes_within_one_experiment(cells):
     assert ("Relaxed adds, as the library ships them, made atomic $dQ$ take {glue:text}`at10_relaxed_lo` to "
             "{glue:text}`at10_relaxed_hi` times as long as the separate $dQ$ kernel") in summary
     # one ordering, one range: no acq_rel range beside it
-    assert "at10_fence" not in summary and "dq_lo" not in summary and "(Chapter 8 measured both orderings)" in summary
+    assert "at10_fence" not in summary and "dq_lo" not in summary and "(chapter 8 measured both orderings)" in summary
 
 
 def test_chapter_9_links_the_seed_table_to_its_section():

@@ -79,8 +79,8 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     assert "hide-output" in find_cell(CH6, "c06-pipeline-fig")["metadata"]["tags"]
     assert "Each stage of `num_stages` = $s$ is one more $K$ and $V$ tile kept in shared memory" in main
     # chapter 4's "in flight" (tiles held) and the compiled loop's copies under way, both true
-    assert ("The formula counts the tiles *held* in shared memory, each from the start of its copy to its "
-            'last use: [chapter 4](04_tiled_forward.ipynb)\'s "two or three $K$, $V$ tiles in flight".') in main
+    assert ("Each stage of `num_stages` = $s$ is one more $K$ and $V$ tile kept in shared memory "
+            '([chapter 4](04_tiled_forward.ipynb)\'s "two or three $K$, $V$ tiles in flight").') in main
     assert ("When a copy really overlaps computation, and how many buffers the compiler allocates, depends "
             "on the architecture (the optional box after the table); at worst the model over-counts.") in main
     # the flow no longer promises an overlap that the box takes back at two stages
@@ -110,7 +110,8 @@ def test_the_chip_tables_terms_are_announced_before_the_table():
     text = flat(cell_source(CH6, "0748095b"))
     assert ("In the table, *arch* is the compute capability and the *ridge* is where arithmetic, not "
             "memory, becomes the limit; both are explained below it.") in text
-    assert "Each chip's `source` field names the documents behind its numbers." in text   # no sources table
+    # no sources table: the citations above the table name the documents
+    assert "{cite}`nvidia_t4_datasheet,nvidia_a100_datasheet,nvidia_h100_datasheet,nvidia_h200_datasheet`" in text
     assert '"arch": c.arch' in cell_source(CH6, "f5a20a5d") and '"ridge for tl.dot' in cell_source(CH6, "f5a20a5d")
     defined = flat(cell_source(CH6, "7296465f"))
     assert "{term}`compute capability`" in defined and "**ridge point**" in defined

@@ -48,9 +48,33 @@ def test_the_spill_is_tested_against_a_tile_of_the_same_work(ch, passes):
     assert v["ncu_nospill_slower"] == f"{100 * (clean['us'] / default['us'] - 1):.0f}" == "17"
     assert v["ncu_toolchain"] == "3.6.0"
     text = flat(cell_source(CH9, "backward-credit-md"))
-    for name in ("ncu_nospill_cfg", "ncu_nospill_slower", "ncu_nospill_ms", "ncu_spill_ms", "ncu_toolchain",
+    # round 5 (expert 9-1): the spill is judged at equal stages, the dK/dV kernel alone; the whole-pass
+    # comparison of 2 against 3 stages (17% slower) changed the depth too and is no longer quoted
+    for name in ("ncu_nospill_cfg", "ncu_two_cfg", "ncu_two_spill_mb", "ncu_clean_faster", "ncu_dkdv_clean_ms",
+                 "ncu_dkdv_two_ms", "ncu_spill_cfg", "ncu_dkdv_three_ms", "ncu_stage_gain", "ncu_toolchain",
                  "ncu_pair_dkdv_x"):
         assert _glue(name) in text, name
+    for gone in ("ncu_nospill_slower", "ncu_nospill_ms", "ncu_spill_ms"):
+        assert _glue(gone) not in text, gone
+    assert "the spill is not\nthe bottleneck" not in text and "spill is not the bottleneck" not in text
+    assert "So here the\nspill costs little beside what the extra stage buys" in cell_source(CH9, "backward-credit-md")
+    two = tiles.loc[[(64, 128, 8, 2)]].iloc[0]
+    assert two["spill_mb"] > 0 and two["ops_ratio"] == pytest.approx(default["ops_ratio"])
+    assert v["ncu_two_cfg"] == "64 × 128, 8 warps, 2 stages" and v["ncu_two_spill_mb"] == f"{two['spill_mb']:.0f}" == "521"
+    from flashbook.bench import profiles as _profiles
+    from flashbook.bench.runs import run_path as _run_path
+
+    kernel_ms = {tuple(k["config_dkdv"]): k[_profiles.TIME] / 1e6 for k in _profiles.kernel_rows(_run_path("kernel_ncu", ch.root))
+                 if k["impl"] == "triton-dkdv" and k.get("mask") == "causal" and k["dim"] == 128
+                 and k["Kernel Name"] == "_bwd_dkdv"}
+    t_clean, t_two, t_three = kernel_ms[(32, 128, 8, 2)], kernel_ms[(64, 128, 8, 2)], kernel_ms[(64, 128, 8, 3)]
+    assert (v["ncu_dkdv_clean_ms"], v["ncu_dkdv_two_ms"], v["ncu_dkdv_three_ms"]) == \
+        (f"{t_clean:.2f}", f"{t_two:.2f}", f"{t_three:.2f}") == ("2.80", "2.89", "2.21")
+    assert v["ncu_clean_faster"] == f"{100 * (1 - t_clean / t_two):.0f}" == "3"       # small, at equal stages
+    assert v["ncu_stage_gain"] == f"{100 * (t_two / t_three - 1):.0f}" == "31"        # the third stage, much larger
+    # the fastest same-work tiles spill: no spill-free one beats the default's dK/dV kernel
+    same_work = tiles[(tiles["ops_ratio"] - default["ops_ratio"]).abs() < 1e-6]
+    assert min(kernel_ms[c] for c in same_work.index if tiles.loc[[c]].iloc[0]["spill_mb"] == 0) > t_three
     assert "(under the\nrecorded Triton" in cell_source(CH9, "backward-credit-md")   # "does not spill" is per toolchain
     # the 8-warp 64 x 64 tile: its dK/dV kernel alone, against the 4-warp one's
     from flashbook.bench import profiles
@@ -265,15 +289,29 @@ def test_speeds_point_one_way_and_the_default_call_is_quoted(ch):
     # round 3: the box says it in one sentence; the front-door numbers sit in the cuDNN paragraph,
     # at that run's shapes, beside chapter 10's sweep and how far cuDNN moved between runs
     cudnn = flat(cell_source(CH9, "seed-measured-md"))
+    # round 5 (reader 1, expert 9-2): the cross-run numbers live in chapter 10 only; chapter 9 points
+    # there in one sentence, which must hold for every recorded run (checked below, the third run too)
     for name in ("fd_fwd_goal", "fd_triton_goal", "fd_goal_shapes", "fd_sweep_goal", "live_cudnn_moved"):
-        assert _glue(name) in cudnn, name
-    assert "at the cuDNN shapes above" not in md and "(that run's shapes;" in cudnn and "read both as a tie" in cudnn
+        assert _glue(name) not in cudnn, name
+    assert "at the cuDNN shapes above" not in md and "read both as a tie" not in cudnn
+    assert ("The default call's Gluon forward ties cuDNN's at these shapes or runs slightly ahead of it in "
+            "every recorded run; [chapter 10](10_making_it_fast.ipynb) compares the runs.") in cudnn
+    assert "([chapter 10](10_making_it_fast.ipynb);" in box
+    noise = float(ch.values["t_noise"]) / 100
+    import pandas as pd
+    import os
+    peer = pd.read_csv(os.path.join(RESULTS, "peer-cudnn-bf16-gluon-h200", "peer.csv"))   # "peer" is cuDNN there
+    peer = peer[(peer["head_dim"] == 128) & (peer["seq"] >= 4096) & (peer["fwd_status"] == "ok")]
+    peer = peer.pivot_table(index=["seq", "causal"], columns="impl", values="fwd_ms")
+    third = peer["peer"] / peer["flashbook-gluon"]
+    assert len(third) == 4 and f"{third.min():.2f} to {third.max():.2f}" == "1.01 to 1.15"
     assert ch.values["fd_goal_shapes"] == "4K and 16K"
     from flashbook.bench.experiments import gluon_schedule_table
     sweep = gluon_schedule_table(128)
     sweep = sweep[(sweep["dtype"] == "bf16") & (sweep["seq"] >= 4096)]
     ratio = sweep["producer"] / sweep["cudnn"]
     assert ch.values["fd_sweep_goal"] == f"{ratio.min():.2f} to {ratio.max():.2f}" == "1.00 to 1.09"
+    assert ratio.min() >= 1 - noise and third.min() >= 1 - noise             # "ties ... or runs slightly ahead"
     live = ch.tables["live_recorded"]
     cud = live.drop(columns=[c for c in live.columns if "/" in c]).xs("sdpa-cudnn", level="impl")
     assert ch.values["live_cudnn_moved"] == f"{100 * (cud.max(axis=1) / cud.min(axis=1) - 1).max():.0f}" == "16"
@@ -285,6 +323,7 @@ def test_speeds_point_one_way_and_the_default_call_is_quoted(ch):
     fwd = [r["auto_over_cudnn_fwd"] for r in at]
     assert f"{min(fwd):.2f} to {max(fwd):.2f}" == "0.98 to 1.03"
     assert ch.values["fd_fwd_goal"] == "0.98 to 1.03"          # glued from the same file and field
+    assert min(fwd) >= 1 - noise
     assert ch.values["fd_shapes"] == str(len(run["rows"])) and ch.values["fd_fwd_all"] == "0.88 to 1.15"
     # the gain from the shortest to the longest length, one range per mask, not a median of both
     text = flat(cell_source(CH9, "speed-patterns-md"))
@@ -314,7 +353,9 @@ def test_round3_the_dq_kernel_spills_too_and_units_are_said(ch):
     text = flat(cell_source(CH9, "backward-credit-md"))
     for name in ("ncu_dq_regs", "ncu_dq_spill_full", "ncu_dq_spill_causal"):
         assert _glue(name) in text, name
-    assert "For the dK/dV kernel, avoiding the spill does not help" in text
+    # round 5: the spill is weighed at equal stages, not declared harmless
+    assert "For the dK/dV kernel, avoiding the spill does not help" not in text
+    assert "What does the dK/dV kernel's spill cost? Compare at equal stages." in text
     assert _glue("ncu_cudnn_us") + " (all kernels of the pass)" in text
     targets = flat(cell_source(CH9, "seed-measured-md"))
     assert _glue("ncu_cudnn_wgmma") + " `wgmma` instructions, counted per warp" in targets

@@ -248,7 +248,8 @@ def test_terms_come_before_they_are_used(text):
     assert ids.index("639b89ce") < ids.index("1791dcf8") < ids.index("1851e2bf")
     assert "(a model: one instruction" not in text
     assert "Turned around, this is Amdahl's law" in text
-    assert "its *occupancy*" in flat(src["c10-heavy-pred-md"]) and "(occupancy: {glue:text}`heavy_slots`)" in text
+    assert "its *occupancy*" in flat(src["c10-heavy-pred-md"]) and "(programs running at once on the GPU: {glue:text}`heavy_slots`)" in text
+    assert "(occupancy: {glue:text}`heavy_slots`)" not in text      # 264 is a count of programs, not a per-SM occupancy
 
 
 def test_the_front_door_and_the_sweep_are_told_apart_with_how_far_each_kernel_moved(ch):

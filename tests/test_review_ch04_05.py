@@ -98,7 +98,9 @@ def test_the_t4_has_no_stages_and_the_table_says_which_count():
 def test_heat_map_crosses_use_the_everything_on_chip_count():
     a100 = runtime.chip("A100")
     assert tiled.onchip_bytes(128, 128, 128) > a100.smem_per_block_bytes   # crossed in the map
-    assert tiled.largest_tile(a100, 128, num_stages=2) == 128             # yet a kernel runs it
+    assert tiled.largest_tile(a100, 128, num_stages=2) == 128             # yet a kernel's shared memory holds it
+    text = " ".join(cell_source(CH4, "5d3f8a21").split())
+    assert "So an A100 runs" not in text and "So by shared memory an A100 can hold" in text
     assert "paper's count" in cell_source(CH4, "9257cb86")
     assert "the ones the chip\ncannot hold" not in cell_source(CH4, "fe451e51")
 

@@ -139,8 +139,9 @@ def test_the_fit_tables_largest_tiles_are_flagged_as_register_bound():
     assert 'tiles["S/P"] + tiles["O"] <= chip.regs_per_sm_kib * 1024 // 4' in table and '" ✗"' in table
     assert 'assert {e for col in fits for e in fits[col] if "✗" in e} == {f"{B_big} ✗"}' in cell_source(NOTEBOOK, "dc4a6996")
     # ... the reader is told before the table, and nothing is retracted after it
-    assert ("It checks shared memory; a ✗ adds one register test: that tile's fp32 $S$\nand $O$ would not "
-            "fit even a whole SM's registers (below).") in cell_source(NOTEBOOK, "c06-buffers-md")
+    assert ("✗: the tile fits shared memory, but its fp32 $S$ and $O$\nalone exceed a whole SM's registers "
+            "(see after the table), so no practical kernel uses it.") in cell_source(NOTEBOOK, "c06-buffers-md")
+    assert "a ✗ adds one register test" not in cell_source(NOTEBOOK, "c06-buffers-md")
     assert "That is all it checks" not in cell_source(NOTEBOOK, "c06-buffers-md")
     prose = cell_source(NOTEBOOK, "3f12ef78")
     assert "{glue:text}`reg_big_values`" in prose and "not real options" not in prose
@@ -152,7 +153,9 @@ def test_the_fit_tables_largest_tiles_are_flagged_as_register_bound():
 def test_the_chip_tables_memory_column_says_datasheet_gb():
     assert '"memory (datasheet GB)": c.hbm_gib' in cell_source(NOTEBOOK, "f5a20a5d")
     assert "memory (GiB)" not in cell_source(NOTEBOOK, "f5a20a5d")
-    assert "{glue:text}`h200_memory`" in cell_source(NOTEBOOK, "7296465f")       # the note sits under the table
+    # the datasheet-GB note sits with the optional driver comparison, next to the GiB it explains
+    assert "{glue:text}`h200_memory`" in cell_source(NOTEBOOK, "9bd58f54")
+    assert "{glue:text}`h200_memory`" not in cell_source(NOTEBOOK, "7296465f")
 
 
 def test_triton_is_taught_before_the_tile_sizes_use_it():
@@ -269,8 +272,9 @@ def test_bf16_runs_on_a_t4_too_so_fp16_is_chosen_for_other_reasons():
     assert ("Triton itself uses no tensor cores on a T4, so a bf16 kernel would run there too, on the same "
             "fp32 FMAs.") in text
     assert ("get the T4's tensor cores only in fp16, and fp16 rounds finer than bf16") in text
-    # the conclusion leads; the bf16 MMA's sm_80 requirement is background, in a box
-    assert text.index("On a T4 the book's kernels run in fp16.") < text.index(":::{dropdown}") < text.index("`sm_80` or newer")
+    # an optional box: the conclusion leads it; the bf16 MMA's sm_80 requirement is background after it
+    assert text.startswith(":::{dropdown} Why the T4 runs the kernels in fp16 (optional)")
+    assert text.index("On a T4 the book's kernels run in fp16.") < text.index("`sm_80` or newer")
     prose = markdown(NOTEBOOK)
     assert "So the book's kernels use fp16 on a T4" not in prose and "no bf16 tensor cores: kernels use fp16" not in prose
     summary = flat(cell_source(NOTEBOOK, "653d56e1"))

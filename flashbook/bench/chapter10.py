@@ -110,7 +110,7 @@ class Chapter10(ChapterData):
         if off <= self.noise:
             return "within noise"
         if self.noise_runs is not None and off <= self.noise_runs:
-            return "within the largest recorded gap"
+            return f"hint ({100 * self.noise:.1f}-{100 * self.noise_runs:.1f}%)"   # the rule's middle tier
         return "beyond noise"
 
     # -- what the chapter calls
@@ -439,7 +439,7 @@ def _noise_table(ch: Chapter10) -> None:
     if xrun is not None and len(xrun):
         rows.append({"timed": "in two runs", "compared": "last rung: ladder and full comparison", "pairs": len(xrun),
                      "largest gap here (%)": f"{100 * float(slower_over_faster(xrun).max()):.1f}",
-                     "in each recorded run (%)": "-"})
+                     "in each recorded run (%)": "not used by the rule (two runs)"})
     ch.table("noise", "noise_samples", pd.DataFrame(rows).set_index(["timed", "compared"]))
 
 

@@ -19,6 +19,7 @@ from .experiments import (AUTOTUNE_RUN, GLUON_EXP2_EXPERIMENTS, GLUON_EXPERIMENT
                           schedule_pairs, short_sweep_table, variant_table)
 from .peer import (GLUON_DEFAULT_GRAPH_RUNS, GLUON_GRAPH_RUNS, GLUON_PEER_RUNS, GLUON_WIDE_GRAPH_RUN, PEER_RUNS,
                    load_peer_run, peer_ratio_table, peer_runs_table)
+from .noise import slower_over_faster
 from .runs import load_recorded_json
 from .score_ops import ops_per_score
 
@@ -519,3 +520,24 @@ def ptx_compare(workers: int = 2):
          "compiled": ["ok" if r["error"] is None else r["error"][:80] for r in compiled]},
         index=pd.Index(["chapter 7 (Triton)", f"Gluon, {g_schedule}"], name="PTX for sm_90"))
     return table, compiled
+
+
+FRONT_DOOR_VS_SWEEP = ("fd128_lo", "fd128_hi", "sweep128_lo", "sweep128_hi", "fd_cudnn_moved", "fd_gluon_moved")
+
+
+def front_door_vs_sweep(ch, rows) -> None:
+    """The Gluon forward over cuDNN's at d = 128, N >= 4K (bf16) in the front-door run ("auto") and
+    the schedule sweep (producer), and how far each kernel's TFLOP/s moved between the two runs."""
+    sweep = ch.frames.get("gluon128")
+    at = [r for r in rows if r["head_dim"] == 128 and r["seq"] >= 4096 and r["dtype"] == "bf16"]
+    if sweep is None or not at:
+        return ch.nothing(*FRONT_DOOR_VS_SWEEP)
+    fd, sw, cud, glu = [], [], [], []      # the last two: how far each moved, slower over faster minus one
+    for r in at:
+        m = sweep[(sweep["dtype"] == "bf16") & (sweep["seq"] == r["seq"]) & (sweep["causal"] == r["causal"])].iloc[0]
+        fd.append(r["sdpa-cudnn"]["fwd_ms"] / r["auto"]["fwd_ms"]); sw.append(m["producer"] / m["cudnn"])
+        cud.append(slower_over_faster(r["sdpa-cudnn"]["fwd_tflops"] / m["cudnn"]))
+        glu.append(slower_over_faster(r["auto"]["fwd_tflops"] / m["producer"]))
+    ch.put("fd128_lo", min(fd), ".2f"); ch.put("fd128_hi", max(fd), ".2f")
+    ch.put("sweep128_lo", min(sw), ".2f"); ch.put("sweep128_hi", max(sw), ".2f")
+    ch.put("fd_cudnn_moved", 100 * max(cud), ".0f"); ch.put("fd_gluon_moved", 100 * max(glu), ".0f")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ..display import listed
+from .chapter10_beyond import FRONT_DOOR_VS_SWEEP, front_door_vs_sweep
 from .noise import slower_over_faster, twin_gaps
 from .experiments import moved_notes
 from .readback import find_runs, ladder_speedups, load_results
@@ -146,28 +147,7 @@ def _front_door(ch) -> None:
     slow = [r["gluon_over_triton"] for r, x in zip(ragged, left) if x]
     ch.put("len_taken_lo", min(taken), ".2f"); ch.put("len_taken_hi", max(taken), ".2f")
     ch.put("len_left_lo", min(slow), ".2f"); ch.put("len_left_hi", max(slow), ".2f")
-    _front_door_vs_sweep(ch, rows)
-
-
-FRONT_DOOR_VS_SWEEP = ("fd128_lo", "fd128_hi", "sweep128_lo", "sweep128_hi", "fd_cudnn_moved", "fd_gluon_moved")
-
-
-def _front_door_vs_sweep(ch, rows) -> None:
-    """The Gluon forward over cuDNN's at d = 128, N >= 4K (bf16) in the front-door run ("auto") and
-    the schedule sweep (producer), and how far each kernel's TFLOP/s moved between the two runs."""
-    sweep = ch.frames.get("gluon128")
-    at = [r for r in rows if r["head_dim"] == 128 and r["seq"] >= 4096 and r["dtype"] == "bf16"]
-    if sweep is None or not at:
-        return ch.nothing(*FRONT_DOOR_VS_SWEEP)
-    fd, sw, cud, glu = [], [], [], []      # the last two: how far each moved, slower over faster minus one
-    for r in at:
-        m = sweep[(sweep["dtype"] == "bf16") & (sweep["seq"] == r["seq"]) & (sweep["causal"] == r["causal"])].iloc[0]
-        fd.append(r["sdpa-cudnn"]["fwd_ms"] / r["auto"]["fwd_ms"]); sw.append(m["producer"] / m["cudnn"])
-        cud.append(slower_over_faster(r["sdpa-cudnn"]["fwd_tflops"] / m["cudnn"]))
-        glu.append(slower_over_faster(r["auto"]["fwd_tflops"] / m["producer"]))
-    ch.put("fd128_lo", min(fd), ".2f"); ch.put("fd128_hi", max(fd), ".2f")
-    ch.put("sweep128_lo", min(sw), ".2f"); ch.put("sweep128_hi", max(sw), ".2f")
-    ch.put("fd_cudnn_moved", 100 * max(cud), ".0f"); ch.put("fd_gluon_moved", 100 * max(glu), ".0f")
+    front_door_vs_sweep(ch, rows)
 
 
 def _atomic_dq(ch) -> None:
@@ -452,7 +432,7 @@ def heavy_first(ch) -> None:
     from .chapter9_causal import fixed_tiles
 
     names = ("heavy_pred_lo", "heavy_pred_hi", "heavy_lo", "heavy_hi", "heavy_sig", "heavy_n", "heavy_full_dev",
-             "heavy_slots", "heavy_fixed", "heavy_fixed_shift")
+             "heavy_slots", "heavy_fixed", "heavy_fixed_shift", "heavy_long")
     blocks = ch.frames.get("blocks")
     if ch.frames.get("steps") is None or blocks is None:
         ch.say("heavy", "No recorded ladder or block sweep (benchmarks/results/).", missing=True)
@@ -492,7 +472,13 @@ def heavy_first(ch) -> None:
     else:
         ch.nothing("heavy_fixed", "heavy_fixed_shift")
     ch.put("heavy_full_dev", 100 * float((table[~gains["causal"].values]["x previous"] - 1).abs().max()), ".1f")
-    ch.put("heavy_slots", ", ".join(f"{s} at d = {d} ({s // sms} per SM)" for d, s in sorted(slots_used.items())))
+    ch.put("heavy_slots", "; ".join(f"{s} at d = {d}, {s // sms} per SM" for d, s in sorted(slots_used.items())))
+    # at the longest causal length (the largest measured gains), the model's prediction beside the measurement
+    long = gains["causal"].values & (gains["seq"].values == gains["seq"].max())
+    rows = [(int(d), m, p) for d, m, p in zip(gains["head_dim"][long], table["x previous"][long], table["predicted x"][long])]
+    ch.put("heavy_long", ("under-predicts" if all(m > p for _, m, p in rows) else "does not always under-predict")
+           + f" the gains at N = {gains['seq'].max() // 1024}K: "
+           + "; ".join(f"{m:.3f} measured against {p:.3f} predicted at d = {d}" for d, m, p in rows))
 
 
 def _documents_listed(rows, unit: str = "") -> str:

@@ -145,7 +145,10 @@ def plot_ring(ax, ring_df):
     """Milliseconds per training step (forward + backward) against N, on one GPU and on the ring."""
     ax.plot(ring_df["n"], ring_df["single_ms"], "o-", label="one GPU")
     ax.plot(ring_df["n"], ring_df["ring_ms"], "s-", label="ring, 2 GPUs")
+    ax.plot(ring_df["n"], ring_df["single_ms"] / 2, "k:", label="2 GPUs, ideal (one GPU's / 2)")
     ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="ms per step (fwd + bwd)")
+    ax.set_xticks(list(ring_df["n"]), [f"{int(n) // 1024}K" for n in ring_df["n"]])
+    ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
     ax.legend()
     return ax
 
@@ -165,7 +168,10 @@ def ncu_table(before, after, batch=64, seq=32768):
                              "programs per SM": s["per_sm"], "waves": s["waves"],
                              "SMs busy (%)": 100 * s["sm_busy"], "DRAM (% of peak)": s["dram_pct"]})
     table = pd.DataFrame(rows).set_index("kernel")
-    return table.round({"µs": 0, "waves": 2, "SMs busy (%)": 0, "DRAM (% of peak)": 0})
+    table = table.round({"waves": 2})
+    for column in ("µs", "SMs busy (%)", "DRAM (% of peak)"):       # whole numbers, without a ".0"
+        table[column] = table[column].round().astype(int)
+    return table
 
 
 def paged_stages(root=None):

@@ -303,6 +303,54 @@ def flex_verdicts(rows) -> dict:
     return out
 
 
+def backward_alone(rows, masks=("window", "documents"), from_seq=8192) -> list[dict]:
+    """The backward alone in a recorded ``masks_bench.py`` comparison, for the rows of ``masks``
+    from ``from_seq`` tokens on: forward-plus-backward time less forward time (medians), per row
+    {"mask", "window", "seq", "ratio": Flex's backward time over ours, "spread": the most the
+    repeats let that difference move, as a share of the backward's time: for each implementation
+    its two spreads ((slowest - fastest) / median) times their medians, added, over its backward
+    time; the larger of the two}. Flex's backward is faster *beyond the spread* when
+    ``1 - ratio > spread``."""
+    out = []
+    for r in rows:
+        if r["seq"] < from_seq or r["mask"] not in masks:
+            continue
+        def bwd(i):
+            return i["fwd_bwd_ms"] - i["fwd_ms"]
+
+        def spread(i):
+            return (i["spread"]["fwd_bwd"] * i["fwd_bwd_ms"] + i["spread"]["fwd"] * i["fwd_ms"]) / bwd(i)
+
+        f, x = r["flashbook"], r["flex"]
+        out.append({"mask": r["mask"], "window": r["window"][0], "seq": r["seq"], "ratio": bwd(x) / bwd(f),
+                    "spread": max(spread(f), spread(x))})
+    return out
+
+
+def soft_cap_sfu_share(sass, chip_name="H200", head_dim=128) -> dict:
+    """From ``soft_cap_sass``'s compiled counts and the chip's peak rates (``runtime.chip``): the
+    special-function unit's operations per score in the forward's key loop, without and with the
+    soft cap, and the time the unit needs for them as a share of the tensor cores' time for the
+    same score (4 d FLOPs: Q K^T and P V). The loop body is compiled ``copies`` times (masked and
+    unmasked); the few operations per row (the rescale's exp2, 1/l) are left out, so the counts
+    per score are whole numbers. {"copies", "plain_ops", "cap_ops", "plain_share", "cap_share"}."""
+    from .. import runtime
+
+    per = sass["scores_per_thread"]
+    plain, cap = sass["plain"], sass["softcap"]
+    copies = (cap["EX2"] - plain["EX2"]) // per
+    ops = {}
+    for name, counts in (("plain", plain), ("cap", cap)):
+        total = counts["EX2"] + counts["RCP"]
+        per_row = total % (copies * per)          # outside the per-score work: fewer than one per score
+        ops[name] = (total - per_row) // (copies * per)
+    chip = runtime.chip(chip_name)
+    tensor_s = 4 * head_dim / ((chip.bf16_tflops or chip.fp16_tflops) * 1e12)   # per score
+    sfu_s = 1 / chip.exp_per_s                                                   # per operation
+    return {"copies": copies, "plain_ops": ops["plain"], "cap_ops": ops["cap"],
+            "plain_share": ops["plain"] * sfu_s / tensor_s, "cap_share": ops["cap"] * sfu_s / tensor_s}
+
+
 #: the recorded runs whose folders also hold GPU stress tests of the mask classes (junit files)
 STRESS_RUNS = ("masks_window_order", "masks_d64", "masks_native", "document_order", "one_loop", "masks")
 
@@ -329,8 +377,9 @@ def stress_reruns(root=None) -> dict | None:
     ``*stress*.junit.xml`` in the folders of ``STRESS_RUNS`` and the later ``*classes_masks*``
     files (each run 60 seeded calls per class against float64); ``rerun_failed``: every failed
     class passed again in at least one of them; ``classes``: how many classes the failed run
-    ran, and ``not_rerun``: how many of them none of the later files ran, or None when nothing
-    is recorded."""
+    ran, ``not_rerun``: how many of them none of the later files ran, and ``complete``: how
+    many of those files ran every one of them (the others ran some); or None when nothing is
+    recorded."""
     stress = run_path("stress", root)
     if stress is None or not stress.is_dir():
         return None
@@ -348,12 +397,14 @@ def stress_reruns(root=None) -> dict | None:
             if folder.is_dir() and folder not in folders:
                 folders.append(folder)
     files = sorted({f for folder in folders for f in folder.glob("*stress*.junit.xml")} | set(masks_runs[base + 1:]))
-    later = [case for f in files for case in _junit_cases(f)]
+    per_file = [_junit_cases(f) for f in files]
+    later = [case for cases in per_file for case in cases]
     passed = {name for name, failed in later if not failed}
     failed = sorted({name for name, bad in last if bad})
     return {"failed": failed, "classes": len({name for name, _ in last}), "files": len(files), "tests": len(later),
             "failures": sum(bad for _, bad in later), "rerun_failed": bool(failed) and set(failed) <= passed,
-            "not_rerun": len({name for name, _ in last} - {name for name, _ in later})}
+            "not_rerun": len({name for name, _ in last} - {name for name, _ in later}),
+            "complete": sum({name for name, _ in last} <= {name for name, _ in cases} for cases in per_file)}
 
 
 def fused_bwd_rounds(root=None) -> dict | None:

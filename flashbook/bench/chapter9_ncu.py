@@ -21,7 +21,9 @@ NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb
             "ncu_pair_dkdv_x", "ncu_toolchain", "ncu_cudnn_wgmma", "ncu_run_flash_fwd_x", "ncu_peak",
             "ncu_flash_peak_pct", "ncu_fb_peak_pct", "ncu_cudnn_peak_pct",
             "ncu_flash_per_busy", "ncu_fb_per_busy", "ncu_cudnn_per_busy",
-            "ncu_dq_regs", "ncu_dq_spill_full", "ncu_dq_spill_causal", "ncu_run_cudnn_peak_pct")
+            "ncu_dq_regs", "ncu_dq_spill_full", "ncu_dq_spill_causal", "ncu_run_cudnn_peak_pct",
+            "ncu_two_cfg", "ncu_two_spill_mb", "ncu_dkdv_two_ms", "ncu_dkdv_clean_ms", "ncu_dkdv_three_ms",
+            "ncu_clean_faster", "ncu_stage_gain")
 
 
 def ncu(ch) -> None:
@@ -89,6 +91,26 @@ def ncu(ch) -> None:
     else:
         ch.nothing("ncu_nospill_tile", "ncu_nospill_ms", "ncu_spill_ms", "ncu_nospill_cfg", "ncu_spill_cfg",
                    "ncu_nospill_ops", "ncu_spill_ops", "ncu_nospill_slower")
+    # like with like: the spill-free tile against the default tile at the same (fewer) stages, and
+    # what the default's extra stage buys; the dK/dV kernel alone (the delta and dQ kernels are the same)
+    if len(spilling) and len(clean):
+        same = tiles[tiles["config_dkdv"].map(lambda c: tuple(c[:3]) == tuple(default["config_dkdv"][:3])
+                                             and c[3] == best["config_dkdv"][3])]
+    if len(spilling) and len(clean) and len(same):
+        two = same.iloc[0]
+        kernel_ms = {tuple(k["config_dkdv"]): k[profiles.TIME] / 1e6 for k in profiles.kernel_rows(run)
+                     if k["impl"] == "triton-dkdv" and k.get("mask") == "causal" and k["dim"] == 128
+                     and k["Kernel Name"] == "_bwd_dkdv"}
+        t_two, t_clean, t_three = (kernel_ms[tuple(r["config_dkdv"])] for r in (two, best, default))
+        ch.put("ncu_two_cfg", profiles.tile_label(two["config_dkdv"]))
+        ch.put("ncu_two_spill_mb", two["spill_mb"], ".0f")
+        ch.put("ncu_dkdv_two_ms", t_two, ".2f"); ch.put("ncu_dkdv_clean_ms", t_clean, ".2f")
+        ch.put("ncu_dkdv_three_ms", t_three, ".2f")
+        ch.put("ncu_clean_faster", 100 * (1 - t_clean / t_two), ".0f")
+        ch.put("ncu_stage_gain", 100 * (t_two / t_three - 1), ".0f")
+    else:
+        ch.nothing("ncu_two_cfg", "ncu_two_spill_mb", "ncu_dkdv_two_ms", "ncu_dkdv_clean_ms", "ncu_dkdv_three_ms",
+                   "ncu_clean_faster", "ncu_stage_gain")
     ch.put("ncu_toolchain", profiles.toolchain(run))     # whether a tile spills depends on it
     # the same causal tile and stages, spilling (fewer warps) against not spilling (more warps)
     pairs = [(a, b) for _, a in tiles[tiles["spill_mb"] > 0].iterrows() for _, b in tiles[tiles["spill_mb"] == 0].iterrows()
