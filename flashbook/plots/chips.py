@@ -56,7 +56,8 @@ def roofline(ax, chips, intensity, title="", tensor_roofs=False):
     for (name, i), style in zip(intensity.items(), [":", "-.", "--"]):
         ax.axvline(i, color="k", ls=style, lw=1)
         label = re.sub(r"(\S+_\S+)", r"$\1$", name.split(" (")[0])    # N/B_r as math: N/B with r below
-        ax.text(i * 1.08, 1.3, label, rotation=90, fontsize=8, va="bottom")
+        ax.text(i * 1.08, 1.3, label, rotation=90, fontsize=8, va="bottom", zorder=5,   # readable over a roof
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1))
     ax.set_xscale("log"); ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable TFLOP/s (solid: tl.dot; dashed: cuBLAS)" if tensor_roofs
