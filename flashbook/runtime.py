@@ -173,6 +173,9 @@ SMEM_BYTES_PER_CLOCK_PER_SM: int = 32 * 4
 #: instruction throughput.
 FP32_PER_CLOCK_PER_SM: dict = {"sm_75": 64, "sm_80": 64, "sm_90": 128}
 SFU_PER_CLOCK_PER_SM: int = 16
+#: Dense fp16/bf16 tensor-core FLOPs per clock per SM (architecture whitepapers: Turing 8 tensor
+#: cores x 64 FMA, Ampere 4 x 256, Hopper 4 x 512; 2 FLOPs per FMA).
+TENSOR_FLOP_PER_CLOCK_PER_SM: dict = {"sm_75": 1024, "sm_80": 2048, "sm_90": 4096}
 #: The most 32-bit registers one thread may use, compute capability 7.5 to 9.0 (CUDA guide).
 MAX_REGS_PER_THREAD: int = 255
 

@@ -60,9 +60,8 @@ def test_ridge_points_order():
 
 
 def test_datasheet_peak_is_reachable_at_the_clock():
-    # Dense fp16 tensor FLOPs per clock per SM (architecture whitepapers):
-    # Turing 8 tensor cores x 64 FMA, Ampere 4 x 256 FMA, Hopper 4 x 512 FMA; 2 FLOPs per FMA.
-    per_clock_per_sm = {"sm_75": 1024, "sm_80": 2048, "sm_90": 4096}
+    # Dense fp16 tensor FLOPs per clock per SM (architecture whitepapers)
+    from flashbook.runtime import TENSOR_FLOP_PER_CLOCK_PER_SM as per_clock_per_sm
     for c in CHIPS.values():
         at_clock = c.sms * per_clock_per_sm[c.arch] * c.boost_clock_mhz * 1e6
         # the quoted peak is at most the max-clock rate; H100's is quoted at a lower clock

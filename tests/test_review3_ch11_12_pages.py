@@ -235,7 +235,7 @@ def test_ch12_lessons_name_their_runs_and_the_heavy_first_order_is_chapter_7s():
     assert ":::{dropdown} The recorded runs behind this section" in text
     table = flat(cell_source(CH12, "b98bd1a6"))
     assert "as chapter 10 does for the causal mask" not in table
-    assert "as chapter 7's kernel does for the causal mask; chapter 10 measures it" in table
+    assert "as chapter 7's kernel does for the causal mask; chapter 10 measures the gain" in table
     answer = flat(cell_source(CH12, "c5705fdf"))
     assert "work per call under the profiler" in answer and "timed apart" in answer
 

@@ -295,7 +295,7 @@ def test_the_pointer_model_comes_before_the_tile_matmul_uses_it():
     launch = flat(cell_source(NOTEBOOK, "1757c44a"))        # said where the first kernel is launched
     assert ids.index("668cefbe") < ids.index("1757c44a") < ids.index("2c73a56c")
     assert "A torch tensor passed to a kernel arrives as a *pointer*, the address of its first element" in launch
-    assert "`kernel[grid](args)` launches one program per entry of `grid`" in launch
+    assert "`kernel[grid](args)` launches one program per index of `grid`" in launch
     assert "a `tl.constexpr` argument becomes a compile-time constant" in launch
     assert "The programs run in parallel, in no fixed order, and share nothing but global memory" in launch
     assert "a pointer plus a block of offsets is a block of addresses, and `tl.load` reads them all" in text

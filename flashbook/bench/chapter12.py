@@ -331,7 +331,7 @@ def soft_cap_sfu_share(sass, chip_name="H200", head_dim=128) -> dict:
     """From ``soft_cap_sass``'s compiled counts and the chip's peak rates (``runtime.chip``): the
     special-function unit's operations per score in the forward's key loop, without and with the
     soft cap, and the time the unit needs for them as a share of the tensor cores' time for the
-    same score (4 d FLOPs: Q K^T and P V). The loop body is compiled ``copies`` times (masked and
+    same score (4 d FLOPs: Q K^T and P V), both at their per-clock rates on one SM. The loop body is compiled ``copies`` times (masked and
     unmasked); the few operations per row (the rescale's exp2, 1/l) are left out, so the counts
     per score are whole numbers. {"copies", "plain_ops", "cap_ops", "plain_share", "cap_share"}."""
     from .. import runtime
@@ -344,11 +344,13 @@ def soft_cap_sfu_share(sass, chip_name="H200", head_dim=128) -> dict:
         total = counts["EX2"] + counts["RCP"]
         per_row = total % (copies * per)          # outside the per-score work: fewer than one per score
         ops[name] = (total - per_row) // (copies * per)
-    chip = runtime.chip(chip_name)
-    tensor_s = 4 * head_dim / ((chip.bf16_tflops or chip.fp16_tflops) * 1e12)   # per score
-    sfu_s = 1 / chip.exp_per_s                                                   # per operation
+    arch = runtime.chip(chip_name).arch
+    # per clock of one SM, so that no clock enters (the datasheet quotes the tensor peak at a lower
+    # clock than the maximum the unit's rate would use)
+    tensor_clk = 4 * head_dim / runtime.TENSOR_FLOP_PER_CLOCK_PER_SM[arch]   # clocks per score
+    sfu_clk = 1 / runtime.SFU_PER_CLOCK_PER_SM                                 # clocks per operation
     return {"copies": copies, "plain_ops": ops["plain"], "cap_ops": ops["cap"],
-            "plain_share": ops["plain"] * sfu_s / tensor_s, "cap_share": ops["cap"] * sfu_s / tensor_s}
+            "plain_share": ops["plain"] * sfu_clk / tensor_clk, "cap_share": ops["cap"] * sfu_clk / tensor_clk}
 
 
 #: the recorded runs whose folders also hold GPU stress tests of the mask classes (junit files)
