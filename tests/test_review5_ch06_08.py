@@ -285,8 +285,10 @@ def test_the_what_limits_it_text_is_three_paragraphs():
     why = next(p for p in paragraphs if p.startswith("Why?"))
     assert "Overlap needs a product still running while the softmax works" in why
     assert "{term}`warpgroup`: 4 warps" in why and "Gluon" not in why      # defined before the figure
-    waits = after[0]                                                        # the figure's upper timeline
-    assert waits.startswith("In the upper timeline the softmax and the products take turns")
+    lead = after[0]                                                         # the figure's upper timeline, plainly
+    assert lead.startswith("In the upper timeline the softmax and the products take turns")
+    assert "waits for *every* product it has issued" in lead and "wait_group" not in lead
+    waits = next(p for p in after if p.startswith(":::{dropdown} Why Triton waits for every product (optional)"))
     assert "`wgmma.wait_group 0`" in waits and "Triton does leave one running." in waits and "Gluon" not in waits
     gluon = next(p for p in after if p.startswith("Chapter 10 writes a kernel in {term}`Gluon`"))
     assert "producer" in gluon and "wait_group" not in gluon
