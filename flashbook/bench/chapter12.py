@@ -34,6 +34,11 @@ SHORT_TILES = {"backward_dkdv": (64, 64, 4, 2), "backward_dq": (64, 64, 4, 2)}
 LATE_SEQ = 16384
 
 
+def _spread(times) -> float:
+    """How far repeated timings of one thing spread: (slowest - fastest) / median."""
+    return (max(times) - min(times)) / statistics.median(times)
+
+
 def window_order(root=None) -> dict | None:
     """The window's order and tiles, as the chapter quotes them:
 
@@ -65,8 +70,7 @@ def window_order(root=None) -> dict | None:
     for r in order["rows"]:
         if r["mask"] == "window" and r["seq"] >= LATE_SEQ:
             t = r["times"]
-            spread = max((max(t[v]["fwd"]) - min(t[v]["fwd"])) / statistics.median(t[v]["fwd"])
-                         for v in ("heavy-off", "rule"))
+            spread = max(_spread(t[v]["fwd"]) for v in ("heavy-off", "rule"))
             late.append((t["heavy-off"]["fwd_ms"] / t["rule"]["fwd_ms"], spread))
     out["late_lo"], out["late_hi"] = min(x for x, _ in late), max(x for x, _ in late)
     out["late_within"] = all(abs(x - 1) <= spread for x, spread in late)
@@ -311,16 +315,16 @@ def backward_alone(rows, masks=("window", "documents"), from_seq=8192) -> list[d
     its two spreads ((slowest - fastest) / median) times their medians, added, over its backward
     time; the larger of the two}. Flex's backward is faster *beyond the spread* when
     ``1 - ratio > spread``."""
+    def bwd(i):
+        return i["fwd_bwd_ms"] - i["fwd_ms"]
+
+    def spread(i):
+        return (i["spread"]["fwd_bwd"] * i["fwd_bwd_ms"] + i["spread"]["fwd"] * i["fwd_ms"]) / bwd(i)
+
     out = []
     for r in rows:
         if r["seq"] < from_seq or r["mask"] not in masks:
             continue
-        def bwd(i):
-            return i["fwd_bwd_ms"] - i["fwd_ms"]
-
-        def spread(i):
-            return (i["spread"]["fwd_bwd"] * i["fwd_bwd_ms"] + i["spread"]["fwd"] * i["fwd_ms"]) / bwd(i)
-
         f, x = r["flashbook"], r["flex"]
         out.append({"mask": r["mask"], "window": r["window"][0], "seq": r["seq"], "ratio": bwd(x) / bwd(f),
                     "spread": max(spread(f), spread(x))})
@@ -328,7 +332,7 @@ def backward_alone(rows, masks=("window", "documents"), from_seq=8192) -> list[d
 
 
 def soft_cap_sfu_share(sass, chip_name="H200", head_dim=128) -> dict:
-    """From ``soft_cap_sass``'s compiled counts and the chip's peak rates (``runtime.chip``): the
+    """From ``soft_cap_sass``'s compiled counts and the per-clock rates of ``chip_name``'s architecture: the
     special-function unit's operations per score in the forward's key loop, without and with the
     soft cap, and the time the unit needs for them as a share of the tensor cores' time for the
     same score (4 d FLOPs: Q K^T and P V), both at their per-clock rates on one SM. The loop body is compiled ``copies`` times (masked and
@@ -426,7 +430,7 @@ def fused_bwd_rounds(root=None) -> dict | None:
             continue
         two, one = row["times_ms"][two_name], row["times_ms"]["halves"]
         med_two, med_one = statistics.median(two), statistics.median(one)
-        spread = max((max(t) - min(t)) / statistics.median(t) for t in (two, one))
+        spread = max(_spread(t) for t in (two, one))
         every = 1 if max(one) < min(two) else -1 if min(one) > max(two) else 0
         out[name, n] = {"gain": 100 * (med_two - med_one) / med_two, "spread": 100 * spread, "every": every}
     return out or None
@@ -438,32 +442,21 @@ def soft_cap_sass() -> dict | None:
     tiles, without and with the soft cap: {"plain": {"EX2": n, "RCP": n}, "softcap": {...},
     "scores_per_thread": scores of one tile each thread holds}. Counts are of instructions in the
     code, not of instructions executed. None when the compiler or its disassembler is missing."""
-    import os
     import subprocess
-    import sys
 
-    from ..kernels import configs
+    from ..kernels import configs, targets
 
     cfg = configs.default("forward", cc=90, block_d=128, elem_bytes=2, causal=True)
-    code = (
-        "import json, re\n"
-        "from flashbook.kernels import configs, targets\n"
-        f"cfg = configs.Config({cfg.block_m}, {cfg.block_n}, {cfg.num_warps}, {cfg.num_stages})\n"
-        "out = {}\n"
-        "for name, cap in (('plain', False), ('softcap', True)):\n"
-        "    c = targets.compile_kernel('forward', cc=90, config=cfg, head_dim=128, dtype='bf16',"
-        " causal=True, softcap=cap)\n"
-        "    sass = c.asm['sass']\n"
-        "    out[name] = {op: len(re.findall(r'MUFU\\.' + op + r'\\b', sass)) for op in ('EX2', 'RCP')}\n"
-        "print(json.dumps(out))\n")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    ops = ("MUFU.EX2", "MUFU.RCP")
+    jobs = [dict(kernel="forward", cc=90, head_dim=128, dtype="bf16", causal=True, softcap=cap,
+                 config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages], sass_ops=ops)
+            for cap in (False, True)]
     try:
-        proc = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True, env=env, timeout=900)
-        if proc.returncode != 0:
-            return None
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        results = targets.compile_elsewhere(jobs, timeout=900)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError):   # no compiler or disassembler
         return None
+    if any(r["error"] for r in results):
+        return None
+    out = {name: {op.split(".")[1]: r["sass_ops"][op] for op in ops} for name, r in zip(("plain", "softcap"), results)}
     out["scores_per_thread"] = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
     return out

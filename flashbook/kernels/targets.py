@@ -151,7 +151,8 @@ def run_job(job: dict, compile_gluon=None) -> dict:
     benchmarks/gluon_lab.py passes its own), with the job's ``options`` as keywords.
     ``job["assemble"] = False`` stops at PTX, without ``ptxas`` (about 40% of a compile):
     everything reported here comes from the PTX and Triton's metadata, and where the
-    target's GPU runs the tests anyway (sm_90 here) ``ptxas`` runs there."""
+    target's GPU runs the tests anyway (sm_90 here) ``ptxas`` runs there. ``job["sass_ops"]``
+    (assembled jobs only): SASS opcodes such as "MUFU.EX2" to count in the disassembly."""
     from triton import knobs
 
     out = dict(job)
@@ -188,6 +189,9 @@ def run_job(job: dict, compile_gluon=None) -> dict:
         out["register_cap"] = int(cap.group(1)) if cap else None
         out["exponentials"] = ptx.count("ex2.approx")   # on the special-function unit
         out["shared_accesses"] = ptx.count("ld.shared") + ptx.count("st.shared")   # not TMA, not wgmma operands
+        if job.get("sass_ops"):   # instructions of the assembled code (SASS), e.g. "MUFU.EX2": needs assemble
+            sass = compiled.asm["sass"]
+            out["sass_ops"] = {op: len(re.findall(re.escape(op) + r"\b", sass)) for op in job["sass_ops"]}
         out["error"] = None
     except Exception as e:  # reported, not raised: the caller decides what a failure means
         out["shared"] = None
