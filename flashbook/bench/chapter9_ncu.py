@@ -41,6 +41,7 @@ def ncu(ch) -> None:
         return
     table = profiles.pass_table(run)
     ch.tables["ncu_passes"] = table
+    rows = profiles.kernel_rows(run)      # every profiled kernel, read once
     at = table[table["dim"] == 128].set_index(["impl", "causal", "pass_"])
     fb, cu, fl = (at.loc[(impl, False, "backward")] for impl in ("triton", "sdpa-cudnn", "sdpa-flash"))
     ch.put("ncu_shape", f"B = {fb['batch']}, H = {fb['heads']}, N = {fb['seq']}, d = 128, bf16, no mask")
@@ -52,7 +53,7 @@ def ncu(ch) -> None:
     ch.put("ncu_regs", fb["regs"]); ch.put("ncu_spill_full", fb["spill_mb"], ".0f")
     ch.put("ncu_spill_causal", at.loc[("triton", True, "backward"), "spill_mb"], ".0f")
     # the dQ kernel of the same passes: its registers and local-memory stores (it spills too)
-    dq = {k["causal"]: k for k in profiles.kernel_rows(run) if k["impl"] == "triton" and k["pass_"] == "backward"
+    dq = {k["causal"]: k for k in rows if k["impl"] == "triton" and k["pass_"] == "backward"
           and k["dim"] == 128 and k["Kernel Name"] == "_bwd_dq"}
     ch.put("ncu_dq_regs", int(dq[False][profiles.REGS]) if False in dq else None)
     for causal, key in ((False, "full"), (True, "causal")):
@@ -93,12 +94,13 @@ def ncu(ch) -> None:
                    "ncu_nospill_ops", "ncu_spill_ops", "ncu_nospill_slower")
     # like with like: the spill-free tile against the default tile at the same (fewer) stages, and
     # what the default's extra stage buys; the dK/dV kernel alone (the delta and dQ kernels are the same)
-    if len(spilling) and len(clean):
-        same = tiles[tiles["config_dkdv"].map(lambda c: tuple(c[:3]) == tuple(default["config_dkdv"][:3])
-                                             and c[3] == best["config_dkdv"][3])]
-    if len(spilling) and len(clean) and len(same):
-        two = same.iloc[0]
-        kernel_ms = {tuple(k["config_dkdv"]): k[profiles.TIME] / 1e6 for k in profiles.kernel_rows(run)
+    at_clean_stages = tiles.iloc[:0]
+    if len(spilling) and len(clean):   # the default's tile and warps at the spill-free tile's stages
+        at_clean_stages = tiles[tiles["config_dkdv"].map(lambda c: tuple(c[:3]) == tuple(default["config_dkdv"][:3])
+                                                       and c[3] == best["config_dkdv"][3])]
+    if len(at_clean_stages):
+        two = at_clean_stages.iloc[0]
+        kernel_ms = {tuple(k["config_dkdv"]): k[profiles.TIME] / 1e6 for k in rows
                      if k["impl"] == "triton-dkdv" and k.get("mask") == "causal" and k["dim"] == 128
                      and k["Kernel Name"] == "_bwd_dkdv"}
         t_two, t_clean, t_three = (kernel_ms[tuple(r["config_dkdv"])] for r in (two, best, default))
@@ -129,7 +131,6 @@ def ncu(ch) -> None:
         ch.nothing("ncu_pair_tile", "ncu_pair_spill_mb", "ncu_pair_spill_ms", "ncu_pair_clean_ms",
                    "ncu_pair_spill_warps", "ncu_pair_clean_warps", "ncu_pair_spill_ops", "ncu_pair_clean_ops")
     # what each whole backward (every kernel of the pass) read from and wrote to HBM, d = 128, no mask
-    rows = profiles.kernel_rows(run)
     # the pair's dK/dV kernel alone: the tensor ops the more warps executed over the fewer's
     if pairs:
         def dkdv_ops(config):
