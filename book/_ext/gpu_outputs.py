@@ -115,13 +115,11 @@ def label(prov: dict | None, changed: bool, repeat: bool = False) -> dict:
         css = f"admonition warning {MISSING_CLASS}"
     else:
         title = f"Recorded on {prov.get('gpu', 'a GPU')}"
-        lead = "The book was built without a GPU: this is the cell's output from a run on one."
+        lead = "" if repeat and not changed else "The book was built without a GPU: this is the cell's output from a run on one."
         if changed:
             lead += f" It was {CHANGED_NOTE}: the code above has changed since."
         css = f"admonition note {LABEL_CLASS}"
-        text = f"{lead} The run: {describe(prov)}."
-        if repeat and not changed:
-            lead, text = "", f"The run: {describe(prov)}."
+        text = f"{lead} The run: {describe(prov)}.".lstrip()
         body = (f'<div class="{css}"><p class="admonition-title">{html.escape(title)}</p>'
                 + (f"<p>{html.escape(lead)}</p>" if lead else "") + "<details><summary>The run</summary>"
                 f"<p>{html.escape(describe(prov))}</p></details></div>")

@@ -461,21 +461,23 @@ def _dq_lesson(ch: Chapter10) -> None:
     dims = sorted(bsteps["head_dim"].unique())
     fenced = bsteps[bsteps["name"] == "dQ separate"]             # vs_prev: the atomic rung's time over this one's
     atomic, separate = int(ch.values["mm_atomic"]), int(ch.values["mm_separate"])
-    rows = [("atomic, acq_rel adds (the ladder)", atomic, {d: span(fenced[fenced["head_dim"] == d]["vs_prev"], ".2f") for d in dims})]
-    for variant, label in (("atomic", "atomic, acq_rel adds (experiment)"),
-                           ("relaxed", "atomic, relaxed adds (experiment; the code shown)")):
+    def experiment(variant):
         these = runs[runs["variant"] == variant]
-        rows.append((label, atomic, {d: span(these[these["d"] == d]["x_separate"], ".2f") for d in dims}))
-    # the page shows the lesson only: the library's relaxed adds against the separate kernel
-    # (the acq_rel rows stay in ``dq_acq_rel``; the chapter quotes their ranges in its note on them)
-    acq_rel = [r for r in rows if "acq_rel" in r[0]]
-    rows = [r for r in rows if "acq_rel" not in r[0]]
-    rows.append(("separate dQ kernel (the default)", separate, {d: "1" for d in dims}))
-    table = pd.DataFrame([{"dQ added by": label, "products per tile pair": n,
-                           **{f"d = {d}": x[d] for d in dims}} for label, n, x in rows]).set_index("dQ added by")
-    ch.table("dq_lesson", "dq_lesson", table.rename_axis(columns="time over the separate kernel's"))
-    ch.tables["dq_acq_rel"] = pd.DataFrame([{"dQ added by": label, "products per tile pair": n,
-                                             **{f"d = {d}": x[d] for d in dims}} for label, n, x in acq_rel]).set_index("dQ added by")
+        return {d: span(these[these["d"] == d]["x_separate"], ".2f") for d in dims}
+
+    def as_table(rows):
+        return pd.DataFrame([{"dQ added by": label, "products per tile pair": n, **{f"d = {d}": x[d] for d in dims}}
+                             for label, n, x in rows]).set_index("dQ added by")
+
+    # the page shows the lesson only: the library's relaxed adds against the separate kernel (the
+    # acq_rel rows stay in ``dq_acq_rel``; the chapter quotes their ranges in its note on them)
+    lesson = [("atomic, relaxed adds (experiment; the code shown)", atomic, experiment("relaxed")),
+              ("separate dQ kernel (the default)", separate, {d: "1" for d in dims})]
+    acq_rel = [("atomic, acq_rel adds (the ladder)", atomic,
+                {d: span(fenced[fenced["head_dim"] == d]["vs_prev"], ".2f") for d in dims}),
+               ("atomic, acq_rel adds (experiment)", atomic, experiment("atomic"))]
+    ch.table("dq_lesson", "dq_lesson", as_table(lesson).rename_axis(columns="time over the separate kernel's"))
+    ch.tables["dq_acq_rel"] = as_table(acq_rel)
 
 
 def _bought(ch: Chapter10) -> None:

@@ -157,12 +157,13 @@ def ncu_table(before, after, batch=64, seq=32768):
     """Nsight Compute's reading of one decoding step (``decoding.ncu_steps`` of two runs: one split,
     then four splits), dense cache and cuDNN, at ``batch`` and a ``seq``-token cache."""
     rows = []
-    for splits, steps in (("1 split", before), ("4 splits", after)):
+    for n, steps in ((1, before), (4, after)):
+        splits = f"{n} split" + ("s" if n > 1 else "")
         for s in steps:
             if (s["batch"], s["seq"]) == (batch, seq) and s["impl"] != "paged":
                 # cuDNN has no split count: it was profiled alongside, in the same session
                 name = (f"flash_decode, {splits}" if s["impl"] == "dense"
-                        else f"cuDNN (profiled alongside the {splits.replace(' splits', '-split').replace(' split', '-split')} run)" if s["impl"] == "sdpa-cudnn"
+                        else f"cuDNN (profiled alongside the {n}-split run)" if s["impl"] == "sdpa-cudnn"
                         else f"{s['impl']} ({splits})")
                 rows.append({"kernel": name, "µs": s["kernel_us"] + s["merge_us"],
                              "programs per SM": s["per_sm"], "waves": s["waves"],
