@@ -347,3 +347,8 @@ def test_ch12_soft_cap_share_from_counts():
                                         "scores_per_thread": 32})
     assert (sfu["copies"], sfu["plain_ops"], sfu["cap_ops"]) == (2, 1, 3)
     assert sfu["plain_share"] == 0.5 and sfu["cap_share"] == 1.5
+    # the rates the prose names are the ones used, glued, not typed
+    assert (sfu["sfu_per_clock"], sfu["tensor_flop_per_clock"]) == (16, 4096)
+    growth = flat(cell_source(CH12, "c12-window-growth"))
+    assert "{glue:text}`sfu_per_clock` such results and {glue:text}`tensor_per_clock` bf16" in growth
+    assert "16 such" not in growth and "4,096" not in growth

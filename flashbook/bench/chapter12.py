@@ -335,9 +335,11 @@ def soft_cap_sfu_share(sass, chip_name="H200", head_dim=128) -> dict:
     """From ``soft_cap_sass``'s compiled counts and the per-clock rates of ``chip_name``'s architecture: the
     special-function unit's operations per score in the forward's key loop, without and with the
     soft cap, and the time the unit needs for them as a share of the tensor cores' time for the
-    same score (4 d FLOPs: Q K^T and P V), both at their per-clock rates on one SM. The loop body is compiled ``copies`` times (masked and
-    unmasked); the few operations per row (the rescale's exp2, 1/l) are left out, so the counts
-    per score are whole numbers. {"copies", "plain_ops", "cap_ops", "plain_share", "cap_share"}."""
+    same score (4 d FLOPs: Q K^T and P V), both at their per-clock rates on one SM. The loop body is
+    compiled ``copies`` times (masked and unmasked); the few operations per row (the rescale's exp2,
+    1/l) are left out, so the counts per score are whole numbers. {"copies", "plain_ops", "cap_ops",
+    "plain_share", "cap_share", "sfu_per_clock", "tensor_flop_per_clock"} (the last two: the rates
+    used, per clock of one SM)."""
     from .. import runtime
 
     per = sass["scores_per_thread"]
@@ -354,7 +356,9 @@ def soft_cap_sfu_share(sass, chip_name="H200", head_dim=128) -> dict:
     tensor_clk = 4 * head_dim / runtime.TENSOR_FLOP_PER_CLOCK_PER_SM[arch]   # clocks per score
     sfu_clk = 1 / runtime.SFU_PER_CLOCK_PER_SM                                 # clocks per operation
     return {"copies": copies, "plain_ops": ops["plain"], "cap_ops": ops["cap"],
-            "plain_share": ops["plain"] * sfu_clk / tensor_clk, "cap_share": ops["cap"] * sfu_clk / tensor_clk}
+            "plain_share": ops["plain"] * sfu_clk / tensor_clk, "cap_share": ops["cap"] * sfu_clk / tensor_clk,
+            "sfu_per_clock": runtime.SFU_PER_CLOCK_PER_SM,
+            "tensor_flop_per_clock": runtime.TENSOR_FLOP_PER_CLOCK_PER_SM[arch]}
 
 
 #: the recorded runs whose folders also hold GPU stress tests of the mask classes (junit files)
