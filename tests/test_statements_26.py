@@ -249,3 +249,31 @@ def test_which_kernel_describes_the_runs_it_quotes():
     assert sorted(settings["batches"]) == [1, 8, 64] and "at batch 1 and 8" in page and "at batch 64" in page
     gluon = {r["seq"] for r in bench.load_recorded_json("gluon_lengths")["rows"]}
     assert min(gluon) >= 64 and "any length from one tile (64 queries, 64 keys) up" in page
+
+
+def test_the_teachers_guide_dates_its_colab_tiers_with_a_source():
+    """Colab's GPU offer changes: the guide names when and where its list was seen, and tells a
+    teacher to check, instead of 'at the time of writing'."""
+    guide = " ".join(book_page("teachers_guide.md").split())
+    assert "at the time of writing" not in guide
+    assert "H100 GPUs (as listed in March 2026 {cite}`mccormick2026colab`; check Colab's own page" in guide
+    entry = book_page("references.bib").split("@misc{mccormick2026colab,")[1].split("\n}")[0]
+    assert "Updated March 2026" in entry and "url" in entry
+
+
+def test_the_appendix_pages_are_lettered_in_order():
+    """Every page of the appendix part up to the lab notes carries its letter, A1 first, in the
+    order of the table of contents."""
+    import yaml
+
+    with open(os.path.join(ROOT, "_toc.yml")) as f:
+        toc = yaml.safe_load(f)
+    files = next(p for p in toc["parts"] if p["caption"] == "Appendix")["chapters"]
+    titles = []
+    for entry in files[:3]:
+        path = os.path.join(ROOT, entry["file"])
+        if os.path.exists(path + ".md"):
+            titles.append(book_page(os.path.basename(path) + ".md").splitlines()[0])
+        else:
+            titles.append(markdown(notebook(os.path.basename(path))).splitlines()[0])
+    assert [t.split(".")[0] for t in titles] == ["# A1", "# A2", "# A3"], titles
