@@ -167,6 +167,7 @@ def test_chapter_12_profile_table_shows_flex_host_time_the_answer_quotes():
     glue = cell_source("12_masks", "6ba85d76")
     assert 'g("q_flex_host", a["flex"]["host_us"]["median_us"]' in glue   # a: the before-plans profile
     fused = flat(cell_source("12_masks", "a5000337"))
-    assert "Heads a few at a time" in fused and "Rows of packed documents shorter than 8K keep two launches" in fused
+    assert "Heads a few at a time" in fused and "Packed batches shorter than 8K tokens keep two launches" in fused
+    assert "Rows of packed documents" not in fused   # "rows" there meant packed sequences, not table rows
     # the 4K gain of one grid (measured with heads one at a time, not the library's order there) is not quoted
     assert "{glue:text}`fb_doc`" not in markdown("12_masks") and 'g("fb_doc",' not in cell_source("12_masks", "e16e7c60")

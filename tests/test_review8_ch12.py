@@ -315,6 +315,41 @@ def test_ch12_backward_claim_follows_the_recorded_rows():
     assert "(a spread: slowest minus fastest of three repeats, over their median)" in verdict
 
 
+def test_ch12_quotes_which_kernels_steady_forward_range_with_its_rule():
+    """The chapter's from-8K forward range and which_kernel's range differ in their rows; the chapter
+    also quotes which_kernel's (rows whose forward repeats agreed within 3%, 4K included), glued from
+    the recorded rows with the same rule."""
+    from flashbook import plots
+
+    path = bench.run_path("masks")
+    require(path is not None, "no recorded masks run")
+    rows = json.load(open(path / "masks.json"))["rows"]
+    calm = [r["flex_over_flashbook_fwd"] for r in rows
+            if max(r["flashbook"]["spread"]["fwd"], r["flex"]["spread"]["fwd"]) < 0.03]
+    glued, _ = run_glued(_tile_cells() + [cell_source(CH12, "20b191f2"), cell_source(CH12, "588254b7")],
+                         quiet=True, rng=np.random.default_rng(12), masks=masks, np=np, pd=pd, plots=plots)
+    assert glued["mb_fwd_calm_n"] == str(len(calm))
+    assert (glued["mb_fwd_calm_lo"], glued["mb_fwd_calm_hi"]) == (f"{min(calm):.2f}", f"{max(calm):.2f}")
+    verdict = flat(cell_source(CH12, "448189c1"))
+    assert ("In the forward, over the {glue:text}`mb_fwd_calm_n` shapes whose repeats there agreed within 3%, "
+            "4K included: {glue:text}`mb_fwd_calm_lo` to {glue:text}`mb_fwd_calm_hi`.") in verdict
+
+
+def test_ch12_speed_lessons_are_numbered_and_label_the_table():
+    """"What mattered for speed": five numbered lessons; each row of the measurements names its
+    lesson, and each measured cell opens with a bold headline before its (glued) detail."""
+    box = cell_source(CH12, "b98bd1a6")
+    lessons, table = box.split(":::{dropdown} The measurements (optional)\n")
+    assert [line[:3] for line in lessons.splitlines() if line[:1].isdigit()] == ["1. ", "2. ", "3. ", "4. ", "5. "]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith(("| lesson", "| ---"))]
+    assert table.count("| lesson | change | why it helps | measured |") == 1
+    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3", "| 3", "| 4", "| 5", "| 5"]
+    for row in rows:
+        measured = row.split(" | ")[3]
+        assert measured.startswith("**") and "{glue:text}" in measured, row[:40]
+    assert "taken last first" not in box and "the query tiles are numbered in reverse" in box
+
+
 def test_ch12_soft_cap_instructions_are_counted_in_the_compiled_kernel():
     """The soft cap's "three of its operations per score instead of one": in the forward compiled
     for sm_90 here, it adds one MUFU.EX2 and one MUFU.RCP beside each of the softmax's exp2."""
