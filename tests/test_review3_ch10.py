@@ -199,7 +199,7 @@ def test_the_notes_sit_under_the_tables_they_explain():
 
 def test_the_cudnn_exceptions_say_what_the_figure_shows(text):
     assert "compare two runs (the lines come from the full comparison)" not in text
-    assert "it reaches cuDNN's line, but the rung and the line come from two runs" in text
+    assert "it stands above cuDNN's line, but the two come from different runs" in text
 
 
 def test_small_wordings(ch, text):
