@@ -81,8 +81,10 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     # chapter 4's "in flight" (tiles held) and the compiled loop's copies under way, both true
     assert ("Each stage of `num_stages` = $s$ is one more $K$ and $V$ tile kept in shared memory "
             '([chapter 4](04_tiled_forward.ipynb)\'s "two or three $K$, $V$ tiles in flight").') in main
-    assert ("When a copy really overlaps computation, and how many buffers the compiler allocates, depends "
-            "on the architecture (the optional box after the table); at worst the model over-counts.") in main
+    # the flow says at once that at two stages the overlap comes from other programs, and names the box
+    assert ("With 2 stages the overlap comes mostly from other programs on the same SM; the optional box "
+            "*How Triton really allocates the buffers* shows why (at worst the model below over-counts "
+            "buffers).") in main
     # the flow no longer promises an overlap that the box takes back at two stages
     assert "the copies for later iterations start while this one computes" not in main
     assert "lets Triton issue the copy of a later tile before the current one is used" in main

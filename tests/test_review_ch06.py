@@ -170,7 +170,7 @@ def test_triton_is_taught_before_the_tile_sizes_use_it():
     assert "Each iteration of the tile matmul's `for k0` loop copies a tile of $A$ and one of $B$" in flat(
         cell_source(NOTEBOOK, "c06-buffers-md"))
     assert "show_between(flashbook.smem.smem_buffers" not in cell_source(NOTEBOOK, "c1447319")   # a formula instead
-    formula = cell_source(NOTEBOOK, "c06-buffers-md")
+    formula = cell_source(NOTEBOOK, "3f12ef78")                  # the T4's box, after the table
     assert r"\text{bytes} &= 4\max(a, b)" in formula and r"a &= (B_r + B_c)\,d" in formula
     assert r"b &= B_r B_c + \max(B_r, B_c)\,d" in formula
 
@@ -241,12 +241,14 @@ def test_the_t4_rule_is_the_compiled_kernels_shared_memory_at_any_stage_count():
     assert {"QK", "PV"} <= sides
     from flashbook.kernels import configs
     assert all(c.block_m >= c.block_n for _, c, *_ in configs._PREFERRED["sm_75"]["forward"])
-    main = flat(cell_source(NOTEBOOK, "c06-buffers-md"))
-    assert ("The T4 (`sm_75`) follows another rule: Triton has no tensor-core path there, and `tl.dot` stages "
-            "one product's operands in fp32, with no pipeline, so `num_stages` changes nothing") in main
-    # the T4's byte formula sits under its rule, in the section's own "On the T4" box, not in the
+    # the T4's rule comes after the table (not between the sm_80 formula and the table) ...
+    assert "The T4 (`sm_75`) follows another rule" not in cell_source(NOTEBOOK, "c06-buffers-md")
+    main = flat(cell_source(NOTEBOOK, "3f12ef78"))
+    assert ("The T4's row does not change with the stages: there `tl.dot` has no tensor cores and no "
+            "pipeline (box *On the T4*).") in main
+    # ... and the T4's byte formula sits under it, in the section's own "On the T4" box, not in the
     # optional box on Triton's buffers
-    assert main.index("The T4 (`sm_75`) follows another rule") < main.index(":::{dropdown} On the T4 (`sm_75`) (optional)")
+    assert main.index("The T4's row does not change with the stages") < main.index(":::{dropdown} On the T4 (`sm_75`) (optional)")
     assert main.index(":::{dropdown} On the T4 (`sm_75`) (optional)") < main.index("The larger of the forward's two products")
     assert ("The larger of the forward's two products sets the size: $Q$ and $K$ for $QK^\\top$, or $P$ "
             "($B_r \\times B_c$) and a $B_r \\times d$ buffer for $PV$.") in main
