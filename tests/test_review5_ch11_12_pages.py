@@ -407,7 +407,7 @@ def test_which_kernel_leads_with_the_steady_flex_ratio():
     assert glued["mk_fwd_steady_lo"] == f"{min(steady):.2f}"
     page = book_page("which_kernel.md")
     assert ("forward {glue:text}`mk_fwd_steady_lo` to {glue:text}`mk_fwd_steady` times compiled FlexAttention's "
-            "speed where its repeats agreed within 3%[^flex]") in page
+            "speed over the shapes whose repeats agreed within 3%[^flex]") in page   # chapter 12's wording
     assert ("The larger forward ratios are short calls at {glue:text}`mk_short_n`, where the CPU's work sets "
             "the time, whose repeats spread by up to {glue:text}`mk_fwd_noisy`%: they decide nothing.") in page
     assert "{glue:text}`mk_fwd_hi`" not in page                # a ratio that noisy is quoted nowhere
