@@ -70,9 +70,17 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
     text = fix1 + " " + fixes23
     assert "Where the running maximum is still $-\\infty$, subtract 0 instead" not in text
     assert "when $B_r \\ne B_c$" not in text
-    # the section opens by naming the two places a subtracted maximum can be -inf
-    assert ("A maximum subtracted in an exponent can be $-\\infty$ in two places: the tile's own "
-            "maximum $m_{ij}$") in fix1 and "the running maximum, in every loop, for a row that has seen no key yet" in fix1
+    # the section opens by naming the two cases in which a subtracted maximum can be -inf,
+    # and the examples and fixes that follow are tagged with them
+    opening = flat(cell_source(CH4, "c04-pitfall"))
+    assert "Under a causal mask a subtracted maximum can be $-\\infty$ in two cases:" in opening
+    assert ("**Case A: a row sees none of *this tile's* keys**, so the tile's own maximum $m_{ij}$ "
+            "is $-\\infty$") in opening
+    assert "**Case B: a row has seen *no key yet***, so the running maximum is $-\\infty$. Every loop can meet it." in opening
+    assert "The culprit is case A" in fix1 and "none of its keys (case A)" in fix1
+    assert "$-\\infty$ (case A)." in fixes23 and "3. **Guard the merge too.** This is case B" in fixes23
+    assert "so there only case B can occur" in fixes23
+    assert flat(cell_source(CH4, "84de0ee0")).startswith("Case B needs $N_q > N_k$")
     # fix 1 ends right above the N = 8 demo; fixes 2 and 3 follow it, with no NumPy shorthand
     assert "1. **Skip wholly masked tiles.**" in fix1 and fix1.rstrip().endswith("Here is one, in a small causal problem:")
     assert "2. **Guard the exponent.**" in fixes23 and "3. **Guard the merge too.**" in fixes23
