@@ -281,3 +281,47 @@ def test_the_front_door_and_the_sweep_are_told_apart_with_how_far_each_kernel_mo
     text = " ".join(markdown(notebook(CH10)).split())
     for name in ("fd128_lo", "sweep128_hi", "fd_cudnn_moved", "fd_gluon_moved"):
         assert "{glue:text}`" + name + "`" in text, name
+
+
+# --- round 8: the noise rule's tiers applied everywhere it is quoted -----------------------------
+
+def test_rung_2s_shortfalls_are_judged_by_the_three_tiers(ch, text):
+    """Measured over predicted at each causal shape, judged as a gain is: a shortfall up to
+    ``noise`` is within noise, up to ``noise_runs`` a hint, beyond that beyond the noise."""
+    t = ch.tables["skip_gains"]
+    causal = t[[s.endswith("causal") for s in t.index]]
+    expect = []
+    for shape, ratio in causal["measured / predicted"].items():
+        off = 1 - float(ratio)
+        if off > ch.noise:
+            d, n = re.match(r"d=(\d+) N=(\d+)", shape).groups()
+            tier = "a hint" if off <= ch.noise_runs else "beyond the noise"
+            expect.append((off, f"{100 * off:.1f}% at d = {d}, N = {int(n) // 1024}K ({tier})"))
+    from flashbook.display import listed
+    assert ch.values["skip_short"] == listed(e for _, e in expect)
+    assert "(a hint)" in ch.values["skip_short"] and "(beyond the noise)" in ch.values["skip_short"]
+    assert "short of it by {glue:text}`skip_short`" in text
+
+
+def test_the_between_run_gap_is_quoted_as_the_noise_table_measures_it(ch, text):
+    """The last rung timed in two runs: the prose's upper end is the table's largest gap
+    (slower time over faster, minus one), not a speed difference rounded down."""
+    gap = ch.tables["noise_samples"].loc[("in two runs", "last rung: ladder and full comparison"), "largest gap here (%)"]
+    hi = re.match(r"[\d.]+ to ([\d.]+)% slower than$", ch.values["xrun_slower"]).group(1)
+    assert float(hi) == pytest.approx(float(gap), abs=0.05)
+    assert "when run again, the median one {glue:text}`rerun_median`%)" in text
+
+
+def test_the_summary_exercise_4_and_the_profile_read_plainly(ch, text):
+    assert ("A gain up to {glue:text}`noise`% is within noise, up to {glue:text}`noise_runs`% a hint, and only "
+            "a larger one beyond noise.") in text
+    assert "so a gain must exceed that to count, and an earlier run's" not in text
+    # exercise 4 counts both dtypes; the schedules table shows bfloat16 only
+    assert "counts float16 rows too: twice the shapes the schedules table shows" in text
+    assert len(set(ch.frames["gluon128"]["dtype"])) == 2
+    # one run timed every schedule: the yardstick is the within-run noise
+    assert "far inside the run-to-run movement" not in text
+    assert "inside the {glue:text}`noise`% noise within one run" in text
+    # the profile table compares forwards only (chapter 9 gives whole backward passes)
+    assert "backward" not in " ".join(map(str, ch.tables["profile"].index)) and "each main kernel alone" not in text
+    assert "element by element" not in text and "four values per instruction" in text

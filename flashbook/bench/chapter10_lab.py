@@ -96,10 +96,10 @@ def _profile(ch) -> None:
     names_of = {"triton": "chapters 7-8 (Triton)", "gluon": "Gluon forward", "sdpa-cudnn": "SDPA cuDNN",
                 "sdpa-flash": "SDPA flash (FlashAttention-2)"}
     shown = t[t["impl"].isin(list(names_of)) & ~t["causal"]].assign(kernel=lambda f: f["impl"].map(names_of))
-    ch.table("profile", "profile", shown.rename(columns={"pass_": "pass"}).set_index(["kernel", "pass"])[
-        ["dram_mb", "tensor_pct", "ops_ratio"]].rename(columns={
-            "dram_mb": "DRAM read, main kernel (MB)", "tensor_pct": "tensor pipe busy (%)",
-            "ops_ratio": "tensor ops / forward's"}).round(1))
+    # the forward only: the section compares forwards (chapter 9 profiles whole backward passes)
+    shown = shown[shown["pass_"] == "forward"]
+    ch.table("profile", "profile", shown.set_index("kernel")[["dram_mb", "tensor_pct"]].rename(columns={
+        "dram_mb": "forward: DRAM read (MB)", "tensor_pct": "tensor pipe busy (%)"}).round(1))
     at = t.set_index(["impl", "pass_", "causal"]).sort_index()
     ours = at.loc[("triton", "forward")]
     one = t.iloc[0]
