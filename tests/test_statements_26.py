@@ -73,7 +73,7 @@ def test_chapter_6_reserves_a_kib_per_thread_block_with_its_source():
         if c.arch != "sm_75":
             assert c.smem_per_sm_kib - c.smem_per_block_kib == 1, c.name
     nb = notebook("06_gpu_and_triton.ipynb")
-    prose = cell_source(nb, "c06-buffers-md")
+    prose = cell_source(nb, "c06-buffers-model")
     assert ("CUDA reserves\n{glue:text}`a100_smem_reserved_kib` KiB of shared memory for each "
             "resident program, a thread block\n{cite}`nvidia_cuda_guide`") in prose
     assert "for itself" not in prose and "1 KiB" not in prose
