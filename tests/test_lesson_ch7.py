@@ -161,3 +161,24 @@ def test_the_page_shows_lines_not_whole_kernels():
     whole = [s for s in shown if "show_source(fwd._attn_fwd" in s or "show_source(fwd._fwd_inner" in s
              or "show_source(fwd.attend" in s]
     assert not whole, whole
+
+
+def test_the_summary_gives_both_speeds_and_the_per_warpgroup_wait():
+    """The Summary quotes the page's single timing beside chapter 9's runs (read from the recorded
+    timing cell, as the glue is), and the tensor-pipe gap as the profile supports it: each
+    warpgroup waits for all its products, and a program has two warpgroups."""
+    text = _recorded_text(TIMING_CELL)
+    live = re.search(r"causal=False: flashbook runs at (\d+%) of SDPA cuDNN's speed", text).group(1)
+    glued = _run("c07-sdpa-backend", N=4096, D=128, CPU=True, re=re,
+                 recorded_output=lambda notebook, cell_id: _recorded_text(cell_id))
+    assert glued["t_cudnn_full"] == live
+    summary = " ".join(cell_source(NOTEBOOK, "58ea754c").split())
+    assert "{glue:text}`t_cudnn_full` in this page's single timing" in summary
+    assert "no product runs while the softmax works" not in summary
+    assert "each warpgroup waits for all its products before its softmax" in summary
+    assert "of active cycles" in summary and "{glue:text}`ncu_tc_gluon`" in summary
+    lead = " ".join(cell_source(NOTEBOOK, "c07-issue-order-md").split("\n\n")[0].split())
+    assert "sit idle while the softmax works" not in lead
+    assert "A program has two warpgroups ({glue:text}`big_warps` warps)" in lead
+    assert "The table is one run, with no spread." in cell_source(NOTEBOOK, "c07-sdpa-backend-md")
+    assert "the table's `seen` column" not in cell_source(NOTEBOOK, "61b3b23b")
