@@ -140,16 +140,16 @@ def test_ch11_single_runs_strayed_both_ways():
     paths = bench.run_paths("decode_repeats")
     repeats = decoding.repeat_ratios(paths)
     glued, _ = run_glued(cell_source(CH11, "c11-m6"), repeats=repeats, REPEATS=paths, pd=pd)
-    # each ratio's own range: 0.68 and 1.90 are the paged / dense ratio's, not cuDNN's
+    # each ratio's own range, as speeds (the other's time over ours): the paged / dense ratio's, not cuDNN's
     for ratio, name in (("fd_cudnn_ms", "fd"), ("paged_dense_ms", "paged")):
-        assert glued[f"rep_single_{name}_lo"] == f"{repeats[f'{ratio}_min'].min():.2f}"
-        assert glued[f"rep_single_{name}_hi"] == f"{repeats[f'{ratio}_max'].max():.2f}"
+        assert glued[f"rep_single_{name}_lo"] == f"{1 / repeats[f'{ratio}_max'].max():.2f}"
+        assert glued[f"rep_single_{name}_hi"] == f"{1 / repeats[f'{ratio}_min'].min():.2f}"
     assert repeats["fd_cudnn_ms_min"].min() < 1 < repeats["fd_cudnn_ms_max"].max()
     assert repeats["paged_dense_ms_min"].min() < 0.7 and repeats["paged_dense_ms_max"].max() > 1.8
     assert repeats["fd_cudnn_ms_min"].min() > 0.7 and repeats["fd_cudnn_ms_max"].max() < 1.8
     text = flat(cell_source(CH11, "c11-m7"))
     assert "reached {glue:text}`rep_single_hi` times" not in text and "rep_single_lo" not in text
-    assert ("{glue:text}`rep_single_fd_lo` to {glue:text}`rep_single_fd_hi` times cuDNN's time, and "
+    assert ("{glue:text}`rep_single_fd_lo` to {glue:text}`rep_single_fd_hi` times cuDNN's speed, and "
             "{glue:text}`rep_single_paged_lo` to {glue:text}`rep_single_paged_hi` times the dense cache's") in text
     assert "in both directions" in text
 
@@ -161,13 +161,16 @@ def test_ch11_the_recorded_decode_output_is_dated_and_the_kernel_shown_was_teste
     require(record is not None, "no recorded GPU output of chapter 11")
     glued, _ = run_glued(cell_source(CH11, "c11-rec-tests"))
     assert record["provenance"]["gpu"] == "NVIDIA H200"
-    cases = [c for c in ET.parse(runs.run_path("tests_h200_v022") / "run1_gpu_marked.junit.xml").getroot().iter(
+    # the decode tests of the newest recorded run on an H200 (kvcache_h200: release 0.29's tree, with the
+    # soft-cap and lse switches the listing hides), every one passed
+    cases = [c for c in ET.parse(runs.run_path("kvcache_h200") / "st" / "tests.xml").getroot().iter(
         "testcase") if c.get("classname") == "tests.test_decode"]
-    assert glued["v022_decode_tests"] == str(len(cases)) and all(len(c) == 0 for c in cases)
+    assert cases and glued["decode_tests"] == str(len(cases)) and all(len(c) == 0 for c in cases)
     text = flat(markdown(CH11))
     # the recorded line is not the kernel shown: said plainly, once
     assert "The line printed above was recorded on an H200 with an earlier build of this kernel" in text
-    assert "the kernel shown passed all {glue:text}`v022_decode_tests` decode tests on an H200" in text
+    assert ("the kernel shown passed all {glue:text}`decode_tests` decode tests on an H200, soft-cap and lse "
+            "switches included (release 0.29's tree)") in text and "v022_decode_tests" not in text
     assert "see the end of the chapter" not in text and '("Filling the last wave" below shows why)' in text
     assert "### Filling the last wave" in markdown(CH11)
     assert "({glue:text}`short_compiled` µs for the split kernel's)" in text

@@ -134,6 +134,13 @@ def ring_provenance(root=None) -> str:
     return provenance_text(runs[0]) if runs else "not recorded"
 
 
+def ring_release(root=None) -> str:
+    """The flashbook release the newest ``ring.csv`` was recorded with (its provenance's
+    ``flashbook``), or "not recorded"."""
+    runs = find_runs(root, "ring.csv")
+    return str(provenance_for(runs[0]).get("flashbook", "not recorded")) if runs else "not recorded"
+
+
 def ring_settings(root=None) -> dict:
     """The settings the newest ``ring.csv`` was run with (its provenance's ``settings``: the
     lengths, heads, head_dim, repeats ...), or {} where none are recorded."""

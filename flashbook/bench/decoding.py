@@ -9,6 +9,9 @@
   (``raw.csv``, and ``steps.json``: the steps in the order profiled): one row per profiled decoding step, its main kernel's
   time, DRAM traffic and how busy the SMs were, and the time of the kernel that merges
   the splits.
+* ``step_split(step, graph_us)``: a profiled step's main kernel, its bandwidth and the share of
+  the graph-timed step outside it.
+* ``graph_spread(folders)``: how far repeated runs of the table agree, in CUDA-graph time.
 """
 from __future__ import annotations
 
@@ -109,6 +112,29 @@ def ncu_steps(folder) -> list[dict]:
     for row, step in zip(out, steps):
         row.update(impl=step["impl"], batch=int(step["batch"]), seq=int(step["seq"]))
     return out
+
+
+def step_split(step: dict, graph_us: float) -> dict:
+    """Where a profiled step's time goes (``step``: one of ``ncu_steps``' dicts), against the same
+    step timed as a replayed CUDA graph, ``graph_us``: ``split_tb_s``, the main kernel's DRAM
+    reads per second in TB/s; ``outside_pct``, the share of ``graph_us`` outside the main kernel
+    (the merge and the gap between the two launches)."""
+    if not 0 < step["kernel_us"] <= graph_us:
+        raise ValueError(f"the main kernel's {step['kernel_us']} us does not fit the step's {graph_us} us")
+    return {"split_tb_s": step["dram_bytes"] / step["kernel_us"] / 1e6,
+            "outside_pct": 100 * (1 - step["kernel_us"] / graph_us)}
+
+
+def graph_spread(folders, impl: str = "flash_decode") -> float:
+    """How far runs of one table (``decode.csv`` in each of ``folders``) agree: the largest, over
+    the (batch, seq) shapes ``impl`` ran, of (slowest / fastest - 1) of its CUDA-graph times, in %."""
+    import pandas as pd
+
+    df = pd.concat(pd.read_csv(Path(f) / "decode.csv") for f in folders)
+    times = df[(df["status"] == "ok") & (df["impl"] == impl)].groupby(["batch", "seq"])["graph_ms"]
+    if times.size().min() < 2:
+        raise ValueError(f"{impl}: a shape ran in fewer than two of the runs")
+    return float(100 * (times.max() / times.min() - 1).max())
 
 
 def write_timings(folder, trees=("old", "new")):
