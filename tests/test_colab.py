@@ -318,3 +318,20 @@ def test_no_chapter_uses_a_footnote_the_colab_edition_cannot_show():
         for cell in _load(path).cells:
             if cell.cell_type == "markdown":
                 assert not re.search(r"\[\^[\w-]+\]", cell.source), (os.path.basename(path), cell.id)
+
+
+def test_a_glue_directive_becomes_markdown_colab_shows():
+    """```{glue} name``` pastes a whole output (chapter 10's noise table): its Markdown, else its
+    HTML as one block (no style block, no blank or indented line), else its text as code."""
+    html = '<div>\n<style scoped>\n  .dataframe th {\n  }\n</style>\n<table>\n  <tr>\n    <td>1.0</td>\n  </tr>\n</table>\n</div>'
+    records = {"t": {"data": {"text/html": html, "text/plain": "x 1.0"}},
+               "m": {"data": {"text/markdown": "| a |\n| - |", "text/plain": "a"}},
+               "p": {"data": {"text/plain": "a  1.0\nb  2.0"}}}
+    assert ce.pasted_block(records, "t", "s") == ["<div>", "<table>", "<tr>", "<td>1.0</td>", "</tr>", "</table>", "</div>"]
+    assert ce.pasted_block(records, "m", "s") == ["| a |", "| - |"]
+    assert ce.pasted_block(records, "p", "s") == ["```", "a  1.0", "b  2.0", "```"]
+    with pytest.raises(SystemExit, match="nothing was glued as 'q'"):
+        ce.pasted_block(records, "q", "s")
+    conv = ce.Converter("s", records)
+    text = conv.markdown(":::{dropdown} More\n```{glue} t\n```\n:::")
+    assert ce.forbidden(text) == [] and "<details>" in text and "<td>1.0</td>" in text and conv.glued == []

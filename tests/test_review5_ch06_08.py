@@ -427,9 +427,9 @@ def test_the_floor_is_not_called_tiny_and_its_bf16_part_is_stated():
     assert floor == pytest.approx(8 * 128 ** 0.5 * torch.finfo(torch.float32).eps * 5 + 2.0 ** -8 * 4)
     prose = flat(cell_source(CH8, "d562dda1"))
     assert "tiny floor" not in prose and "is 0 in this chapter" not in prose
-    assert "$2^{-8}\\max|X_{64}|$ in bfloat16" in prose and "the real test is the `/ yardstick` columns" in prose
+    assert "$2^{-8}\\max|X_{64}|$ in bfloat16" in prose and "the real test is the table's `/ yardstick` columns" in prose
     # the displayed rule is the whole rule checks.backward_problems applies: O's error carried into dQ, dK
-    assert "+ \\text{floor} + a_X.$$" in prose and "`checks.output_error_allowance`" in prose
+    assert "+ \\text{floor} + a_X.\\end{aligned}$$" in prose and "`checks.output_error_allowance`" in prose
     assert "the ratios below carry the evidence" not in prose
     assert "{glue:text}`worst_yard`" in cell_source(CH8, "aacbec1b")
 

@@ -188,6 +188,24 @@ def _glued(records: dict, key: str, role: str, slug: str) -> str:
     raise SystemExit(f"{slug}: {{{role}}}`{key}` pastes {sorted(data)}, which Markdown cannot show")
 
 
+def pasted_block(records: dict, name: str, slug: str) -> list[str]:
+    """A ```{glue}``` directive's output as Markdown lines: its Markdown, else its HTML (a
+    DataFrame's table, without the style block pandas puts first; one HTML block, so no
+    blank or indented line that Markdown would read as text or code), else its text in a
+    code block."""
+    if name not in records:
+        raise SystemExit(f"{slug}: nothing was glued as {name!r}")
+    data = records[name]["data"]
+    if "text/markdown" in data:
+        return data["text/markdown"].split("\n")
+    if "text/html" in data:
+        html = re.sub(r"<style.*?</style>", "", data["text/html"], flags=re.S)
+        return [line.strip() for line in html.split("\n") if line.strip()]
+    if "text/plain" in data:
+        return ["```"] + data["text/plain"].split("\n") + ["```"]
+    raise SystemExit(f"{slug}: {{glue}} {name} pastes {sorted(data)}, which Markdown cannot show")
+
+
 # ---------------------------------------------------------------------------
 # Citations, from book/references.bib in the book's author-year style
 # ---------------------------------------------------------------------------
@@ -371,6 +389,8 @@ class Converter:
                 out += ["$$"] + body + ["$$"]
             elif name in ("code", "code-block"):
                 out += ["```" + arg] + body + ["```"]
+            elif name in ("glue", "glue:any"):
+                out += pasted_block(self.records, arg, self.slug)
             else:
                 raise SystemExit(f"{self.slug}: the directive {{{name}}} has no Colab rendering")
             i = j + 1
