@@ -6,7 +6,7 @@ import pandas as pd
 
 from conftest import require
 from flashbook import bench
-from notebook_text import book_page, flat, page_glued
+from notebook_text import book_page, flat, markdown, page_glued
 
 
 def _rows():
@@ -104,11 +104,17 @@ def test_ranges_that_differ_from_the_linked_chapters_name_their_runs():
     assert (glued["ch9_bwd_goal_lo"], glued["ch9_bwd_goal_hi"]) == (f"{ch9.min():.2f}", f"{ch9.max():.2f}")
     assert (glued["ch10_fwd128_lo"], glued["ch10_fwd128_hi"]) == (f"{ch10.min():.2f}", f"{ch10.max():.2f}")
     lines = book_page("which_kernel.md").splitlines()
-    # the short answer gives one range per cell (this page's run); the detail section names the others
+    # the short answer gives one range per cell, the one the chapter it links gives (the training row:
+    # chapter 9's full run); the detail section names the runs
     training = next(line for line in lines if line.startswith("| training |"))
     inference = next(line for line in lines if line.startswith("| inference with plain full or causal attention"))
+    assert "{glue:text}`ch9_bwd_goal_lo` to {glue:text}`ch9_bwd_goal_hi` times cuDNN's speed" in training
+    assert "fd_bwd_goal" not in training and "fd_bwd_lo" not in training
+    # chapter 9's Key results give the same range (its t_bwd_cudnn_span, from the same bench.target_table)
+    assert (glued["ch9_bwd_goal_lo"], glued["ch9_bwd_goal_hi"]) == ("0.77", "0.81")
+    assert "{glue:text}`t_bwd_cudnn_span` backward" in flat(markdown("09_benchmarks"))
     for row in (training, inference):
-        assert "ch9_bwd_goal" not in row and "ch10_fwd128" not in row and "fd_fwd64" not in row
+        assert "ch10_fwd128" not in row and "fd_fwd64" not in row
     assert "{doc}`chapter 9 <../notebooks/09_benchmarks>`" in training
     assert "{doc}`chapter 10 <../notebooks/10_making_it_fast>`" in inference
     detail = flat(book_page("which_kernel.md").split("## What it gives on an H200", 1)[1])
@@ -139,3 +145,8 @@ def test_the_decoding_row_gives_the_range_its_footnote_gives():
     row = next(line for line in book_page("which_kernel.md").splitlines() if line.startswith("| decoding with"))
     assert "{glue:text}`dec_lo` to {glue:text}`dec_hi` times cuDNN's speed (medians of three runs)[^decode]" in row
     assert "agreed within 3%" not in row
+    # the footnote points at chapter 11's section, which gives the same runs as speeds too
+    note = next(line for line in book_page("which_kernel.md").splitlines() if line.startswith("[^decode]:"))
+    assert '(chapter 11, "Against cuDNN", the same runs)' in note and "as times, ours over cuDNN's" not in note
+    ch11 = markdown("11_decoding_and_many_gpus")
+    assert "### Against cuDNN" in ch11 and "times cuDNN's speed" in flat(ch11)
