@@ -48,7 +48,7 @@ def test_batch_1_bandwidth_is_blamed_on_the_merge_and_the_gap_not_only_on_few_pr
         assert f'"{name}"' in cells["c11-m3"] and f"{{glue:text}}`{name}`" in cells["c11-m4"]
     text = _flat(cells["c11-m4"])
     assert "too few programs" not in text
-    assert ("the merge and the gap between the two launches take the other {glue:text}`b1_outside_pct`% "
+    assert ("The merge and the gap between the two launches take the other {glue:text}`b1_outside_pct`% "
             "of the {glue:text}`b1_step_us` µs step") in text
 
 
@@ -111,3 +111,45 @@ def test_the_decode_half_teaches_before_it_measures():
     assert at["### A paged KV cache"] < at["### Calling it from your model"] < at["## Why decoding is memory-bound"]
     assert at["## Why decoding is memory-bound"] < at["## Measured on an H200"] < order.index("c11-m1")
     assert order.index("c11-22") < order.index("5a7c24f0") < order.index("c11-h5") < order.index("c11-call")
+
+
+def test_launch_fit_is_a_fixed_time_plus_a_streaming_rate():
+    short = {"kernel_us": 30.0, "dram_bytes": 100e6, "waves": 0.65, "per_sm": 3}
+    long = {"kernel_us": 110.0, "dram_bytes": 500e6, "waves": 0.65, "per_sm": 3}
+    fit = decoding.launch_fit(short, long)                 # 400 MB in 80 us more: 5 TB/s, 10 us fixed
+    assert fit["tb_s"] == pytest.approx(5.0) and fit["fixed_us"] == pytest.approx(10.0)
+    with pytest.raises(ValueError):
+        decoding.launch_fit(short, dict(long, waves=1.29))   # different grids do not share a fixed cost
+    with pytest.raises(ValueError):
+        decoding.launch_fit(long, short)
+
+
+def test_batch_1_loses_fixed_time_not_streaming_rate():
+    ncu = bench.run_paths("decode_ncu")
+    require(len(ncu) >= 2, "no recorded decoding profile")
+    steps = decoding.ncu_steps(ncu[-1])
+    at = lambda seq: next(s for s in steps if (s["impl"], s["batch"], s["seq"]) == ("dense", 1, seq))
+    fit = decoding.launch_fit(at(32768), at(131072))
+    # the same 256 programs stream about as fast as batch 64's, with several microseconds per launch
+    assert 4.3 < fit["tb_s"] < 4.8 and 5 < fit["fixed_us"] < 15 and at(131072)["dram_pct"] > at(32768)["dram_pct"] + 10
+    cells = _cells()
+    assert "decoding.launch_fit(ours_b1, long_b1)" in cells["c11-m3"]
+    text = _flat(cells["c11-m4"])
+    for name in ("b1_128k_dram", "b1_fixed_us", "b1_stream_tb_s", "b1_stream_pct"):
+        assert f'"{name}"' in cells["c11-m3"] and f"{{glue:text}}`{name}`" in text
+    assert "batch 1 loses fixed time, not streaming rate" in text and "with its many programs" not in text
+    # a wave counted one way: the plan's 2 per SM against the 3 that fit, reconciled where the plan is stated
+    assert "({glue:text}`ncu_per_sm` fit at this head size)" in _flat(cells["c11-17"])
+    assert "of the {glue:text}`ncu_first_wave` that fit at once" in text and "of a wave." not in text
+
+
+def test_the_16k_ring_overlap_is_read_within_its_spread():
+    require(chapter11.ring_runs(show=False) is not None, "no recorded ring run")
+    first = chapter11.ring_runs(show=False)[0].sort_values("n").iloc[0]
+    unhidden = first["overlapped_ms"] - first["compute_ms"]
+    # the difference of two medians is no surer than their repeats' spread
+    assert first["overlapped_spread_ms"] + first["compute_spread_ms"] > 0.3 * unhidden
+    cells = _cells()
+    assert "by the medians, which " in cells["c11-44"] and 'g("ring_first_spread", first_spread)' in cells["c11-44"]
+    assert ("By the medians about {glue:text}`ring_first_unhidden` ms of transfer was not hidden behind it "
+            "(uncertain: each timing's repeats spread by {glue:text}`ring_first_spread`)") in _flat(cells["c11-45"])

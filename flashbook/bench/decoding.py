@@ -125,6 +125,20 @@ def step_split(step: dict, graph_us: float) -> dict:
             "outside_pct": 100 * (1 - step["kernel_us"] / graph_us)}
 
 
+def launch_fit(short: dict, long: dict) -> dict:
+    """Fit ``time = fixed_us + bytes / rate`` through two profiled steps of one kernel with the
+    same grid (two of ``ncu_steps``' dicts, the same ``waves`` and ``per_sm``, ``long`` reading more
+    bytes): ``fixed_us``, the time that does not grow with the bytes, and ``tb_s``, the streaming
+    rate (marginal DRAM bytes per second, TB/s)."""
+    if (short["waves"], short["per_sm"]) != (long["waves"], long["per_sm"]):
+        raise ValueError("the two steps ran different grids")
+    extra_bytes, extra_us = long["dram_bytes"] - short["dram_bytes"], long["kernel_us"] - short["kernel_us"]
+    if extra_bytes <= 0 or extra_us <= 0:
+        raise ValueError("the longer step must read more bytes and take longer")
+    rate = extra_bytes / extra_us                     # bytes per microsecond
+    return {"fixed_us": short["kernel_us"] - short["dram_bytes"] / rate, "tb_s": rate / 1e6}
+
+
 def graph_spread(folders, impl: str = "flash_decode") -> float:
     """How far runs of one table (``decode.csv`` in each of ``folders``) agree: the largest, over
     the (batch, seq) shapes ``impl`` ran, of (slowest / fastest - 1) of its CUDA-graph times, in %."""
