@@ -416,6 +416,18 @@ def test_ch12_small_tiles_why_is_the_tile_arithmetic():
     table = flat(cell_source(CH12, "b98bd1a6"))
     assert "programs half as tall suit it" not in table
     assert "{glue:text}`wf_masked_own`% of them are masked against {glue:text}`wf_masked_big`%" in table
+    # two likely reasons, neither profiled: the masked share, and two programs per SM against one
+    # (shared memory from ``smem``, computed, not typed)
+    from flashbook import runtime, smem
+
+    h200 = runtime.chip("H200")
+    own_b, big_b = (smem.smem_bytes(m, 64, 128, num_stages=3, arch="sm_90") for m in (64, 128))
+    assert (glued["wf_smem_own"], glued["wf_smem_big"], glued["wf_smem_sm"]) == \
+        (str(own_b // 1024), str(big_b // 1024), str(h200.smem_per_sm_kib)) == ("112", "128", "228")
+    assert (glued["wf_per_sm_own"], glued["wf_per_sm_big"]) == ("2", "1")
+    assert "the smaller masked share is the likely rest" not in table
+    assert "Two likely reasons, not separated by a profile: the smaller masked share, and" in table
+    assert "the masked share alone would have to explain more" in table
 
 
 def test_ch12_soft_cap_is_a_ceiling_checked_against_the_measured_rate():
@@ -445,5 +457,8 @@ def test_ch12_soft_cap_is_a_ceiling_checked_against_the_measured_rate():
     assert "Triton {glue:text}`sc_triton` (the timed run used {glue:text}`mb_triton`)" in growth
     for name in ("sc_plain_units", "sc_bound", "tf_cap"):
         assert "{glue:text}`%s`" % name in growth
-    assert "Taylor series' multiply-adds likely take the rest" in growth
+    # the rest: the arithmetic around the special-function operations, not "both branches" as such
+    assert ("The arithmetic around those operations likely takes the rest: the Taylor series' multiply-adds, "
+            "the closed form's adds and the select") in growth and "the unit may not reach its peak rate" in growth
+    assert "computes both branches for every score" not in growth
     assert rec["provenance"]["triton"] != "" and triton.__version__
