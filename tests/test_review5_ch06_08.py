@@ -86,7 +86,9 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     # stages other programs fill the wait, and names the box; the model over-counts at worst
     assert ("How much of a program's own work the copies overlap depends on the chip: the figure right "
             "after this paragraph draws four key tiles (details in the optional box *How Triton really "
-            "allocates the buffers*). At 2 stages mostly other programs on the same SM fill the wait.") in main
+            "allocates the buffers*). On `sm_80` a second stage adds no overlap within a program (the figure "
+            "draws the timeline of one stage), on `sm_90` a little: at 2 stages mostly other programs on the "
+            "same SM fill the wait. From 3 stages a program's copies overlap its own products.") in main
     assert "at worst it over-counts" in flat(cell_source(CH6, "c06-buffers-model"))
     # the flow no longer promises an overlap that the box takes back at two stages
     assert "the copies for later iterations start while this one computes" not in main
@@ -257,8 +259,9 @@ def test_small_grids_are_dealt_out_by_heads_so_the_heaviest_tiles_start_early():
     assert ("under a causal mask the last query tile does the most work, and a heavy tile started last "
             "finishes last while the other SMs sit idle (a *tail*). Hence the reverse order.") in text
     box = flat(cell_source(CH7, "c07-ladder-md"))
-    assert ("The tail matters most in a grid of few rounds. Only one program with these tiles fits in an "
-            "SM's shared memory, so the grid runs in about as many rounds as it has programs per SM") in box
+    assert ("The tail matters most in a grid of few rounds (a round: one program on every SM). Only one "
+            "program with these tiles fits in an SM's shared memory, so the grid runs in about as many rounds "
+            "as it has programs per SM") in box
     # only one program of the library's sm_90 forward tiles at d = 128 fits an SM: a second would not
     from flashbook import runtime as rt, smem
     from flashbook.kernels import configs as cfgs
@@ -378,8 +381,9 @@ def test_the_spill_free_tiles_named_are_those_the_profile_ran():
     assert default["spill_mb"] > 0 and fast["spill_mb"] == slow["spill_mb"] == 0
     assert sorted(tiles[tiles["spill_mb"] == 0]["config_dkdv"]) == [(32, 128, 8, 2), (64, 64, 8, 2)]
     assert glued["spill_default_ms"] == f"{default['us'] / 1000:.2f}" == "3.62"
-    assert (glued["nospill_fast_tile"], glued["nospill_fast_ms"]) == ("32 × 128 with 8 warps", "4.22")
-    assert (glued["nospill_slow_tile"], glued["nospill_slow_ms"]) == ("64 × 64 with 8 warps", "5.88")
+    # the tiles are named with their stages, as chapter 9 names them (the default has 3, these 2)
+    assert (glued["nospill_fast_tile"], glued["nospill_fast_ms"]) == ("32 × 128, 8 warps, 2 stages", "4.22")
+    assert (glued["nospill_slow_tile"], glued["nospill_slow_ms"]) == ("64 × 64, 8 warps, 2 stages", "5.88")
     assert glued["nospill_slow_more_ops"] == f"{slow['ops_ratio'] / default['ops_ratio'] - 1:.0%}" == "27%"
     assert glued["ncu_triton"] == "3.6.0"
     text = flat(cell_source(CH8, "c08-dkdv-registers-md"))
@@ -412,6 +416,15 @@ def test_the_spill_is_weighed_at_equal_stages_with_chapter_9s_numbers():
         assert f"{{glue:text}}`{name}`" in main, name
     assert "made the backward slower than the spilling default" not in text and "so the default stays" not in text
     assert "clocks not locked" in text
+    # the profile's own repeats (the same kernel and tile profiled again) spread by about 1%, less
+    # than the 3% gap at equal stages: that gap is the spill's cost, not noise
+    assert glued["ncu_repeat_spread"] == "1" and float(glued["ncu_repeat_spread"]) < float(glued["ncu_clean_faster"])
+    assert "within the noise of one profiled run" not in text and "At equal depth" not in text
+    assert "At equal num_stages" in main and "{glue:text}`ncu_repeat_spread`%" in main
+    assert "(The profile did not run the spill-free tile with a third stage.)" in main
+    # the whole-backward times name the stages of both tiles
+    assert ("took {glue:text}`spill_default_ms` ms with the default ({glue:text}`ncu_spill_cfg`) and "
+            "{glue:text}`nospill_fast_ms` ms with {glue:text}`nospill_fast_tile`") in text
 
 
 def test_the_floor_is_not_called_tiny_and_its_bf16_part_is_stated():
@@ -438,6 +451,8 @@ def test_padding_rows_add_nothing_to_dk_and_dv_because_do_and_delta_load_as_0():
     """The sentence beside load_lse, against the source: masked loads give 0 for rows past
     seq_q (load_tile's other=0.0 for Q and dO, load_lse and delta's loads)."""
     import inspect
+
+    from flashbook import tiled
 
     from flashbook.kernels import backward as bwd, forward as fwd
 
@@ -531,3 +546,24 @@ def test_chapter_8_was_recorded_as_it_stands_so_no_note_is_explained():
     text = flat(cell_source(CH8, "aacbec1b"))
     assert gpu_outputs.CHANGED_NOTE not in text and "The note above the table" not in text
     assert "at the recording it always ran these" not in text
+
+
+def test_the_dq_map_says_why_it_comes_from_the_probe_and_the_table_names_chapter_5s_loop():
+    """The lse poison cannot separate the dQ kernel's stages (it guards lse in both), so the page
+    says why that map comes from causal_bounds; the line-by-line table's dQ rows quote chapter 5's
+    second_pass loop, whose default is "atomic"; the exercise checks print their lines at once."""
+    import inspect
+
+    from flashbook import tiled
+
+    assert inspect.signature(tiled.backward).parameters["dq_strategy"].default == "atomic"
+    poison = flat(cell_source(CH8, "d293fbe6"))
+    assert "The lse poison cannot tell the dQ kernel's stages apart, as that kernel guards lse in both stages" in poison
+    assert "the NaN poison confirms its visits" in poison
+    pre = flat(cell_source(CH8, "a00f956c"))
+    assert "The dQ rows quote chapter 5's `dq_strategy=\"second_pass\"` loop (its default is `\"atomic\"`;" in pre
+    assert "atomic-style" not in pre
+    assert "tiled._dq_second_pass" in cell_source(CH8, "3d2cd161")
+    for cid in ("23ace976", "786cb54f"):
+        test = cell_source(CH8, cid)
+        assert test.count("print(") == 1 and 'print("\\n".join(lines))' in test, cid
