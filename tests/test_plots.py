@@ -57,6 +57,12 @@ def test_dataflow_backward_shows_where_dq_goes(dq):
     else:
         assert "dQ kernel" in joined and "atomic" not in joined
         assert f"K, V read {io.reads['K'] // (n * d) - 1}\u00d7" in joined
+        # the K and V arrows count both kernels: once in the first, the rest in the dQ kernel
+        assert "once here" not in joined
+        assert joined.count(f"once + {io.reads['K'] // (n * d) - 1}\u00d7\n(dQ kernel)") == 2
+    # the level names sit where no arrow crosses them (bottom left of each band)
+    shared = next(t for t in ax.texts if t.get_text() == "shared memory (SRAM)")
+    assert shared.get_position()[1] < 1.0 - 0.22        # below the Q_i box, away from Q's arrow
     assert len(arrows(ax)) == 7
     with pytest.raises(ValueError, match="dq"):
         plots.dataflow_counts(n, d, b, b, pass_="backward", dq="sometimes")

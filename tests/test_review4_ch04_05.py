@@ -79,7 +79,9 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
     assert "**Case B: a row has seen *no key yet***, so the running maximum is $-\\infty$. Every loop can meet it." in opening
     assert "The culprit is case A" in fix1 and "none of its keys (case A)" in fix1
     assert "$-\\infty$ (case A)." in fixes23 and "3. **Guard the merge too.** This is case B" in fixes23
-    assert "so there only case B can occur" in fixes23
+    # the section says up front which case concerns the library's loop
+    assert "The library's FA2 loop subtracts only the running maximum (the equations), so there only case B can occur." in opening
+    assert "only case B" not in fixes23
     assert flat(cell_source(CH4, "84de0ee0")).startswith("Case B needs $N_q > N_k$")
     # fix 1 ends right above the N = 8 demo; fixes 2 and 3 follow it, with no NumPy shorthand
     assert "1. **Skip wholly masked tiles.**" in fix1 and fix1.rstrip().endswith("Here is one, in a small causal problem:")
@@ -109,7 +111,7 @@ def test_the_guard_is_described_as_what_repairs_the_articles_loop_and_exercise_4
     # the correct loop runs (and is checked) before the tutorial loop and its NaN are shown
     assert ids.index("b263ee77") < ids.index("7c6cf013") < ids.index("cb9f9cf5")
     assert ids.index("84de0ee0") + 1 == ids.index("434e2c11")             # the N_q > N_k demo follows
-    assert "In that form only the running maximum is ever subtracted" in library
+    assert "The library's FA2 loop subtracts only the running maximum" in flat(cell_source(CH4, "c04-pitfall"))
     assert "The tile is visited, yet its first two rows see none of its keys" in library
     exercise = flat(cell_source(CH4, "853aa331"))
     assert "guard the tile's own maximum, guard the merge, divide only rows whose $l_i$ is not 0" in exercise

@@ -98,7 +98,10 @@ def dataflow(ax, pass_: str = "forward", *, n: int = 1024, d: int = 64, block_q:
     for level, y in _LEVEL_Y.items():
         ax.add_patch(Rectangle((-0.6, y - 0.45), 9.2, 0.9, facecolor=_LEVEL_SHADE[level],
                                edgecolor="none", zorder=0))
-        ax.text(-0.55, y + 0.38, level, fontsize=8, va="top", style="italic")
+        if pass_ == "backward":     # bottom left: the arrow from Q to Q_i crosses the top left
+            ax.text(-0.55, y - 0.42, level, fontsize=8, va="bottom", style="italic")
+        else:
+            ax.text(-0.55, y + 0.38, level, fontsize=8, va="top", style="italic")
     H, S, R = LEVELS
     if pass_ == "forward":
         for x, name in enumerate(("Q", "K", "V")):
@@ -127,8 +130,9 @@ def dataflow(ax, pass_: str = "forward", *, n: int = 1024, d: int = 64, block_q:
         _box(ax, 5.6, R, "dK_j", "accumulates"); _box(ax, 6.8, R, "dV_j", "accumulates")
         _arrow(ax, 0.6, H, 0.6, S, f"{_times(r['Q'])}")
         _arrow(ax, 1.8, H, 1.8, S, f"{_times(r['dO'] - 1)}")  # one read of dO is the delta pass
-        _arrow(ax, 3.0, H, 3.0, S, f"{_times(r['K'])}" if dq == "atomic" else "once here")
-        _arrow(ax, 4.2, H, 4.2, S, f"{_times(r['V'])}" if dq == "atomic" else "once here")
+        for x, name in ((3.0, "K"), (4.2, "V")):   # separate: once here, the rest in the dQ kernel
+            _arrow(ax, x, H, x, S, _times(r[name]) if dq == "atomic"
+                   else f"once + {_times(r[name] - 1)}\n(dQ kernel)")
         _arrow(ax, 5.6, R, 5.6, H, f"written {_times(w['dK'])}", color="#C44E52")
         _arrow(ax, 6.8, R, 6.8, H, f"written {_times(w['dV'])}", color="#C44E52")
         if dq == "atomic":
