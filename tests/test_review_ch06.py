@@ -383,6 +383,12 @@ def test_the_softmax_is_level_at_256_columns_and_ahead_where_both_recordings_agr
     assert glued["sm_level_cols"] == str(cols[0]) and glued["sm_ahead_cols"] == str(cols[2])
     assert glued["sm_disagree_cols"] == str(cols[1]) and glued["sm_other_chip"] == "H200"
     assert glued["sm_ratio_max"] == f"{ratio.max():.1f}"
+    # what the second recording agrees on: level at 256 in both, and torch.softmax's lead where it flips
+    assert abs(other_ratio[cols[0]] - 1) < 0.05 and glued["sm_agree_level_cols"] == str(cols[0])
+    assert glued["sm_flip_pct"] == f"{100 * (1 / other_ratio[cols[1]] - 1):.0f}" == "48"
+    assert ("ranks the two the same way at {glue:text}`sm_agree_level_cols` columns (level) and from "
+            "{glue:text}`sm_ahead_cols` on; at {glue:text}`sm_disagree_cols` the order flips, "
+            "`torch.softmax` {glue:text}`sm_flip_pct`% ahead.") in flat(cell_source(NOTEBOOK, "c06-softmax-read"))
     assert "1,024 columns `torch.softmax` switches" not in cell_source(NOTEBOOK, "c06-softmax-read")
     assert glued["sm_level_pct"] == f"{100 * abs(ratio[cols[0]] - 1):.1f}" == "1.7"
     read = flat(cell_source(NOTEBOOK, "c06-softmax-read"))
