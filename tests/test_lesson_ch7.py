@@ -182,3 +182,30 @@ def test_the_summary_gives_both_speeds_and_the_per_warpgroup_wait():
     assert "A program has two warpgroups ({glue:text}`big_warps` warps)" in lead
     assert "The table is one run, with no spread." in cell_source(NOTEBOOK, "c07-sdpa-backend-md")
     assert "the table's `seen` column" not in cell_source(NOTEBOOK, "61b3b23b")
+
+
+@pytest.mark.slow(seconds=60)
+def test_a_barrier_across_the_program_follows_every_wait(tmp_path):
+    """"What limits it": right after each wgmma.wait_group 0 the compiled forward loop (sm_90, the
+    library's d = 128 tiles, the Triton installed here, whose version the page glues) stops all the
+    program's threads at bar.sync 0, so neither warpgroup has a product running as its softmax starts."""
+    from conftest import compile_probe
+
+    code = r'''
+import re
+from flashbook.kernels import configs, targets
+cfg = configs.default("forward", cc=90, block_d=128, elem_bytes=2)
+ptx = targets.compile_kernel("forward", cc=90, config=cfg, head_dim=128, dtype="bf16", causal=False).asm["ptx"]
+ops = [line.strip() for line in ptx.splitlines() if re.match(r"\s*(wgmma\.wait_group|bar\.sync|ex2\.approx)", line)]
+print("\n".join(ops))
+'''
+    ops = compile_probe(tmp_path, code, timeout=300).splitlines()
+    waits = [i for i, o in enumerate(ops) if o.startswith("wgmma.wait_group")]
+    assert waits and all(ops[i].endswith(" 0;") for i in waits)                  # none left running
+    assert all(ops[i + 1].startswith("bar.sync") and ops[i + 1].split()[1:] == ["0;"] for i in waits)
+    softmax = [i for i, o in enumerate(ops) if o.startswith("ex2.approx")]
+    assert softmax and all(any(w < s for w in waits) for s in softmax)           # a wait comes first
+    prose = " ".join(cell_source(NOTEBOOK, "c07-issue-order-md").split())
+    assert "a barrier (`bar.sync 0`) stops all the program's threads" in prose
+    assert "only the other one can use the tensor cores meanwhile" not in prose
+    assert "{glue:text}`triton_built`" in prose and "{glue:text}`ncu_triton`" in prose
