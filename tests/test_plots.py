@@ -156,3 +156,14 @@ def test_tensor_layout_addresses_match_numpy_strides():
     assert len(red) == 1 and red[0].get_height() == block_m
     with pytest.raises(ValueError, match="program"):
         plots.tensor_layout(plt.subplots()[1], shape, block_m=4, program=(2, 0, 0))
+
+
+def test_the_issue_order_figure_says_a_barrier_keeps_the_warpgroups_in_step():
+    """Chapters 7 and 10 draw one program's Triton loop: a bar.sync follows every wgmma.wait_group 0
+    (tests/test_lesson_ch7.py compiles it), so no other warpgroup fills the softmax's gap."""
+    from flashbook.plots.schedule import issue_order_figure
+
+    fig = issue_order_figure()
+    title = fig._suptitle.get_text()
+    assert "a barrier after each wait keeps its two warpgroups in step" in title and "fill its gaps" not in title
+    plt.close(fig)
