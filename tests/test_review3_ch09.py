@@ -56,7 +56,24 @@ def test_taller_tiles_win_but_wider_ones_do_not(ch):
     text = flat(cell_source(CH9, "ex1-md"))
     assert "Larger tiles tend to win" not in text
     # round 5 (reader): two lessons, two bullets
-    assert "Both best cells have the larger $B_r$" in text and "**The widest $B_c$ does not.**" in text
+    assert "**The widest $B_c$ does not.**" in text
+    # round 9: taller tiles win, counted over every (d, B_c) pair against the noise, and the
+    # warpgroup reason backed by the 64-row tiles on 8 warps (each pair's best)
+    assert "Both best cells have the larger $B_r$" not in text
+    for name in ("tall_won", "tall_pairs", "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128"):
+        assert _glue(name) in text, name
+    from flashbook.bench.chapter9_measured import twin_spread
+    ran = ch.blocks[ch.blocks["status"] == "ok"]
+    pair = ran.groupby(["head_dim", "block_n", "block_m"])["fwd_tflops"].max().unstack("block_m")
+    gain = pair[128] / pair[64]
+    assert ch.values["tall_won"] == str(int((gain > 1).sum())) == ch.values["tall_pairs"] == "6"
+    beyond = gain[gain - 1 > twin_spread(ch.results)]
+    assert ch.values["tall_beyond"] == str(len(beyond)) == "3"
+    assert ch.values["tall_gaps"] == "8%, 7% and 17%"
+    w8 = ran[ran["num_warps"] == 8].groupby(["block_m", "head_dim", "block_n"])["fwd_tflops"].max()
+    assert ch.values["w8_rows64"] == f"{w8.loc[64].min():.0f} to {w8.loc[64].max():.0f}" == "196 to 297"
+    assert ch.values["w8_rows128"] == f"{w8.loc[128].min():.0f} to {w8.loc[128].max():.0f}" == "360 to 491"
+    assert w8.loc[64].max() < w8.loc[128].min()          # every 64-row pair below every 128-row one
     # two of the gaps are within the noise, and the cause was not measured (no spills there)
     # the lesson first, its evidence once; no research-log "did not profile why"
     assert "costing registers" not in text and "at some by less than the noise" in text

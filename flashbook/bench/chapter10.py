@@ -305,12 +305,13 @@ def _skip(ch: Chapter10) -> None:
     ch.put("skip_lo", causal["x previous"].min(), ".2f"); ch.put("skip_hi", causal["x previous"].max(), ".2f")
     ch.put("skip_of_pred_lo", 100 * causal["measured / predicted"].min(), ".1f")
     ch.put("skip_of_pred_hi", 100 * causal["measured / predicted"].max(), ".1f")
-    # each causal shortfall against the noise rule's tiers, as a gain is judged (a hint is not beyond noise)
+    # each causal shortfall against the noise rule's tiers, in the noise's own convention (the
+    # larger over the smaller, minus one: here predicted over measured), so a hint is not beyond noise
     shortfalls = []
     for r, ratio in zip(gains[gains["causal"].values].itertuples(), causal["measured / predicted"]):
-        tier = ch.verdict(ratio)
+        tier = ch.verdict(1 / ratio)
         if ratio < 1 and tier != "within noise":
-            shortfalls.append(f"{100 * (1 - ratio):.1f}% at d = {r.head_dim}, N = {r.seq // 1024}K ("
+            shortfalls.append(f"{100 * (1 / ratio - 1):.1f}% at d = {r.head_dim}, N = {r.seq // 1024}K ("
                               + ("a hint" if tier.startswith("hint") else "beyond the noise") + ")")
     ch.put("skip_short", listed(shortfalls) if shortfalls else "no more than the noise anywhere")
     dev = float((full["x previous"] - 1).abs().max())

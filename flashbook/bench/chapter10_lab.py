@@ -69,7 +69,8 @@ def repeats(ch) -> None:
     ch.put("noise_runs", 100 * ch.noise_runs, ".1f")
     noop = [r[4] for r in rows if r[0] == "no-op rungs"]
     twin = [r[4] for r in rows if r[0] == "twin forward"]
-    ch.put("noop_lo", min(noop), ".1f"); ch.put("noop_hi", max(noop), ".1f"); ch.put("n_ladders", len(noop))
+    ch.put("noop_lo", min(noop) if noop else None, ".1f"); ch.put("noop_hi", max(noop) if noop else None, ".1f")
+    ch.put("n_ladders", len(noop))
     ch.put("twin_lo", min(twin), ".1f") if twin else ch.nothing("twin_lo")
     ch.put("twin_hi", max(twin), ".1f") if twin else ch.nothing("twin_hi")
     ch.put("n_sweeps", len(twin))
@@ -78,6 +79,19 @@ def repeats(ch) -> None:
     rerun = [r for r in rows if r[0] == GLUON_RERUN]
     ch.put("rerun_median", rerun[0][3] if rerun else None, ".0f")
     ch.put("rerun_max", rerun[0][4] if rerun else None, ".0f")
+
+
+def noise_runs(root) -> float | None:
+    """The hint bound of chapter 10's noise rule, ``ch.noise_runs`` (a fraction), for another
+    chapter: ``repeats`` on the results root ``root`` alone. None when nothing is recorded."""
+    from .chapter10 import Chapter10
+
+    if root is None:
+        return None
+    ch = Chapter10()
+    ch.root = root
+    repeats(ch)
+    return ch.noise_runs
 
 
 def _profile(ch) -> None:

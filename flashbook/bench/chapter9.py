@@ -25,6 +25,7 @@ from . import chapter9_blocks as block_sweep
 from . import chapter9_live as live
 from . import chapter9_measured as measured
 from . import chapter9_ncu
+from . import chapter10_lab
 from .chapter9_measured import NO_DATA
 from .chapter_data import ChapterData
 from .costs import GB, naive_memory_estimate, tflops
@@ -32,7 +33,7 @@ from .readback import latest_blocks, latest_results, load_results
 from .records import results_root
 from .source_check import check_seed_table
 from .. import runtime
-from ..display import show_figure
+from ..display import listed, show_figure
 
 #: What the chapter adds where nothing is recorded (``NO_DATA`` says what is missing).
 NO_DATA_HINT = ("The arithmetic above stands on its own; the measured figures below say that "
@@ -262,18 +263,41 @@ def _sweep_against_run(ch: Chapter9) -> None:
     against the full run at the library's default forward configuration."""
     top = ch.tables.get("best_blocks")
     if top is None or ch.results is None:
-        ch.nothing("heat_wide", "heat_rows", "sweep_version", "sweep_default_run")
+        ch.nothing("heat_wide", "heat_rows", "sweep_version", "sweep_default_run", "tall_won", "tall_pairs",
+                   "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128")
         return
     # per head dimension and B_r: the widest B_c against the next narrower one
     rows = [at.sort_values("block_n").tail(2)["fwd_tflops"].tolist()
             for _, at in top.groupby(["head_dim", "block_m"]) if at["block_n"].nunique() > 1]
     ch.put("heat_wide", sum(wide < narrow for narrow, wide in rows)); ch.put("heat_rows", len(rows))
+    _taller(ch, top)
     ch.put("sweep_version", ch.blocks_provenance.get("flashbook"))
     ok = ch.results[(ch.results["impl"] == "flashbook") & (ch.results["status"] == "ok")]
     sweep = ch.blocks[(ch.blocks["status"] == "ok") & (ch.blocks["head_dim"] == int(ch.values["default_d"]))]
     at = ok[(ok["head_dim"] == int(ch.values["default_d"])) & (ok["seq"] == int(sweep["seq"].iloc[0]))
             & ~ok["causal"]] if len(sweep) else ok.iloc[:0]
     ch.put("sweep_default_run", at["fwd_tflops"].iloc[0] if len(at) else None, ".0f")
+
+
+def _taller(ch: Chapter9, top) -> None:
+    """"Taller tiles win", counted: the best B_r = 128 tile against the best B_r = 64 one at each
+    (d, B_c) pair, judged against the run's noise; and each pair's best on 8 warps, by B_r (64
+    rows on 8 warps leave each of the two warpgroups too few rows for one 64-row wgmma)."""
+    names = ("tall_won", "tall_pairs", "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128")
+    ran = ch.blocks[ch.blocks["status"] == "ok"]
+    best = top.pivot_table(index=["head_dim", "block_n"], columns="block_m", values="fwd_tflops")
+    noise = measured.twin_spread(ch.results)
+    if not {64, 128} <= set(best.columns) or noise is None:
+        return ch.nothing(*names)
+    gain = (best[128] / best[64]).dropna()
+    beyond = gain[gain - 1 > noise]
+    ch.put("tall_won", int((gain > 1).sum())); ch.put("tall_pairs", len(gain))
+    ch.put("tall_beyond", len(beyond))
+    ch.put("tall_gaps", listed([f"{100 * (x - 1):.0f}%" for x in beyond]) if len(beyond) else "none")
+    w8 = ran[ran["num_warps"] == 8].groupby(["block_m", "head_dim", "block_n"])["fwd_tflops"].max()
+    for rows in (64, 128):
+        at = w8.loc[rows] if rows in w8.index.get_level_values(0) else None
+        ch.put(f"w8_rows{rows}", f"{at.min():.0f} to {at.max():.0f}" if at is not None else None)
 
 
 def build(root=None) -> Chapter9:
@@ -294,7 +318,9 @@ def build(root=None) -> Chapter9:
     measured.memory(ch)
     points = measured.roofline(ch, ceilings)
     measured.roofline_numbers(ch, points, ceilings)
-    measured.targets(ch, noise)
+    # chapter 10's hint bound (the largest gap between identical kernels in any recorded run),
+    # read by chapter 10's own function, so both chapters judge with one rule
+    measured.targets(ch, noise, chapter10_lab.noise_runs(ch.root))
     measured.default_call(ch)   # the default call (Gluon forward on Hopper): the front-door run
     measured.seed_measured(ch, check, ceilings)
     block_sweep.blocks(ch)

@@ -18,7 +18,8 @@ from .readback import (
     target_summary, target_table, target_verdict,
 )
 from ..display import span as _span
-from ..display import verdict_text
+from ..display import listed, verdict_text
+from .chapter10_ladder import HINT, target_tier   # chapter 10's noise rule, its three tiers
 from ..plots import benchmarks as plots
 
 #: What a cell that shows a measurement says when no run is recorded.
@@ -364,7 +365,8 @@ def _cell(r) -> str:
         return "not measured"
     if r["verdict"] == "within noise":
         return f"{r['ratio']:.3f} \u2248"
-    return verdict_text(r["ratio"], r["threshold"], r["verdict"] == "met", digits=3)
+    shown = verdict_text(r["ratio"], r["threshold"], bool(r["met"]), digits=3)
+    return shown + " (hint)" if r["verdict"] == HINT else shown
 
 
 def _target_cells(table):
@@ -408,9 +410,10 @@ def default_call(ch) -> None:
            if sweep is not None and len(sweep) else None)
 
 
-def targets(ch, noise) -> None:
+def targets(ch, noise, noise_runs=None) -> None:
     """The targets' thresholds, then each shape's ratio and verdict (``noise``:
-    ``twin_spread`` of the run), and the counts."""
+    ``twin_spread`` of the run; ``noise_runs``: chapter 10's hint bound, its
+    ``chapter10_lab.noise_runs``), and the counts."""
     t = {x.label: x for x in PERFORMANCE_TARGETS}
     if set(TARGET_KEYS) != set(t):
         raise ValueError(f"the prose names every target once: {sorted(set(TARGET_KEYS) ^ set(t))}")
@@ -423,8 +426,8 @@ def targets(ch, noise) -> None:
         ch.say("target-table", NO_DATA, missing=True)
         ch.say("target-summary", NO_DATA, missing=True)
         for key in TARGET_KEYS.values():
-            ch.nothing(key, key + "_missed", key + "_close", key + "_met", key + "_n", key + "_span")
-        ch.nothing("t_noise", "t_mem_ratio", "cudnn_bwd_span")
+            ch.nothing(key, key + "_missed", key + "_close", key + "_met", key + "_hint", key + "_n", key + "_span")
+        ch.nothing("t_noise", "t_noise_runs", "t_mem_ratio", "cudnn_bwd_span", "t_cudnn_hints")
         return
     # exercise 2's backward: cuDNN's time over ours at the goals' head dimension, every length
     bwd = df[(df["status"] == "ok") & (df["head_dim"] == goal.head_dims[0])].pivot_table(
@@ -432,10 +435,11 @@ def targets(ch, noise) -> None:
     ch.put("cudnn_bwd_span", _span(list((bwd["sdpa-cudnn"] / bwd["flashbook"]).dropna()), ".2f")
            if {"flashbook", "sdpa-cudnn"} <= set(bwd.columns) else None)
     table = target_table(df, impl="flashbook")
-    table["verdict"] = [target_verdict(r.ratio, r.threshold, r.met, noise) for r in table.itertuples()]
+    table["verdict"] = [target_tier(r.ratio, r.threshold, r.met, noise, noise_runs) for r in table.itertuples()]
     summary = target_summary(table)
     ch.tables["target_rows"] = table
     ch.put("t_noise", 100 * noise if noise is not None else None, ".1f")
+    ch.put("t_noise_runs", 100 * noise_runs if noise_runs is not None else None, ".1f")
     mem = table[table["target"] == "peak memory <= 1.1x SDPA-flash"]["ratio"].dropna()
     ch.put("t_mem_ratio", (f"{mem.min():.2f}" if f"{mem.min():.2f}" == f"{mem.max():.2f}"
                            else _span(list(mem), ".2f")) if len(mem) else None)
@@ -446,7 +450,7 @@ def targets(ch, noise) -> None:
         ch.put(key + "_span", _span(list(ratios), ".2f") if len(ratios) else None)
     counts = (table.groupby("target")["verdict"].value_counts().unstack(fill_value=0)
               .reindex(index=[t.label for t in PERFORMANCE_TARGETS],
-                       columns=["met", "within noise", "missed"], fill_value=0))
+                       columns=["met", "within noise", HINT, "missed"], fill_value=0))
     counts.index.name = None
     ch.table("target-summary", "target_counts", counts)
     for label, key in TARGET_KEYS.items():
@@ -455,11 +459,16 @@ def targets(ch, noise) -> None:
                 + (f" ({s['shapes'] - s['measured']} not measured)" if s["shapes"] > s["measured"] else ""))
         ch.put(key, said)
         rows = table[table["target"] == label]
-        for name, which in (("_missed", "missed"), ("_close", "within noise"), ("_met", "met")):
+        for name, which in (("_missed", "missed"), ("_close", "within noise"), ("_met", "met"), ("_hint", HINT)):
             ch.put(key + name, "; ".join(f"{shape_label(r.head_dim, r.seq, r.causal)} ({r.ratio:.3f})"
                                          for r in rows[rows["verdict"] == which].itertuples()) or "none")
-        ch.put(key + "_n", ", ".join(f"{which} at {int(counts.loc[label, which])}"
-                                    for which in counts.columns if counts.loc[label, which]))
+        ch.put(key + "_n", ", ".join(("a " if which == HINT else "") + f"{which} at {int(counts.loc[label, which])}"
+                                    for which in ("met", "missed", HINT, "within noise") if counts.loc[label, which]))
+    # the hints against cuDNN, named: which way each leans is its cell's tick or cross
+    hints = [f"the {t.split()[0]} at {r.seq // 1024}K{' causal' if r.causal else ''} ({r.ratio:.3f})"
+             for t in ("forward >= 0.9x SDPA-cuDNN", "backward >= 0.8x SDPA-cuDNN")
+             for r in table[(table["target"] == t) & (table["verdict"] == HINT)].itertuples()]
+    ch.put("t_cudnn_hints", listed(hints))
 
 
 # ---------------------------------------------------------------- the seed's shape, measured
