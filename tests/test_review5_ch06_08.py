@@ -356,9 +356,8 @@ def test_the_dkdv_register_count_is_chapter_6s_arithmetic():
     # on sm_90 the input tiles stay in shared memory (wgmma reads K, V, Q and dO from there); what
     # the tensor cores read from registers is the 16-bit copies of P^T and dS^T
     assert "before the input tiles" not in text and "With the input tiles and the addresses on top" not in text
-    assert ("On an H100 or H200 the input tiles $K$, $V$, $Q$ and $dO$ take no registers: the tensor cores "
-            "read them from shared memory. But they read $P^\\top$ and $dS^\\top$ from registers, as 16-bit "
-            "copies.") in text
+    assert ("On an H100 or H200 the tensor cores read $K$, $V$, $Q$ and $dO$ from shared memory, but "
+            "$P^\\top$ and $dS^\\top$ from registers, as 16-bit copies.") in text
     assert ("Count as chapter 6 did, for the unmasked default tile ({glue:text}`tile_dkdv_full`, "
             "{glue:text}`dkdv_warps_full` warps):") in text
 
