@@ -2,9 +2,8 @@
 and the entries of the lab notes (appendix A3) that the other two modules do not hold: the
 atomic-dQ experiment and the lab's Gluon backward.
 
-``repeats(ch)`` runs right after the ladder's own noise (``chapter10._noise``): every later
-verdict reads ``ch.noise_runs``. ``build_into(ch)`` adds the rest. Like ``chapter10_beyond``,
-every section says once what it shows when its runs are not recorded.
+``repeats(ch)`` runs right after the ladder's own noise (``chapter10._noise``): later verdicts read
+``ch.noise_runs``. ``build_into(ch)`` adds the rest; each section says what it shows unrecorded.
 """
 from __future__ import annotations
 
@@ -32,27 +31,35 @@ def _pct(series) -> tuple:
     return 100 * float(series.median()), 100 * float(series.max())
 
 
-def repeats(ch) -> None:
-    """The same comparison in every recorded run: the ladder's no-op rungs, the forward timed
-    under two names in each full comparison, and the Gluon sweep timed twice."""
+def _repeat_rows(root) -> list:
+    """(what, run, pairs, median %, largest %) per recorded run under ``root``: the ladder's no-op rungs,
+    the forward under two names in each full comparison, the Gluon sweep twice (``GLUON_RERUN``)."""
     import pandas as pd
 
     rows = []
-    for path in reversed(find_runs(ch.root, "ladder.csv")):      # oldest first
+    for path in reversed(find_runs(root, "ladder.csv")):      # oldest first
         steps = ladder_speedups(load_results(path)[0])
         same = steps[(steps["pass_"] == "fwd") & ~steps["causal"] & steps["name"].isin(NO_OPS)]
         rows.append(("no-op rungs", path.parent.name, len(same), *_pct(slower_over_faster(same["vs_prev"]))))
-    for path in reversed(find_runs(ch.root, "results.csv")):
+    for path in reversed(find_runs(root, "results.csv")):
         twin = twin_gaps(load_results(path)[0])
         if twin is not None:
             rows.append(("twin forward", path.parent.name, len(twin), *_pct(twin)))
-    first, again = load_recorded_json("gluon_d128", ch.root), load_recorded_json("gluon_d128_run2", ch.root)
+    first, again = load_recorded_json("gluon_d128", root), load_recorded_json("gluon_d128_run2", root)
     if first and again:
         index = ["dtype", "seq", "causal", "variant"]
         a, b = (pd.DataFrame(r["rows"]).set_index(index)["tflops"] for r in (first, again))
         common = a.index.intersection(b.index)
         rows.append((GLUON_RERUN, "gluon_d128, gluon_d128_run2", len(common),
                      *_pct(slower_over_faster(b[common] / a[common]))))
+    return rows
+
+
+def repeats(ch) -> None:
+    """``_repeat_rows``' table and the noise rule's hint bound ``ch.noise_runs`` (largest gap in one run)."""
+    import pandas as pd
+
+    rows = _repeat_rows(ch.root)
     within = [r for r in rows if r[0] != GLUON_RERUN]
     if not within:
         ch.noise_runs = None
@@ -82,16 +89,9 @@ def repeats(ch) -> None:
 
 
 def noise_runs(root) -> float | None:
-    """The hint bound of chapter 10's noise rule, ``ch.noise_runs`` (a fraction), for another
-    chapter: ``repeats`` on the results root ``root`` alone. None when nothing is recorded."""
-    from .chapter10 import Chapter10
-
-    if root is None:
-        return None
-    ch = Chapter10()
-    ch.root = root
-    repeats(ch)
-    return ch.noise_runs
+    """``ch.noise_runs`` of ``repeats`` (a fraction) for another chapter; None when nothing is recorded."""
+    within = [r[4] for r in _repeat_rows(root) if r[0] != GLUON_RERUN] if root is not None else []
+    return max(within) / 100 if within else None
 
 
 def _profile(ch) -> None:
