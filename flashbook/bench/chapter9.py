@@ -258,7 +258,7 @@ def _provenance(ch: Chapter9) -> None:
                        f"{n_checked} results checked against float64, {n_failed} failed")
 
 
-def _sweep_against_run(ch: Chapter9) -> None:
+def _sweep_against_run(ch: Chapter9, noise) -> None:
     """The heatmap's wide tiles against the narrower ones, and the sweep (an older flashbook)
     against the full run at the library's default forward configuration."""
     top = ch.tables.get("best_blocks")
@@ -270,7 +270,7 @@ def _sweep_against_run(ch: Chapter9) -> None:
     rows = [at.sort_values("block_n").tail(2)["fwd_tflops"].tolist()
             for _, at in top.groupby(["head_dim", "block_m"]) if at["block_n"].nunique() > 1]
     ch.put("heat_wide", sum(wide < narrow for narrow, wide in rows)); ch.put("heat_rows", len(rows))
-    _taller(ch, top)
+    _taller(ch, top, noise)
     ch.put("sweep_version", ch.blocks_provenance.get("flashbook"))
     ok = ch.results[(ch.results["impl"] == "flashbook") & (ch.results["status"] == "ok")]
     sweep = ch.blocks[(ch.blocks["status"] == "ok") & (ch.blocks["head_dim"] == int(ch.values["default_d"]))]
@@ -279,14 +279,14 @@ def _sweep_against_run(ch: Chapter9) -> None:
     ch.put("sweep_default_run", at["fwd_tflops"].iloc[0] if len(at) else None, ".0f")
 
 
-def _taller(ch: Chapter9, top) -> None:
+def _taller(ch: Chapter9, top, noise) -> None:
     """"Taller tiles win", counted: the best B_r = 128 tile against the best B_r = 64 one at each
-    (d, B_c) pair, judged against the run's noise; and each pair's best on 8 warps, by B_r (64
-    rows on 8 warps leave each of the two warpgroups too few rows for one 64-row wgmma)."""
+    (d, B_c) pair, judged against ``noise`` (the run's ``twin_spread``); and each pair's best on
+    8 warps, by B_r (64 rows on 8 warps leave each of the two warpgroups too few rows for one
+    64-row wgmma)."""
     names = ("tall_won", "tall_pairs", "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128")
     ran = ch.blocks[ch.blocks["status"] == "ok"]
     best = top.pivot_table(index=["head_dim", "block_n"], columns="block_m", values="fwd_tflops")
-    noise = measured.twin_spread(ch.results)
     if not {64, 128} <= set(best.columns) or noise is None:
         return ch.nothing(*names)
     gain = (best[128] / best[64]).dropna()
@@ -324,6 +324,6 @@ def build(root=None) -> Chapter9:
     measured.default_call(ch)   # the default call (Gluon forward on Hopper): the front-door run
     measured.seed_measured(ch, check, ceilings)
     block_sweep.blocks(ch)
-    _sweep_against_run(ch)
+    _sweep_against_run(ch, noise)
     live.live_recorded(ch)
     return ch
