@@ -172,13 +172,18 @@ def glued_text(records: dict, key: str, role: str, slug: str) -> str:
     return _as_rendered(_glued(records, key, role, slug))
 
 
+def _glue_data(records: dict, name: str, slug: str) -> dict:
+    """The mime bundle glued as ``name`` (a role's or a directive's), or a SystemExit naming it."""
+    if name not in records:
+        raise SystemExit(f"{slug}: nothing was glued as {name!r}")
+    return records[name]["data"]
+
+
 def _glued(records: dict, key: str, role: str, slug: str) -> str:
     from myst_nb.core.variables import format_plain_text
 
     name, _, fmt = key.rpartition(":") if role == "glue:text" and ":" in key else (key, "", "")
-    if name not in records:
-        raise SystemExit(f"{slug}: nothing was glued as {name!r}")
-    data = records[name]["data"]
+    data = _glue_data(records, name, slug)
     if role == "glue:text":
         return format_plain_text(data["text/plain"], fmt or "s")
     if role == "glue:md" and "text/markdown" in data:
@@ -193,9 +198,7 @@ def pasted_block(records: dict, name: str, slug: str) -> list[str]:
     DataFrame's table, without the style block pandas puts first; one HTML block, so no
     blank or indented line that Markdown would read as text or code), else its text in a
     code block."""
-    if name not in records:
-        raise SystemExit(f"{slug}: nothing was glued as {name!r}")
-    data = records[name]["data"]
+    data = _glue_data(records, name, slug)
     if "text/markdown" in data:
         return data["text/markdown"].split("\n")
     if "text/html" in data:
