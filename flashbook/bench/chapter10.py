@@ -29,7 +29,7 @@ from ..display import listed, show_figure, span   # show_figure: also the notebo
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
-from .chapter10_ladder import NO_DATA, SHAPE, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
+from .chapter10_ladder import HINT, NO_DATA, SHAPE, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
 from .noise import slower_over_faster, twin_gaps
 from .chapter_data import ChapterData
 from .harness import TOLERANCE, shape_label
@@ -110,7 +110,7 @@ class Chapter10(ChapterData):
         if off <= self.noise:
             return "within noise"
         if self.noise_runs is not None and off <= self.noise_runs:
-            return f"hint ({100 * self.noise:.1f}-{100 * self.noise_runs:.1f}%)"   # the rule's middle tier
+            return f"{HINT} ({100 * self.noise:.1f}-{100 * self.noise_runs:.1f}%)"   # the rule's middle tier
         return "beyond noise"
 
     # -- what the chapter calls
@@ -312,7 +312,7 @@ def _skip(ch: Chapter10) -> None:
         tier = ch.verdict(1 / ratio)
         if ratio < 1 and tier != "within noise":
             shortfalls.append(f"{100 * (1 / ratio - 1):.1f}% at d = {r.head_dim}, N = {r.seq // 1024}K ("
-                              + ("a hint" if tier.startswith("hint") else "beyond the noise") + ")")
+                              + ("a hint" if tier.startswith(HINT) else "beyond the noise") + ")")
     ch.put("skip_short", listed(shortfalls) if shortfalls else "no more than the noise anywhere")
     dev = float((full["x previous"] - 1).abs().max())
     ch.put("skip_full_dev", 100 * dev, ".1f")
