@@ -114,3 +114,24 @@ def test_atomic_dq_reader_says_none_when_nothing_is_recorded(tmp_path):
 
     (tmp_path / "index.json").write_text(json.dumps({"runs": {}}))
     assert experiments.atomic_dq_table(tmp_path) is None
+
+
+def test_one_gives_the_row_where_the_index_repeats_other_keys():
+    """pandas 2 (Colab's 2.2) returns a one-row frame for ``table.loc[key]`` when the index
+    repeats another key, which chapter 8 and 9's glue then could not format (an H200 run with
+    pandas 2 failed there); ``profiles.one`` gives the row in every pandas and refuses a key
+    that names no row or several."""
+    import pandas as pd
+
+    table = pd.DataFrame({"impl": ["triton", "triton", "triton", "cudnn"],
+                          "causal": [False, True, True, False], "us": [10.0, 20.0, 21.0, 7.5]})
+    at = table.set_index(["impl", "causal"])
+    assert not at.index.is_unique
+    row = profiles.one(at, ("triton", False))
+    assert isinstance(row, pd.Series) and row["us"] == 10.0
+    assert profiles.one(at, ("cudnn", False), "us") == 7.5
+    assert f"{profiles.one(at, ('triton', False), 'us'):.1f}" == "10.0"
+    with pytest.raises(KeyError, match="2 rows"):
+        profiles.one(at, ("triton", True))
+    with pytest.raises(KeyError):
+        profiles.one(at, ("gluon", False))

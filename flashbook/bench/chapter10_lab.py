@@ -96,7 +96,7 @@ def noise_runs(root) -> float | None:
 
 def _profile(ch) -> None:
     """Nsight Compute's readings of the library's passes beside cuDNN's (run ``kernel_ncu``)."""
-    from .profiles import forward_wgmma, kernel_rows, pass_table
+    from .profiles import forward_wgmma, kernel_rows, one, pass_table
 
     run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
     names = ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma",
@@ -121,14 +121,14 @@ def _profile(ch) -> None:
     ch.put("ncu_dram", ours["dram_mb"].max(), ".1f"); ch.put("ncu_qkv", qkv, ".1f")
     ch.put("ncu_l2", f"{ours['l2_hit'].min():.0f} to {ours['l2_hit'].max():.0f}%")
     for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
-        ch.put(f"ncu_tc_{key}", at.loc[(impl, "forward", False), "tensor_pct"], ".0f")
+        ch.put(f"ncu_tc_{key}", one(at, (impl, "forward", False), "tensor_pct"), ".0f")
     rows = kernel_rows(run)
     ch.put("ncu_flash_wgmma", forward_wgmma(rows))
-    ch.put("ncu_bwd_ops", at.loc[("triton", "backward", False), "ops_ratio"], ".2f")
-    ch.put("ncu_cudnn_bwd_ops", at.loc[("sdpa-cudnn", "backward", False), "ops_ratio"], ".2f")
+    ch.put("ncu_bwd_ops", one(at, ("triton", "backward", False), "ops_ratio"), ".2f")
+    ch.put("ncu_cudnn_bwd_ops", one(at, ("sdpa-cudnn", "backward", False), "ops_ratio"), ".2f")
     kernels = [k for k in rows if k["impl"] == "triton" and k["pass_"] == "backward" and k["dim"] == 128
                and not k["causal"] and "mask" not in k and "config_dkdv" not in k]
-    credited = at.loc[("triton", "backward", False), "ops_ratio"] / sum(
+    credited = one(at, ("triton", "backward", False), "ops_ratio") / sum(
         sum(k.get(m, 0.0) for m in _ops()) for k in kernels)
     for key, name in (("dkdv", "_bwd_dkdv"), ("dq", "_bwd_dq")):
         ops = sum(sum(k.get(m, 0.0) for m in _ops()) for k in kernels if k["Kernel Name"] == name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .chapter9_measured import _span
 from .costs import attention_flops
+from .profiles import one
 
 #: The names of Nsight Compute's readings (``ncu``).
 NCU_KEYS = ("ncu_shape", "ncu_fb_ops", "ncu_cudnn_ops", "ncu_flash_ops", "ncu_fb_us", "ncu_cudnn_us",
@@ -43,7 +44,7 @@ def ncu(ch) -> None:
     ch.tables["ncu_passes"] = table
     rows = profiles.kernel_rows(run)      # every profiled kernel, read once
     at = table[table["dim"] == 128].set_index(["impl", "causal", "pass_"])
-    fb, cu, fl = (at.loc[(impl, False, "backward")] for impl in ("triton", "sdpa-cudnn", "sdpa-flash"))
+    fb, cu, fl = (one(at, (impl, False, "backward")) for impl in ("triton", "sdpa-cudnn", "sdpa-flash"))
     ch.put("ncu_shape", f"B = {fb['batch']}, H = {fb['heads']}, N = {fb['seq']}, d = 128, bf16, no mask")
     ch.put("ncu_fb_ops", fb["ops_ratio"], ".2f"); ch.put("ncu_cudnn_ops", cu["ops_ratio"], ".2f")
     ch.put("ncu_flash_ops", fl["ops_ratio"], ".2f")
@@ -51,7 +52,7 @@ def ncu(ch) -> None:
     # executed ops per microsecond, ours over cuDNN's
     ch.put("ncu_rate", (fb["ops_ratio"] / fb["us"]) / (cu["ops_ratio"] / cu["us"]), ".2f")
     ch.put("ncu_regs", fb["regs"]); ch.put("ncu_spill_full", fb["spill_mb"], ".0f")
-    ch.put("ncu_spill_causal", at.loc[("triton", True, "backward"), "spill_mb"], ".0f")
+    ch.put("ncu_spill_causal", one(at, ("triton", True, "backward"), "spill_mb"), ".0f")
     # the dQ kernel of the same passes: its registers and local-memory stores (it spills too)
     dq = {k["causal"]: k for k in rows if k["impl"] == "triton" and k["pass_"] == "backward"
           and k["dim"] == 128 and k["Kernel Name"] == "_bwd_dq"}
@@ -70,11 +71,11 @@ def ncu(ch) -> None:
     ch.put("ncu_fb_dram_bwd", fb["dram_mb"], ",.0f")
     ch.put("ncu_cudnn_regs", cu["regs"]); ch.put("ncu_cudnn_spill", cu["spill_mb"], ".0f")
     # the tensor pipe in the forward, ours against cuDNN's (the share of active cycles it was busy)
-    ch.put("ncu_tc_fb_fwd", at.loc[("triton", False, "forward"), "tensor_pct"], ".0f")
-    ch.put("ncu_tc_cudnn_fwd", at.loc[("sdpa-cudnn", False, "forward"), "tensor_pct"], ".0f")
+    ch.put("ncu_tc_fb_fwd", one(at, ("triton", False, "forward"), "tensor_pct"), ".0f")
+    ch.put("ncu_tc_cudnn_fwd", one(at, ("sdpa-cudnn", False, "forward"), "tensor_pct"), ".0f")
     # the causal dK/dV tiles profiled one by one: the default spills; the fastest tile that does not
     tiles = profiles.causal_dkdv_tiles(table)
-    spilling = tiles[tiles["spill_mb"] == at.loc[("triton", True, "backward"), "spill_mb"]]
+    spilling = tiles[tiles["spill_mb"] == one(at, ("triton", True, "backward"), "spill_mb")]
     # the fastest tile that does not spill and executes the same tensor work as the default:
     # the like-with-like test of what the spill costs
     clean = tiles[tiles["spill_mb"] == 0]
@@ -165,14 +166,14 @@ def ncu(ch) -> None:
     ch.put("ncu_cudnn_wgmma", profiles.forward_wgmma(rows, "sdpa-cudnn")
            if pass_kernels("sdpa-cudnn", "forward") else None, ",")
     # SDPA-flash's forward against ours: the tensor pipe's busy share, the time, and its spill
-    ours, flash = at.loc[("triton", False, "forward")], at.loc[("sdpa-flash", False, "forward")]
+    ours, flash = one(at, ("triton", False, "forward")), one(at, ("sdpa-flash", False, "forward"))
     ch.put("ncu_tc_flash_fwd", flash["tensor_pct"], ".0f"); ch.put("ncu_flash_fwd_x", flash["us"] / ours["us"], ".2f")
     # "busy" counts the cycles the tensor pipe was active, not the work done in them: the rate
     # each forward reached, as a share of the chip's peak, over its busy share is the work per busy cycle
     peak = runtime.chip("H200").bf16_tflops
     ch.put("ncu_peak", peak, "g")
     for impl, key in (("sdpa-flash", "flash"), ("triton", "fb"), ("sdpa-cudnn", "cudnn")):
-        r = at.loc[(impl, False, "forward")]
+        r = one(at, (impl, False, "forward"))
         flops = attention_flops(int(r["batch"]), int(r["heads"]), int(r["seq"]), int(r["seq"]), 128)
         of_peak = flops / (r["us"] * 1e-6) / 1e12 / peak
         ch.put(f"ncu_{key}_peak_pct", 100 * of_peak, ".0f")

@@ -35,6 +35,17 @@ REGS, SPILL_ST = "launch__registers_per_thread", "l1tex__t_bytes_pipe_lsu_mem_lo
 WGMMA = "sm__inst_executed_pipe_tensor_op_gmma.sum"
 
 
+def one(table, key, column=None):
+    """The one row of ``table`` at ``key``, a full key of its (Multi)Index, as a Series, or that
+    row's ``column``. Where the index repeats other keys, pandas 2 (Colab's 2.2) returns a
+    one-row frame for ``table.loc[key]`` and pandas 3 the row; this gives the row in both and
+    raises KeyError unless exactly one row has the key."""
+    rows = table.loc[[key]]
+    if len(rows) != 1:
+        raise KeyError(f"{key!r}: {len(rows)} rows, want exactly 1")
+    return rows.iloc[0] if column is None else rows.iloc[0][column]
+
+
 def number(text: str):
     """ncu's CSV cell as a number ("1,234.5" -> 1234.5); a cell that is not one (an "n/a" of a
     metric the chip lacks, a device attribute's name) stays text, never a silent 0."""
