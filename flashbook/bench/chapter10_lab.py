@@ -116,8 +116,8 @@ def _profile(ch) -> None:
         "dram_mb": "forward: DRAM read (MB)", "tensor_pct": "tensor pipe busy (%)"}).round(1))
     at = t.set_index(["impl", "pass_", "causal"]).sort_index()
     ours = at.loc[("triton", "forward")]
-    one = t.iloc[0]
-    qkv = one["batch"] * one["heads"] * one["seq"] * 128 * 2 / 1e6
+    first = t.iloc[0]
+    qkv = first["batch"] * first["heads"] * first["seq"] * 128 * 2 / 1e6
     ch.put("ncu_dram", ours["dram_mb"].max(), ".1f"); ch.put("ncu_qkv", qkv, ".1f")
     ch.put("ncu_l2", f"{ours['l2_hit'].min():.0f} to {ours['l2_hit'].max():.0f}%")
     for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
