@@ -28,8 +28,10 @@ import sys
 from pathlib import Path
 
 #: What a Colab runtime has that the chapters touch, plus a kernel and nbclient to execute;
-#: no jupyter-book, no myst-nb.
-COLAB_LIKE = ["numpy==2.0.2", "ipywidgets==7.7.1", "matplotlib", "pandas", "scipy",
+#: no jupyter-book, no myst-nb. pandas is Colab's 2.2.2 (googlecolab/colabtools#4870, still 2.2
+#: in 2026): its ``.loc`` differs from pandas 3's where an index repeats keys, and a chapter
+#: that ran under pandas 3 once failed under 2 (``flashbook.bench.profiles.one``).
+COLAB_LIKE = ["numpy==2.0.2", "ipywidgets==7.7.1", "matplotlib", "pandas==2.2.2", "scipy",
               "tabulate", "tqdm", "triton", "ipykernel", "nbclient"]
 TORCH = os.environ.get("FLASHBOOK_TEST_TORCH", "torch==2.13.0")
 
