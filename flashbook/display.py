@@ -237,6 +237,18 @@ def span(values, fmt: str = ".0f", collapse: bool = False) -> str:
     return lo if collapse and lo == hi else f"{lo} to {hi}"
 
 
+def bound_up(value: float) -> str:
+    """``value`` rounded *up* to one significant digit, as "6e-07" for 5.4e-07: a bound the
+    prose can quote ("agree to 6e-07") that no printed error exceeds; "0" for 0."""
+    import math
+
+    if value <= 0:
+        return "0" if value == 0 else format(value, ".0e")
+    exp = math.floor(math.log10(value))
+    digit = math.ceil(round(value / 10.0 ** exp, 9))   # round(): 5.0 stays 5, not 6
+    return format(digit * 10.0 ** exp, ".0e")
+
+
 def listed(items) -> str:
     """Items as prose: ["a", "b", "c"] -> "a, b and c"; one item alone; none -> "none"."""
     items = [str(x) for x in items]

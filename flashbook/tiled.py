@@ -307,7 +307,7 @@ def _backward_kv_outer(q, k, v, o, lse, do, scale, causal, block_q, block_k, io,
                 p = _recompute_p(q_i, k_j, lse_i, rows, cols, n_q, n_k, scale, causal, io)
                 dv_j += io.matmul(_t(p), do_i)                      # dV_j += P_ij^T dO_i
                 dp = io.hold("dP/dS", io.matmul(do_i, _t(v_j)))     # dP_ij = dO_i V_j^T
-                ds = io.hold("dP/dS", p * (dp - delta_i[..., None]))  # dS_ij = P_ij o (dP_ij - delta_i)
+                ds = io.hold("dP/dS", p * (dp - delta_i[..., None]))  # dS_ij = P_ij * (dP_ij - delta_i)
                 dk_j += scale * io.matmul(_t(ds), q_i)              # dK_j += scale dS_ij^T Q_i
                 if atomic:                                          # dQ_i += scale dS_ij K_j, a
                     dq_i = io.read("dQ", dq[:, rows])               # read-modify-write of HBM
@@ -483,7 +483,7 @@ def io_naive_backward(n_q: int, n_k: int, d: int, d_v: int | None = None, *,
     """Standard attention backward (Algorithm 3 of Dao et al. 2022), reading the stored P.
 
     1. read P, dO; write dV = P^T dO.   2. read dO, V; write dP = dO V^T.
-    3. read P, dP; write dS = P o (dP - rowsum(P o dP)).
+    3. read P, dP; write dS = P * (dP - rowsum(P * dP)).
     4. read dS, K; write dQ = scale dS K.   5. read dS, Q; write dK = scale dS^T Q.
     """
     n_q, n_k, d, d_v, *_, batch = _check_sizes(n_q, n_k, d, d_v, batch=batch)

@@ -45,7 +45,7 @@ def test_every_quoted_name_has_a_value_from_the_recorded_runs(recorded):
     assert quoted - GLUED_BY_NOTEBOOK <= set(recorded.values), sorted(quoted - GLUED_BY_NOTEBOOK - set(recorded.values))
     lab = _quoted(LAB_NOTES)           # the lab notes glue build()'s values only
     assert len(lab) > 80 and lab <= set(recorded.values), sorted(lab - set(recorded.values))
-    # the PTX table shows ptx_gl_wgmma, which the prose does not quote
+    # (ptx_gl_wgmma: the PTX table shows it; since round 10 the optional note on the counts quotes it too)
     assert GLUED_BY_NOTEBOOK <= quoted | {"ptx_gl_wgmma"}
     assert not GLUED_BY_NOTEBOOK & set(recorded.values)          # each name is glued once
     missing = {k: v for k, v in recorded.values.items() if v in ("n/a", "(not recorded)") or "not recorded" in v}

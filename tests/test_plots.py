@@ -158,12 +158,15 @@ def test_tensor_layout_addresses_match_numpy_strides():
         plots.tensor_layout(plt.subplots()[1], shape, block_m=4, program=(2, 0, 0))
 
 
-def test_the_issue_order_figure_says_a_barrier_keeps_the_warpgroups_in_step():
-    """Chapters 7 and 10 draw one program's Triton loop: a bar.sync follows every wgmma.wait_group 0
-    (tests/test_lesson_ch7.py compiles it), so no other warpgroup fills the softmax's gap."""
+def test_the_issue_order_figure_says_barriers_keep_the_warpgroups_in_step():
+    """Chapters 7 and 10 draw one program's Triton loop: a bar.sync 0 comes before each Q K_j^T (S_j)
+    is issued and after each P_j V_j, in Triton 3.6.0 (profiled) and 3.9.0 alike; only 3.9.0 adds one
+    right after each wgmma.wait_group 0, so the title does not claim that one (tests/test_lesson_ch7.py
+    compiles the loop)."""
     from flashbook.plots.schedule import issue_order_figure
 
     fig = issue_order_figure()
     title = fig._suptitle.get_text()
-    assert "a barrier after each wait keeps its two warpgroups in step" in title and "fill its gaps" not in title
+    assert "barriers before each $S_j$ and after each $P_jV_j$ keep its two warpgroups in step" in title
+    assert "after each wait" not in title and "fill its gaps" not in title
     plt.close(fig)

@@ -33,7 +33,7 @@ def _by_tile(events, state):
 @pytest.mark.parametrize("stages", STAGES)
 @pytest.mark.parametrize("arch", tuple(ARCHS))
 def test_the_buffers_are_the_models(stages, arch):
-    """The lanes are smem_buffers' K entry in tiles, and the model gives V as many."""
+    """The buffers drawn are smem_buffers' K entry in tiles, and the model gives V as many."""
     for block, d in [(64, 64), (128, 32), (32, 128)]:
         buffers = smem.smem_buffers(block, block, d, num_stages=stages, arch=arch)
         assert buffers["K"] == buffers["V"] == model_buffers(stages, arch) * 2 * block * d
@@ -130,5 +130,9 @@ def test_bad_arguments_and_the_figure():
         assert ("(K and V in turns)" in title) == (stages == 1), title
         lanes = [t.get_text() for t in ax.get_yticklabels()][::-1]      # top to bottom
         assert lanes == [f"buffer {b + 1}" for b in range(model_buffers(stages, arch))]
+    # "lane" is the page's word for a block position (tl.load): the figure's rows are buffers
+    title = fig._suptitle.get_text()
+    assert "each buffer holds one K and one V tile; the number on a bar: which key tile" in title
+    assert "lane" not in title
     spare = [t.get_text() for ax in axes for t in ax.texts if "never needed" in t.get_text()]
     assert len(spare) == 2                                    # sm_80 at 2 and 3 stages

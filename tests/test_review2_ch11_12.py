@@ -58,7 +58,7 @@ def test_which_kernel_counts_stress_classes_and_names_the_rule_change():
     assert len(names) == int(suite.get("tests")) == len(set(names))
     text = flat(book_page("which_kernel.md"))
     assert "each run with many seeds" not in text
-    assert "one kind failed the earlier rule" in text
+    assert "one class failed the earlier rule" in text
 
 
 # --- what_real_fa_adds -------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_chapter_11_says_why_two_gpus_lose_at_the_shortest_length():
     assert ("close to one GPU's {glue:text}`ring_first_single` ms for the whole step, though each GPU does "
             "half the work (one GPU's time also holds autograd's overhead, so its compute alone is if "
             "anything closer still)") in prose
-    assert "about {glue:text}`ring_first_unhidden` ms of transfer was not hidden" in prose
+    assert "about {glue:text}`ring_first_unhidden` of the transfers' {glue:text}`comm_16k_ms` ms were not hidden" in prose
     from flashbook.bench import chapter11
     from notebook_text import run_glued
 

@@ -409,7 +409,8 @@ def test_chapter_4_calls_dram_hbm_and_says_nsight_calls_it_dram():
     """Re-check N3: a newcomer meets HBM everywhere else in the chapter. The profile itself is
     chapter 1's (named there by its DRAM counter); chapter 4 says what it found, in HBM's name."""
     text = flat(cell_source(CH4, "2db0895f"))
-    assert ("A profile of chapter 7's kernel, reported in {doc}`chapter 1 <01_attention_numpy>`, found HBM "
-            "delivering $Q$, $K$ and $V$ once each at {glue:text}`ncu_shape`, with {glue:text}`ncu_block_q`-row "
-            "query tiles: 1/{glue:text}`ncu_model_x` of this chapter's count for that shape.") in text
+    assert ("A profile of chapter 7's kernel on an H200, reported in {doc}`chapter 1 <01_attention_numpy>`, "
+            "found HBM delivering $Q$, $K$ and $V$ once each at {glue:text}`ncu_shape`, with "
+            "{glue:text}`ncu_block_q`-row query tiles: 1/{glue:text}`ncu_model_x` of the reads this chapter "
+            "counts for that shape ({glue:text}`ncu_reads_nd` $Nd$ counted, $3Nd$ delivered).") in text
     assert "DRAM" not in markdown(CH4) and "real DRAM traffic" not in text

@@ -235,8 +235,8 @@ def test_ch11_intensity_is_heads_per_kv_head_only_in_two_byte_types():
     heads, kv_heads = 32, 8
     for bytes_per, want in ((2, heads / kv_heads), (1, 2 * heads / kv_heads)):
         assert 4 * heads * 128 / (2 * kv_heads * 128 * bytes_per) == want
-    assert ("FLOP per byte: in a 2-byte type such as bfloat16, the ratio of query heads to KV heads "
-            "(twice that in a 1-byte type)") in flat(cell_source(CH11, "c11-26"))
+    assert ("FLOP per byte, `2 * heads / (kv_heads * bytes_per)`: in a 2-byte type such as bfloat16, "
+            "query heads per KV head (twice that in a 1-byte type)") in flat(cell_source(CH11, "c11-26"))
     assert "(heads per KV head, in a 2-byte type)" in flat(cell_source(CH11, "c11-45"))
 
 
@@ -283,8 +283,8 @@ def test_ch12_introduces_flexattention_before_measuring_against_it():
     text = flat(markdown(CH12))
     intro = flat(cell_source(CH12, "76fc7ff6"))
     assert ("compares the result on an H200 with PyTorch's FlexAttention (`torch.nn.attention.flex_attention`, "
-            "torch 2.5 and later): there you write the mask as a Python function, and `torch.compile` "
-            "generates a Triton kernel for it. The last section maps each rule of this chapter onto it.") in intro
+            "torch 2.5 and later), where `torch.compile` turns a mask written as a Python function into a "
+            "Triton kernel. The last section maps each rule of this chapter onto it.") in intro
     assert text.index("`torch.nn.attention.flex_attention`, torch 2.5") < text.index("compiled FlexAttention")
     assert text.index("torch 2.5 and later") < text.index("Flex ÷ ours")
     assert "FlexAttention came with torch 2.5" in cell_source(CH12, "c12-flex-table")
@@ -300,8 +300,8 @@ def test_ch12_names_the_call_plan_where_it_describes_it():
     assert "Signature -> plan" in launch.Plans.__doc__ and "decode._Plan" in launch.__doc__
     assert inspect.isclass(decode._Plan)
     text = flat(cell_source(CH12, "b98bd1a6"))
-    assert ("What the library keeps for a signature, the launches to make, is the call's *plan*; a call "
-            "that finds its plan takes what chapter 11 calls the short path.") in text
+    assert ("remembers each *call signature* (shapes, strides, dtypes, devices, alignment, flags) and its "
+            "launches: the call's *plan*. A call that finds its plan takes chapter 11's short path") in text
     assert "The profile behind the table's first row, before and with call plans" in flat(cell_source(CH12, "a5000337"))
     assert "takes the *short path*" in cell_source(CH11, "1029602f")
 
@@ -320,8 +320,8 @@ def test_ch12_tile_count_sentence_names_one_tile_and_the_others_come_after_the_t
     after = flat(cell_source(CH12, "c12-tile-shapes"))
     assert ("The default call (`backend=\"auto\"`) takes chapter 10's "
             "{term}`Gluon` forward for the plain causal mask on an H100 or H200, and it uses $128 \\times 128$ "
-            "tiles. A short window's forward uses {glue:text}`w1k_tile` tiles (the small tiles of the list "
-            "above), and a 1K window then visits {glue:text}`frac_w1k_own` of them") in after
+            "tiles. A short window's forward uses {glue:text}`w1k_tile` tiles, and a 1K window then visits "
+            "{glue:text}`frac_w1k_own` of them") in after
     assert "Gluon" not in cell_source(CH12, "57939711")
     assert '"Which tiles each kernel runs" in "What mattered for speed"' in flat(cell_source(CH12, "57939711"))
     ids = cell_ids(CH12)
@@ -386,6 +386,18 @@ def test_what_real_fa_adds_defines_persistent_programs_and_footnotes_the_layouts
     assert page.count("[^triton-warps]") == 2                       # one reference, one definition
     note = flat(page.split("[^triton-warps]:")[1].split("## ")[0])
     assert "`warpsPerCTA` [8, 1] and [4, 2]" in note and "both warpgroups compute the same score tile" in note
+
+
+def test_what_real_fa_adds_says_what_warp_specialisation_buys_beyond_num_stages():
+    """Chapter 6's num_stages pipeline already overlaps loads with products (the computing warps
+    issue the copies); what FlashAttention-3's producer warps add is that the consumers spend no
+    instructions or registers on loads (setmaxnreg) and the loads run on their own schedule."""
+    text = flat(book_page("what_real_fa_adds.md"))
+    assert "so loading the next $K_j$, $V_j$ overlaps the current step" not in text
+    assert ("Chapter 6's `num_stages` pipeline already overlaps loads with products, but there the "
+            "computing warps issue the loads themselves.") in text
+    assert ("Here they spend no instructions or registers on loads (Hopper's `setmaxnreg` instruction "
+            "hands the producer's spare registers to them)") in text
 
 
 def test_which_kernel_leads_with_chapter_12s_flex_headline():

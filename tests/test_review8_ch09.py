@@ -57,7 +57,15 @@ def test_the_spill_is_tested_against_a_tile_of_the_same_work(ch, passes):
     for gone in ("ncu_nospill_slower", "ncu_nospill_ms", "ncu_spill_ms"):
         assert _glue(gone) not in text, gone
     assert "the spill is not\nthe bottleneck" not in text and "spill is not the bottleneck" not in text
-    assert "So here the\nspill costs little beside what the extra stage buys" in cell_source(CH9, "backward-credit-md")
+    # round 10: the equal-stage pair differs in tile shape as well as in spilling, so its 3% is not
+    # called the spill's cost (chapter 8 says the same); and the gap stays below the chapter's noise
+    box = flat(cell_source(CH9, "backward-credit-md"))
+    assert "spill costs little beside what the extra stage buys" not in box and "within chapter 10's noise" not in box
+    assert "the two tiles differ in shape as well as in spilling, so that is not the spill's cost" in box
+    assert "the fastest recorded tiles of the same work spill" in box
+    from flashbook.bench.chapter9_measured import twin_spread
+
+    assert float(v["ncu_clean_faster"]) < 100 * twin_spread(ch.results)
     two = tiles.loc[[(64, 128, 8, 2)]].iloc[0]
     assert two["spill_mb"] > 0 and two["ops_ratio"] == pytest.approx(default["ops_ratio"])
     assert v["ncu_two_cfg"] == "64 × 128, 8 warps, 2 stages" and v["ncu_two_spill_mb"] == f"{two['spill_mb']:.0f}" == "521"
@@ -358,7 +366,10 @@ def test_round3_the_dq_kernel_spills_too_and_units_are_said(ch):
         assert _glue(name) in text, name
     # round 5: the spill is weighed at equal stages, not declared harmless
     assert "For the dK/dV kernel, avoiding the spill does not help" not in text
-    assert "What does the dK/dV kernel's spill cost? Compare at equal stages." in text
+    assert "At equal stages, a tile of {glue:text}`ncu_nospill_cfg` does the same causal tensor work" in text
+    # round 10 (expert): the MB are local-memory store traffic over the pass, not what was spilled
+    assert "storing {glue:text}`ncu_spill_full` MB there over the pass" in text
+    assert "stores {glue:text}`ncu_two_spill_mb` MB of spills" in text
     assert _glue("ncu_cudnn_us") + " (all kernels of the pass)" in text
     targets = flat(cell_source(CH9, "seed-measured-md"))
     assert _glue("ncu_cudnn_wgmma") + " `wgmma` instructions, counted per warp" in targets

@@ -154,7 +154,7 @@ def test_ch11_ring_thresholds_and_takeaway_come_from_the_run():
     text = flat(cell_source("11_decoding_and_many_gpus", "c11-41") + "\n" + cell_source("11_decoding_and_many_gpus", "c11-45"))
     for said in ("That is for an unmasked forward step: a causal zigzag step computes half a block",
                  "{glue:text}`min_shard_causal`", "{glue:text}`min_shard_bwd`",
-                 "even with no overlap at all, its transfers would add at most {glue:text}`comm_share_hi`%"):
+                 "even with no overlap, its transfers would add at most {glue:text}`comm_share_hi`%"):
         assert said in text, said
     assert "these timings cannot say" not in text
 

@@ -39,18 +39,18 @@ def test_sdpa_gives_zeros_where_torch_softmax_gives_nan_and_chapter_1_says_which
 
 
 def test_chapter_1_does_not_say_the_tensor_cores_run_at_peak():
+    # the box quotes the profile's bytes only; the rate, against the dense peak, is chapter 9's
     ch1 = notebook("01_attention_numpy.ipynb")
     prose = cell_source(ch1, "37bf9eaf")
-    assert "peak rate" not in prose and "not at the tensor cores' peak" in prose
+    assert "peak rate" not in prose and "peak" not in prose
     for key in ("ncu_tflops", "ncu_peak_pct", "ncu_peak", "ncu_tensor"):
-        assert "{glue:text}`" + key + "`" in prose, key
+        assert "{glue:text}`" + key + "`" not in prose, key
     from flashbook.bench.runs import run_path
     run = run_path("kernel_ncu")
     require(run is not None and run.exists(), "no recorded Nsight Compute run")
     glued, _ = _run(cell_source(ch1, "c01-ncu"))
-    # the recorded forward: about half the datasheet's peak, the tensor pipe busy about half the time
-    assert 40 < float(glued["ncu_peak_pct"]) < 65 and 40 < float(glued["ncu_tensor"]) < 65
-    assert glued["ncu_peak"] == "989"
+    assert set(glued) == {"ncu_shape", "ncu_dram", "ncu_qkv", "ncu_l2"}
+    assert "{glue:text}`ncu_l2`% of the kernel's requests" in prose and float(glued["ncu_l2"]) > 80
 
 
 def test_chapter_1_reads_the_softmax_bar_as_time_not_arithmetic():

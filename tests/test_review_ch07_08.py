@@ -63,7 +63,9 @@ def test_ch7_gluon_kernel_profiled_is_warp_specialised_and_the_prose_says_so():
              if k["impl"] == "gluon" and k["pass_"] == "forward" and k["dim"] == 128 and not k["causal"]}
     assert names == {"_gluon_attn_fwd_ws"}       # the warp-specialised schedule (hopper.py)
     text = cell_source(CH7, "c07-issue-order-md")
-    assert "specialisation" in text and re.search(r"does\s+not\s+separate\s+the\s+two\s+changes", text)
+    assert "specialisation" in text and re.search(r"does\s+not\s+separate\s+the\s+changes", text)
+    # a third difference beside the two: Gluon loads its tiles with TMA, Triton's loop with cp.async
+    assert re.search(r"Besides\s+loading\s+tiles\s+with\s+\{term\}`TMA`,\s+it\s+changes\s+mainly\s+two\s+things", text)
     assert "DRAM read" not in cell_source(CH7, "c07-ncu") and "{term}`HBM`" in cell_source(CH7, "c07-ncu-md")
 
 

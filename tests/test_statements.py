@@ -347,14 +347,17 @@ def test_chapter_11_says_what_a_negative_hidden_fraction_means():
 
 def test_no_chapter_promises_a_dram_measurement_another_does_not_make():
     """Chapters 1 and 4 once sent the reader to chapters 6 and 9 for a measurement of DRAM
-    traffic and L2 hits that neither makes; they now name the profiler's counter, and the
-    chapter they cite (11) shows an Nsight Compute reading of DRAM bytes."""
+    traffic and L2 hits that neither makes; chapter 1 now quotes the profile's HBM bytes and
+    sends the reader to chapter 7, which shows the whole profile, and the chapter they cite (11)
+    shows an Nsight Compute reading of DRAM bytes."""
     ch1 = json.dumps(notebook("01_attention_numpy.ipynb"))
     ch4 = json.dumps(notebook("04_tiled_forward.ipynb"))
     assert "chapter 6 measures" not in ch1 and "mostly hit the" not in ch1
     assert "Chapter 9 measures it" not in ch4
-    assert "dram__bytes_read.sum" in ch1
-    # chapter 4 quotes what the profile found and points to chapter 1, which names the counter
+    assert "HBM delivering {glue:text}`ncu_dram` MB" in ch1 and "Chapter 7 shows the whole profile." in ch1
+    ch7 = notebook("07_triton_forward.ipynb")
+    assert "{glue:text}`ncu_dram`" in json.dumps(ch7) and "Nsight Compute" in json.dumps(ch7)
+    # chapter 4 quotes what the profile found and points to chapter 1, which quotes the profile
     assert "A profile of chapter 7's kernel" in ch4 and "reported in {doc}`chapter 1 <01_attention_numpy>`" in ch4
     ch11 = json.dumps(notebook("11_decoding_and_many_gpus.ipynb"))
     assert "decoding.ncu_steps" in ch11 and "DRAM (% of peak)" in ch11

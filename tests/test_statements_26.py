@@ -138,7 +138,9 @@ def test_chapter_12_says_what_the_gpu_runs_did_with_alibi_and_the_one_failure():
     assert "seed 3060000" in replay and "call 0: right" in replay and "wrong" not in replay
     nb = notebook("12_masks.ipynb")
     alibi_md, stress_md = cell_source(nb, "d4610833"), cell_source(nb, "808d4022")
-    assert "has not been run on a GPU" not in alibi_md and "each ran 60\ntimes" in alibi_md
+    assert "has not been run on a GPU" not in alibi_md
+    assert "On the H200 its classes in the GPU stress test (below; `kernels.stress.ALIBI_MASKS`) all passed." in " ".join(
+        alibi_md.split())                                                  # the stress test: 60 calls a class
     assert "run 14" not in alibi_md   # the run's file name is the data's business, not the reader's
     assert "not been replayed" not in stress_md and "Replayed on the H200" in stress_md
     assert "the case passes" in stress_md

@@ -29,7 +29,7 @@ from ..display import listed, show_figure, span   # show_figure: also the notebo
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
 from .blocks import block_state
-from .chapter10_ladder import HINT, NO_DATA, SHAPE, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
+from .chapter10_ladder import HINT, NO_DATA, SHAPE, dq_lesson, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
 from .noise import slower_over_faster, twin_gaps
 from .chapter_data import ChapterData
 from .harness import TOLERANCE, shape_label
@@ -59,7 +59,8 @@ GLUED_BY_NOTEBOOK = {
                       "ptx_tri_tma", "ptx_gl_waits"),
 }
 
-from .score_ops import CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, below_rescaled, exp2_bound, ops_per_score, with_rescale  # noqa: E402,F401,E501
+from .score_ops import (CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, below_rescaled, exp2_bound, ops_per_score,  # noqa: E402,F401
+                        sfu_cycles_per_warp, throughput_bound, with_rescale)
 
 
 @dataclass
@@ -147,7 +148,8 @@ def _rungs(ch: Chapter10) -> None:
          "tiles": str(r.config) if r.config else "library's"}      # rung 4 changes only this column
         for i, r in enumerate(RUNGS)]).set_index("rung")
     ch.put("n_rungs", len(RUNGS)); ch.put("first_config", str(FIRST_CONFIG))
-    ch.put("first_bm", FIRST_CONFIG.block_m); ch.put("first_bn", FIRST_CONFIG.block_n)
+    for name in ("block_m", "block_n", "num_warps", "num_stages"):       # first_bm, ..., first_stages
+        ch.put("first_" + {"block_m": "bm", "block_n": "bn"}.get(name, name[4:]), getattr(FIRST_CONFIG, name))
     ch.table("rungs", "rungs", rung_table)
 
 
@@ -332,12 +334,17 @@ def _split(ch: Chapter10) -> None:
             before = ops_per_score("masked", causal, True)
             after = masked * before + (1 - masked) * ops_per_score("main", causal, True)
             rows.append({"N": n, "causal": causal, "masked tiles after the split": masked,
-                         "instructions per score before": before, "after": after, "bound x": before / after})
+                         "instructions per score before": before, "after": after, "bound x (issue slots)": before / after})
     split_pred = pd.DataFrame(rows)
     saved_by = {(r["N"], r["causal"]): 1 - r["after"] / r["instructions per score before"] for r in rows}
     ch.put("split_masked_pct", 100 * split_pred[split_pred["causal"]]["masked tiles after the split"].max(), ".1f")
-    ch.put("split_bound_lo", split_pred["bound x"].min(), ".2f")
-    ch.put("split_bound_hi", split_pred["bound x"].max(), ".2f")
+    ch.put("split_bound_lo", split_pred["bound x (issue slots)"].min(), ".2f")
+    ch.put("split_bound_hi", split_pred["bound x (issue slots)"].max(), ".2f")
+    # the special-function unit's rate as a second limit: without a mask it allows no gain at all
+    full = split_pred[~split_pred["causal"]]
+    ch.put("sfu_cycles", sfu_cycles_per_warp(), "g"); ch.put("split_main_ops", full["after"].max(), "g")
+    ch.put("split_sfu_full", max(throughput_bound(r["instructions per score before"], r["after"])
+                                 for _, r in full.iterrows()), ".2f")
     rescaled = {(d, r["N"], r["causal"]): with_rescale(r["instructions per score before"], r["after"], d,
                                                        FIRST_CONFIG.block_n) for r in rows for d in _seqs(ch, "head_dim")}
     ch.put("split_bound_rescale_lo", min(rescaled.values()), ".2f"); ch.put("split_bound_rescale_hi", max(rescaled.values()), ".2f")
@@ -361,7 +368,7 @@ def _split(ch: Chapter10) -> None:
     ch.put("split_share_lo", 100 * table["implied share of time"].min(), ".0f")
     ch.put("split_share_hi", 100 * table["implied share of time"].max(), ".0f")
     bound = split_pred.set_index(["N", "causal"])
-    below = int((table["x previous"] < [bound.loc[(n, c), "bound x"]
+    below = int((table["x previous"] < [bound.loc[(n, c), "bound x (issue slots)"]
                                         for n, c in zip(gains["seq"], gains["causal"])]).sum())
     ch.put("split_below", "smaller than the bound at every shape" if below == len(table)
            else f"smaller than the bound at {below} of {len(table)} shapes")
@@ -451,43 +458,6 @@ def _noise_table(ch: Chapter10) -> None:
     ch.table("noise", "noise_samples", pd.DataFrame(rows).set_index(["timed", "compared"]))
 
 
-def _dq_lesson(ch: Chapter10) -> None:
-    """The backward's lesson in one table (``dq_lesson``): dQ added with relaxed atomics in the
-    atomic-dQ experiment (both runs, read as chapter 8 reads them: ``experiments.atomic_dq_both``)
-    and the separate dQ kernel, each as its time over the separate kernel's, per head dimension.
-    Triton's default (acq_rel) atomics, as the ladder and the experiment timed them, go into
-    ``dq_acq_rel``, a table the page does not show."""
-    import pandas as pd
-
-    from .experiments import atomic_dq_both
-
-    bsteps = ch.frames.get("bsteps")
-    runs = atomic_dq_both(ch.root) if ch.root is not None else None
-    if bsteps is None or runs is None:
-        return ch.say("dq_lesson", "No recorded ladder or atomic-dQ runs (benchmarks/results/).", missing=True)
-
-    dims = sorted(bsteps["head_dim"].unique())
-    fenced = bsteps[bsteps["name"] == "dQ separate"]             # vs_prev: the atomic rung's time over this one's
-    atomic, separate = int(ch.values["mm_atomic"]), int(ch.values["mm_separate"])
-    def experiment(variant):
-        these = runs[runs["variant"] == variant]
-        return {d: span(these[these["d"] == d]["x_separate"], ".2f") for d in dims}
-
-    def as_table(rows):
-        return pd.DataFrame([{"dQ added by": label, "products per tile pair": n, **{f"d = {d}": x[d] for d in dims}}
-                             for label, n, x in rows]).set_index("dQ added by")
-
-    # the page shows the lesson only: the library's relaxed adds against the separate kernel (the
-    # acq_rel rows stay in ``dq_acq_rel``; the chapter quotes their ranges in its note on them)
-    lesson = [("atomic, relaxed adds (experiment; the code shown)", atomic, experiment("relaxed")),
-              ("separate dQ kernel (the default)", separate, {d: "1" for d in dims})]
-    acq_rel = [("atomic, acq_rel adds (the ladder)", atomic,
-                {d: span(fenced[fenced["head_dim"] == d]["vs_prev"], ".2f") for d in dims}),
-               ("atomic, acq_rel adds (experiment)", atomic, experiment("atomic"))]
-    ch.table("dq_lesson", "dq_lesson", as_table(lesson).rename_axis(columns="time over the separate kernel's"))
-    ch.tables["dq_acq_rel"] = as_table(acq_rel)
-
-
 def _bought(ch: Chapter10) -> None:
     """What each forward rung bought: its gain over the rung before, lowest to highest over the
     shapes (over the causal ones only for the two rungs that change nothing without a mask)."""
@@ -526,7 +496,7 @@ def build(root=None) -> Chapter10:
     chapter10_lab.build_into(ch)
     _host_vs_ladder(ch)
     _rung_host(ch)
-    _dq_lesson(ch)
+    dq_lesson(ch)
     _bought(ch)
     return ch
 

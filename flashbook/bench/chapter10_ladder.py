@@ -166,3 +166,56 @@ def goals(ch: ChapterData) -> None:
            else f"met at only {met} of {len(judged)} shape-goal pairs" + (
                (", and that one by less than the noise" if met == 1 else ", each by less than the noise")
                if close else ""))
+
+
+#: The names ``dq_lesson`` puts: the ladder's highest atomic-over-separate ratio, its shape, and
+#: the two backwards' times there in the ladder and in the atomic-dQ experiment (both runs).
+DQ_TOP = ("dq_top", "dq_top_shape", "dq_top_atomic_ms", "dq_exp_atomic_ms", "dq_top_separate_ms",
+          "dq_exp_separate_ms")
+
+
+def dq_lesson(ch: ChapterData) -> None:
+    """The backward's numbers in one table (``dq_lesson``): each way of adding dQ as its time over
+    the separate dQ kernel's, per head dimension, with what was timed. The atomic-dQ experiment
+    (chapter 8; both runs, ``experiments.atomic_dq_both``, as chapter 8 reads them) timed the
+    backward kernels alone, with relaxed and with acq_rel adds; the ladder timed the whole
+    backward through autograd, acq_rel. ``DQ_TOP``: why the ladder's highest ratio lies above the
+    experiment's range, from both runs' times at its shape."""
+    import pandas as pd
+
+    from ..display import span
+    from .experiments import atomic_dq_both
+
+    bsteps = ch.frames.get("bsteps")
+    runs = atomic_dq_both(ch.root) if ch.root is not None else None
+    if bsteps is None or runs is None:
+        ch.nothing(*DQ_TOP)
+        return ch.say("dq_lesson", "No recorded ladder or atomic-dQ runs (benchmarks/results/).", missing=True)
+    dims = sorted(bsteps["head_dim"].unique())
+    fenced = bsteps[bsteps["name"] == "dQ separate"]             # vs_prev: the atomic rung's time over this one's
+    atomic, separate = int(ch.values["mm_atomic"]), int(ch.values["mm_separate"])
+
+    def experiment(variant):
+        these = runs[runs["variant"] == variant]
+        return {d: span(these[these["d"] == d]["x_separate"], ".2f") for d in dims}
+
+    alone, whole = "kernels alone, 2 runs", "whole backward, 1 run"
+    rows = [("atomic, relaxed adds (experiment; the code shown)", alone, atomic, experiment("relaxed")),
+            ("atomic, acq_rel adds (experiment)", alone, atomic, experiment("atomic")),
+            ("atomic, acq_rel adds (the ladder)", whole, atomic,
+             {d: span(fenced[fenced["head_dim"] == d]["vs_prev"], ".2f") for d in dims}),
+            ("separate dQ kernel (the default)", "-", separate, {d: "1" for d in dims})]
+    table = pd.DataFrame([{"dQ added by": label, "timed": timed, "products per tile pair": n,
+                           **{f"d = {d}": x[d] for d in dims}} for label, timed, n, x in rows]).set_index("dQ added by")
+    ch.table("dq_lesson", "dq_lesson", table.rename_axis(columns="time over the separate kernel's"))
+    # the ladder's highest ratio, and both backwards' times at its shape in the two recordings
+    top = fenced.loc[fenced["vs_prev"].idxmax()]
+    at = bsteps[(bsteps[SHAPE] == top[SHAPE]).all(axis=1)].set_index("name")["ms"]
+    there = runs[(runs["n"] == top["seq"]) & (runs["d"] == top["head_dim"]) & (runs["causal"] == top["causal"])]
+
+    def both_runs(variant):
+        return " and ".join(f"{ms:.2f}" for ms in there[there["variant"] == variant].sort_values("run")["ms"])
+
+    ch.put("dq_top", top["vs_prev"], ".2f"); ch.put("dq_top_shape", shape_label(top["head_dim"], top["seq"], top["causal"]))
+    ch.put("dq_top_atomic_ms", at["dQ atomic"], ".2f"); ch.put("dq_exp_atomic_ms", both_runs("atomic"))
+    ch.put("dq_top_separate_ms", at["dQ separate"], ".2f"); ch.put("dq_exp_separate_ms", both_runs("separate"))

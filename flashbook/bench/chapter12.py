@@ -388,8 +388,9 @@ def stress_reruns(root=None) -> dict | None:
     files (each run 60 seeded calls per class against float64); ``rerun_failed``: every failed
     class passed again in at least one of them; ``classes``: how many classes the failed run
     ran, ``not_rerun``: how many of them none of the later files ran, and ``complete``: how
-    many of those files ran every one of them (the others ran some); or None when nothing is
-    recorded."""
+    many of those files ran every one of them (the others ran some); ``packed``,
+    ``packed_tests`` and ``packed_failures``: the packed-document classes (``varlen-...``) among
+    those later files, their checks and failures; or None when nothing is recorded."""
     stress = run_path("stress", root)
     if stress is None or not stress.is_dir():
         return None
@@ -411,7 +412,10 @@ def stress_reruns(root=None) -> dict | None:
     later = [case for cases in per_file for case in cases]
     passed = {name for name, failed in later if not failed}
     failed = sorted({name for name, bad in last if bad})
+    packed = [(name, bad) for name, bad in later if name.startswith("varlen")]   # packed documents' classes
     return {"failed": failed, "classes": len({name for name, _ in last}), "files": len(files), "tests": len(later),
+            "packed": len({name for name, _ in packed}), "packed_tests": len(packed),
+            "packed_failures": sum(bad for _, bad in packed),
             "failures": sum(bad for _, bad in later), "rerun_failed": bool(failed) and set(failed) <= passed,
             "not_rerun": len({name for name, _ in last} - {name for name, _ in later}),
             "complete": sum({name for name, _ in last} <= {name for name, _ in cases} for cases in per_file)}

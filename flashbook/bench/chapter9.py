@@ -264,7 +264,7 @@ def _sweep_against_run(ch: Chapter9, noise) -> None:
     top = ch.tables.get("best_blocks")
     if top is None or ch.results is None:
         ch.nothing("heat_wide", "heat_rows", "sweep_version", "sweep_default_run", "tall_won", "tall_pairs",
-                   "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128")
+                   "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128", "tall_w64", "tall_w128")
         return
     # per head dimension and B_r: the widest B_c against the next narrower one
     rows = [at.sort_values("block_n").tail(2)["fwd_tflops"].tolist()
@@ -281,10 +281,11 @@ def _sweep_against_run(ch: Chapter9, noise) -> None:
 
 def _taller(ch: Chapter9, top, noise) -> None:
     """"Taller tiles win", counted: the best B_r = 128 tile against the best B_r = 64 one at each
-    (d, B_c) pair, judged against ``noise`` (the run's ``twin_spread``); and each pair's best on
-    8 warps, by B_r (64 rows on 8 warps leave each of the two warpgroups too few rows for one
-    64-row wgmma)."""
-    names = ("tall_won", "tall_pairs", "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128")
+    (d, B_c) pair, judged against ``noise`` (the run's ``twin_spread``); the warps those best tiles
+    used (``tall_w64``: every best 64-row tile's; ``tall_w128``: the 128-row tiles' that won by
+    more than the noise), so the prose can say which tiles the gap sets side by side; and each
+    pair's best on 8 warps, by B_r."""
+    names = ("tall_won", "tall_pairs", "tall_beyond", "tall_gaps", "w8_rows64", "w8_rows128", "tall_w64", "tall_w128")
     ran = ch.blocks[ch.blocks["status"] == "ok"]
     best = top.pivot_table(index=["head_dim", "block_n"], columns="block_m", values="fwd_tflops")
     if not {64, 128} <= set(best.columns) or noise is None:
@@ -294,10 +295,30 @@ def _taller(ch: Chapter9, top, noise) -> None:
     ch.put("tall_won", int((gain > 1).sum())); ch.put("tall_pairs", len(gain))
     ch.put("tall_beyond", len(beyond))
     ch.put("tall_gaps", listed([f"{100 * (x - 1):.0f}%" for x in beyond]) if len(beyond) else "none")
+    warps = top.pivot_table(index=["head_dim", "block_n"], columns="block_m", values="num_warps")
+
+    def used(w):
+        return " or ".join(str(int(x)) for x in sorted(set(w.dropna())))
+
+    ch.put("tall_w64", used(warps.loc[gain.index, 64])); ch.put("tall_w128", used(warps.loc[beyond.index, 128]))
     w8 = ran[ran["num_warps"] == 8].groupby(["block_m", "head_dim", "block_n"])["fwd_tflops"].max()
     for rows in (64, 128):
         at = w8.loc[rows] if rows in w8.index.get_level_values(0) else None
         ch.put(f"w8_rows{rows}", f"{at.min():.0f} to {at.max():.0f}" if at is not None else None)
+
+
+def _flash_reads(ch: Chapter9) -> None:
+    """What SDPA-flash's profiled forward (d = 128, no mask) read from HBM, against the least any
+    forward reads there (Q, K and V once, bf16): its 1.9 GB of local-memory stores (``ncu_flash_spill_gb``)
+    count traffic to L1, and reads this close to the least show it stayed on chip."""
+    table = ch.tables.get("ncu_passes")
+    at = table[(table["impl"] == "sdpa-flash") & (table["dim"] == 128) & ~table["causal"].astype(bool)
+               & (table["pass_"] == "forward")] if table is not None else None
+    if at is None or len(at) != 1:
+        return ch.nothing("ncu_flash_dram_mb", "ncu_min_read_mb")
+    r = at.iloc[0]
+    ch.put("ncu_flash_dram_mb", r["dram_mb"], ".1f")
+    ch.put("ncu_min_read_mb", 3 * r["batch"] * r["heads"] * r["seq"] * 128 * 2 / 1e6, ".1f")
 
 
 def build(root=None) -> Chapter9:
@@ -315,6 +336,7 @@ def build(root=None) -> Chapter9:
     measured.speed(ch, ceilings, noise)
     measured.causal_cost(ch)
     chapter9_ncu.ncu(ch)
+    _flash_reads(ch)
     measured.memory(ch)
     points = measured.roofline(ch, ceilings)
     measured.roofline_numbers(ch, points, ceilings)

@@ -56,3 +56,21 @@ def below_rescaled(gains, bounds) -> str:
     above = sum(float(g) >= float(b) for g, b in pairs)
     return ("and below it with the rescale too" if not above
             else f"but at or above it with the rescale at {above} of {len(pairs)} shapes")
+
+
+def sfu_cycles_per_warp() -> float:
+    """Issue cycles a warp's 32 ``ex2`` keep its SM sub-partition's special-function unit busy:
+    16 results per clock per SM (``runtime.SFU_PER_CLOCK_PER_SM``, sm_75 to sm_90) shared by the
+    SM's 4 sub-partitions, each of which issues one warp instruction per clock: 32 / 4 = 8."""
+    from .. import runtime
+
+    return 32 / (runtime.SFU_PER_CLOCK_PER_SM / 4)
+
+
+def throughput_bound(before: float, after: float) -> float:
+    """The count's bound (``before / after`` instructions per score, one ``ex2`` each) with the
+    special-function unit's rate as a second limit: a warp's 32 scores take the larger of its
+    issue cycles and ``sfu_cycles_per_warp``. Chapter 10's rung 3: 8 -> 5 gives 1.60 by issue,
+    1.00 with the SFU (rung 1's 12 -> 8 gives 1.50 both ways)."""
+    sfu = sfu_cycles_per_warp()
+    return max(before, sfu) / max(after, sfu)

@@ -47,6 +47,12 @@ def choose_num_splits(batch: int, kv_heads: int, seq_k: int, *, sm_count: int, b
     worth more programs and a bigger combine), keeping at least
     ``min_tiles_per_split`` key tiles per split.
 
+    ``programs_per_sm`` is a fixed guess, not read from the compiled kernel: how many
+    programs share an SM depends on the tile. On sm_90 at head_dim 128 in 16-bit, the
+    compiled kernels' shared memory fits 3 with 16 query rows (one new token of a group
+    of 4; Nsight Compute measured 3 in ``1_ncu``) and 2 with 64 rows (1 at head_dim 256).
+    The floor of ``min_splits`` below covers what the guess misses.
+
     The model is then overruled where the H200 says otherwise. A large batch fills the GPU
     without splits, and the model takes 1; yet at batch 64 (8 KV heads) 4 splits took 8-12%
     less time than 1 at 8K to 128K keys, 18-25% on a paged cache read then a page index per key

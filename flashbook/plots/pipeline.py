@@ -119,7 +119,7 @@ def occupancy(events, t: float) -> dict:
 
 def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
     """One timeline per ``num_stages`` (rows) and architecture (columns, sm_80 then sm_90), a
-    lane per buffer the model counts."""
+    row of bars per buffer the model counts."""
     stages = tuple(check_count(s, "num_stages") for s in stages)
     if not stages:
         raise ValueError("stages must name at least one num_stages")
@@ -134,7 +134,7 @@ def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
             ax = axes[r][c]
             n_buffers = model_buffers(s, arch)
             events = pipeline_schedule(s, arch, n_tiles)
-            lanes = [f"buffer {b + 1}" for b in range(n_buffers)]
+            names = [f"buffer {b + 1}" for b in range(n_buffers)]
             y_of = {b: n_buffers - 1 - b for b in range(n_buffers)}     # top to bottom
             for b in range(buffers_used(s, arch), n_buffers):          # counted, never filled
                 ax.barh(y_of[b], end, left=0, height=0.7, color=COLOURS["spare"], edgecolor="grey", linestyle="--")
@@ -146,7 +146,7 @@ def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
                 if state in ("copy", "use"):
                     ax.text((start + stop) / 2, y_of[row], f"{tile}", ha="center", va="center", fontsize=8.5,
                             color="white" if state == "use" else "black", fontweight="bold")
-            ax.set_yticks(range(n_buffers), list(reversed(lanes)), fontsize=8)
+            ax.set_yticks(range(n_buffers), list(reversed(names)), fontsize=8)
             ax.set_ylim(-0.6, n_buffers - 0.4)
             ax.set_xlim(0, end)
             held = tiles_held(s, arch)
@@ -165,7 +165,7 @@ def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
                         Patch(facecolor=COLOURS["spare"], edgecolor="grey", linestyle="--",
                               label="counted by the model, never needed")],
                loc="outside lower center", ncol=5, fontsize=7.5, frameon=False)
-    fig.suptitle("The K/V buffers in shared memory (a lane: one K and one V tile; the number: which key tile). "
+    fig.suptitle("The K/V buffers in shared memory (each buffer holds one K and one V tile; the number on a bar: which key tile). "
                  "The copy of tile j + s - 1\nis issued after tile j's products; sm_80 reuses tile j's buffer, "
                  "sm_90 cannot yet: P_j V_j's wgmma still reads it", fontsize=9.5)
     return fig

@@ -68,9 +68,10 @@ def issue_order_figure(n_tiles: int = 3, **durations) -> Figure:
         ax.set_title(title, fontsize=9, loc="left")
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-    # the compiled Triton loop has a bar.sync after every wgmma.wait_group 0 (chapter 7's test)
-    fig.suptitle("One program's loop (above, a barrier after each wait keeps its two warpgroups in step)",
-                 fontsize=10)
+    # the compiled Triton loop has a bar.sync 0 before each S_j is issued and one after each P_j V_j
+    # (Triton 3.6.0, which the profile ran, and 3.9.0, which adds one after each wait: chapter 7's test)
+    fig.suptitle("One program's loop (above, barriers before each $S_j$ and after each $P_jV_j$ keep its "
+                 "two warpgroups in step)", fontsize=10)
     axes[1].set_xlim(0, max(ends) * 1.02)
     axes[1].set_xlabel(f"time, schematic (every step drawn the same length); {n_tiles} key tiles "
                        f"end at {ends[0]:g} and {ends[1]:g}")

@@ -1,0 +1,87 @@
+"""Chapter 11 after the tenth reading: the wave model's fixed 2 programs per SM set against the 3
+that fit (planned and real waves named apart), the 16K ring's unhidden transfer traced to the
+overlapped direct call, the intensity as a formula, whose tile the paged figure shows, the ring's
+neighbours mod W and the summary's unit."""
+import inspect
+import types
+
+from conftest import require
+from flashbook import bench, runtime
+from flashbook.bench import chapter11, decoding
+from flashbook.kernels import decode
+from notebook_text import cell_source, flat, run_glued
+
+CH11 = "11_decoding_and_many_gpus"
+
+
+def test_planned_waves_and_real_waves_are_named_apart():
+    """choose_num_splits plans 2 programs per SM (a fixed guess, said so); Nsight Compute found 3:
+    512 programs are nearly two planned waves and 1.29 real ones."""
+    per_sm = inspect.signature(decode.choose_num_splits).parameters["programs_per_sm"].default
+    assert per_sm == 2 and "fixed guess" in " ".join(decode.choose_num_splits.__doc__.split())
+    sms = runtime.chip("H200").sms
+    assert 1.5 < 64 * 8 / (per_sm * sms) < 2                      # "nearly two planned waves"
+    ncu = bench.run_paths("decode_ncu")
+    require(len(ncu) >= 2, "no recorded Nsight Compute profiles")
+    before = next(s for s in decoding.ncu_steps(ncu[-2])
+                  if (s["impl"], s["batch"], s["seq"]) == ("dense", 64, 32768))
+    assert before["per_sm"] == 3 and before["waves"] == round(64 * 8 / (3 * sms), 2)   # the real ones
+    text = flat(cell_source(CH11, "c11-20"))
+    assert "nearly two planned waves ({glue:text}`ncu_waves_before` real ones)" in text
+    assert "nearly two waves" not in text
+    plan = flat(cell_source(CH11, "c11-17"))
+    assert "per SM, a fixed guess (how many fit depends on the tile; {glue:text}`ncu_per_sm` fit here)" in plan
+
+
+def test_the_16k_unhidden_transfer_is_the_overlapped_call_minus_the_compute():
+    ring = chapter11.ring_runs(show=False)
+    require(ring is not None, "no recorded ring run")
+    ring_df = ring[0]
+    first = ring_df.sort_values("n").iloc[0]
+    glued, _ = run_glued(cell_source(CH11, "c11-44"), quiet=True, ring_df=ring_df, chapter11=chapter11)
+    assert glued["ring_first_overlapped"] == f"{first['overlapped_ms']:.2f}"
+    assert glued["ring_first_unhidden"] == f"{first['overlapped_ms'] - first['compute_ms']:.1f}"
+    # part of the transfers, not more than all of them, and not the autograd step's difference
+    assert 0 < first["overlapped_ms"] - first["compute_ms"] < first["comm_ms"]
+    assert abs((first["ring_ms"] - first["compute_ms"]) - (first["overlapped_ms"] - first["compute_ms"])) > 0.5
+    link = chapter11.ring_link(ring_df, 450e9)
+    assert link.index[0] == first["n"] and link.iloc[0]["comm_ms"] == round(first["comm_ms"], 2)
+    prose = flat(cell_source(CH11, "c11-45"))
+    assert ("Without autograd, compute and transfers together took {glue:text}`ring_first_overlapped` ms, so by the medians about "
+            "{glue:text}`ring_first_unhidden` of the transfers' {glue:text}`comm_16k_ms` ms were not hidden") in prose
+
+
+def test_the_intensity_is_a_formula_of_the_cells_numbers():
+    heads, kv_heads, d, n = 32, 8, 128, 32768
+    for bytes_per in (1, 2):
+        flops, kv_bytes = 4 * heads * n * d, 2 * kv_heads * n * d * bytes_per
+        assert flops / kv_bytes == 2 * heads / (kv_heads * bytes_per)
+    assert "heads, kv_heads, d, n, bytes_per = 32, 8, 128, 32768, 2" in cell_source(CH11, "c11-24")
+    assert "FLOP per byte, `2 * heads / (kv_heads * bytes_per)`: in a 2-byte type" in flat(cell_source(CH11, "c11-26"))
+
+
+def test_the_paged_figures_tile_is_named_with_where_it_runs():
+    """16 keys is the interpreter's tile; a GPU's (128 at d = 64 in 16-bit) spans two 64-token pages,
+    so each page is then read by one split: the glued sentence follows the tile."""
+    assert decode.decode_tiles(64, 2, 2, page_size=64, interpreter=True)[1] == 16
+    gpu_tile = decode.decode_tiles(64, 2, 2, page_size=64, interpreter=False)[1]
+    assert gpu_tile == 128
+    code = cell_source(CH11, "c11-h7")
+    for block_n, interpret, want in (
+            (16, True, "(16 keys in Triton's interpreter), so a page may be read by two splits"),
+            (gpu_tile, False, "(128 keys on this GPU, 2 pages each), so each page is read by one split"),
+            (64, False, "(64 keys on this GPU, one page each), so each page is read by one split")):
+        glued, _ = run_glued(code, quiet=True, torch=types.SimpleNamespace(equal=lambda a, b: True), paged=0,
+                             dense=0, block_n=block_n, runtime=types.SimpleNamespace(INTERPRET=interpret))
+        assert want in glued["paged_splits"], glued["paged_splits"]
+    text = flat(cell_source(CH11, "c11-h8"))
+    assert "{glue:text}`paged_splits`" in text and "keys here" not in text
+
+
+def test_ring_neighbours_are_mod_w_and_the_summary_counts_score_blocks():
+    ring = flat(cell_source(CH11, "c11-m7"))
+    assert "receives the next from rank $r - 1$ (mod $W$)" in ring
+    summary = flat(cell_source(CH11, "c11-45"))
+    assert "units of waiting" not in summary
+    assert ("a ring time of {glue:text}`zigzag_steps` score blocks against {glue:text}`contig_steps` "
+            "for contiguous shards") in summary
