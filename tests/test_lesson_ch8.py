@@ -89,7 +89,10 @@ def test_atomic_dq_is_stated_as_measured_and_not_generalised(nb):
     again = bench.load_recorded_json("atomic_dq_repeat")["rows"]
     assert min(1 / r["vs_separate"] for r in again if r["variant"] != "separate") > 1
     text = cell_source(nb, "4571a510")
-    assert set(glued) - {"at_spread"} <= _quoted(text) and "{doc}`A3 <A3_lab_notes>`" in text
+    before = cell_source(nb, "c08-atomic-timed-md")        # the table's spread and shapes: above it
+    assert {"at_spread", "at_tokens", "at_calls", "at_heads"} <= _quoted(before)
+    assert set(glued) - {"at_spread", "at_tokens", "at_calls", "at_heads"} <= _quoted(text)
+    assert "{doc}`A3 <A3_lab_notes>`" in text
     assert "{glue:text}`at_spread`" in cell_source(nb, "c08-atomic-timed-md")
     assert "not atomics in general" in text and "with these kernels" in text
     assert "FlashAttention-2" in text and "fp32 atomics" in text and "TMA reduce-add" in text

@@ -154,6 +154,8 @@ def test_tensor_layout_addresses_match_numpy_strides():
         assert f"{name} = {s // a.itemsize}" in words
     red = [p for p in ax.patches if p.get_edgecolor()[:3] == (1.0, 0.0, 0.0)]
     assert len(red) == 1 and red[0].get_height() == block_m
+    # the title names the program as the prose does: batch, head and query tile
+    assert f"the program for batch {b}, head {h}, query tile {m} ($B_r$ = {block_m})" in ax.get_title()
     with pytest.raises(ValueError, match="program"):
         plots.tensor_layout(plt.subplots()[1], shape, block_m=4, program=(2, 0, 0))
 

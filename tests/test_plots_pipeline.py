@@ -131,8 +131,12 @@ def test_bad_arguments_and_the_figure():
         lanes = [t.get_text() for t in ax.get_yticklabels()][::-1]      # top to bottom
         assert lanes == [f"buffer {b + 1}" for b in range(model_buffers(stages, arch))]
     # "lane" is the page's word for a block position (tl.load): the figure's rows are buffers
-    title = fig._suptitle.get_text()
-    assert "each buffer holds one K and one V tile; the number on a bar: which key tile" in title
-    assert "lane" not in title
+    title = " ".join(fig._suptitle.get_text().split())
+    # the title agrees with the 1-stage panels ("K and V in turns"), and names no instruction
+    assert "each buffer holds one K and one V tile; at 1 stage they take turns in one tile's space." in title
+    assert "The number on a bar: which key tile." in title
+    assert "lane" not in title and "wgmma" not in title
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "sm_90: the asynchronous P V still reading" in legend and not any("wgmma" in t for t in legend)
     spare = [t.get_text() for ax in axes for t in ax.texts if "never needed" in t.get_text()]
     assert len(spare) == 2                                    # sm_80 at 2 and 3 stages

@@ -30,7 +30,9 @@ def test_planned_waves_and_real_waves_are_named_apart():
     assert "nearly two planned waves ({glue:text}`ncu_waves_before` real ones)" in text
     assert "nearly two waves" not in text
     plan = flat(cell_source(CH11, "c11-17"))
-    assert "per SM, a fixed guess (how many fit depends on the tile; {glue:text}`ncu_per_sm` fit here)" in plan
+    assert ("per SM, a fixed guess: {glue:text}`plan_per_sm` fit an SM with a full tile of {glue:text}`max_rows` "
+            "query rows, {glue:text}`ncu_per_sm` with the {glue:text}`min_tile`-row tile") in plan
+    assert "so real waves are fewer than planned ones" in plan
 
 
 def test_the_16k_unhidden_transfer_is_the_overlapped_call_minus_the_compute():
@@ -47,8 +49,8 @@ def test_the_16k_unhidden_transfer_is_the_overlapped_call_minus_the_compute():
     link = chapter11.ring_link(ring_df, 450e9)
     assert link.index[0] == first["n"] and link.iloc[0]["comm_ms"] == round(first["comm_ms"], 2)
     prose = flat(cell_source(CH11, "c11-45"))
-    assert ("Without autograd, compute and transfers together took {glue:text}`ring_first_overlapped` ms, so by the medians about "
-            "{glue:text}`ring_first_unhidden` of the transfers' {glue:text}`comm_16k_ms` ms were not hidden") in prose
+    assert ("about {glue:text}`ring_first_unhidden` ms of the transfers' {glue:text}`comm_16k_ms` ms not hidden "
+            "({glue:text}`ring_first_overlapped` ms for both together, without autograd)") in prose
 
 
 def test_the_intensity_is_a_formula_of_the_cells_numbers():
@@ -57,23 +59,32 @@ def test_the_intensity_is_a_formula_of_the_cells_numbers():
         flops, kv_bytes = 4 * heads * n * d, 2 * kv_heads * n * d * bytes_per
         assert flops / kv_bytes == 2 * heads / (kv_heads * bytes_per)
     assert "heads, kv_heads, d, n, bytes_per = 32, 8, 128, 32768, 2" in cell_source(CH11, "c11-24")
-    assert "FLOP per byte, `2 * heads / (kv_heads * bytes_per)`: in a 2-byte type" in flat(cell_source(CH11, "c11-26"))
+    assert ("FLOP per byte, which is `2 * heads / (kv_heads * bytes_per)`: with 2-byte values, simply the query "
+            "heads per KV head (32/8 = 4; 8 in a 1-byte type)") in flat(cell_source(CH11, "c11-26"))
 
 
 def test_the_paged_figures_tile_is_named_with_where_it_runs():
     """16 keys is the interpreter's tile; a GPU's (128 at d = 64 in 16-bit) spans two 64-token pages,
-    so each page is then read by one split: the glued sentence follows the tile."""
+    so each page is then read by one split and each row gathered from its own page: the glued
+    sentence follows the tile, and the interpreter's says what a GPU does."""
     assert decode.decode_tiles(64, 2, 2, page_size=64, interpreter=True)[1] == 16
     gpu_tile = decode.decode_tiles(64, 2, 2, page_size=64, interpreter=False)[1]
     assert gpu_tile == 128
     code = cell_source(CH11, "c11-h7")
-    for block_n, interpret, want in (
-            (16, True, "(16 keys in Triton's interpreter), so a page may be read by two splits"),
-            (gpu_tile, False, "(128 keys on this GPU, 2 pages each), so each page is read by one split"),
-            (64, False, "(64 keys on this GPU, one page each), so each page is read by one split")):
+    import torch
+    for block_n, interpret, want, gather in (
+            (16, True, "(16 keys in Triton's interpreter), so a page may be read by two splits",
+             "On a GPU a tile is 128 keys, 2 of these pages, so each row is gathered from its own page."),
+            (gpu_tile, False, "(128 keys on this GPU, 2 pages each), so each page is read by one split",
+             "Each row of a tile is gathered from its own page."),
+            (64, False, "(64 keys on this GPU, one page each), so each page is read by one split", None)):
         glued, _ = run_glued(code, quiet=True, torch=types.SimpleNamespace(equal=lambda a, b: True), paged=0,
-                             dense=0, block_n=block_n, runtime=types.SimpleNamespace(INTERPRET=interpret))
+                             dense=0, block_n=block_n, runtime=types.SimpleNamespace(INTERPRET=interpret),
+                             decode=decode, q=torch.zeros(1, dtype=torch.bfloat16))
         assert want in glued["paged_splits"], glued["paged_splits"]
+        assert (gather in glued["paged_splits"]) if gather else ("gathered" not in glued["paged_splits"])
+    # a GPU's 128-key tile over 64-token pages takes the per-row gather, not TILE_IN_PAGE
+    assert not 64 >= gpu_tile
     text = flat(cell_source(CH11, "c11-h8"))
     assert "{glue:text}`paged_splits`" in text and "keys here" not in text
 

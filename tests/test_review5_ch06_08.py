@@ -82,19 +82,25 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     assert ("A tile in flight needs a buffer of its own, so the book's model counts one $K$ and one $V$ "
             "tile of shared memory per stage ([chapter 4](04_tiled_forward.ipynb)'s \"two or three $K$, $V$ "
             "tiles in flight\").") in main
-    # the flow says at once that the overlap depends on the chip (the figure, shown), that at two
-    # stages other programs fill the wait, and names the box; the model over-counts at worst
-    # (said in the figure's terms: panels per number of stages, sm_80 left, sm_90 right)
-    assert ("How much of a program's own work the copies overlap depends on the chip: the figure right "
-            "after this paragraph draws four key tiles, one panel per number of stages, `sm_80` left and "
-            "`sm_90` right (details in the optional box *How Triton really allocates the buffers*).") in main
+    # the flow introduces the figure (shown right after) and names the box; the model over-counts at
+    # worst (said in the figure's terms: panels per number of stages, sm_80 left, sm_90 right)
+    assert ("The figure draws four key tiles, one panel per number of stages, `sm_80` left and `sm_90` "
+            "right (details in the optional box *How Triton really allocates the buffers*).") in main
+    # the model the panel titles count comes before the figure, not after it
+    assert r"\text{bytes} &= 2\,\bigl(B_r d + 2\,\texttt{num}\_\texttt{stages}\,B_c d\bigr)" in main
+    assert "so at worst the model over-counts" in main
+    after = flat(cell_source(CH6, "c06-buffers-model"))
     assert ("On `sm_80` the 2-stage panel fills buffer 1 exactly as the 1-stage panel does: the copy of "
-            "tile $j + 1$ starts only after tile $j$'s products, so the program still waits for every copy, "
-            "and other programs on the same SM fill that wait. On `sm_90` at 2 stages the copy overlaps only "
-            "the end of $P_j V_j$ (the dark bar after each product). From 3 stages (the bottom panels) a "
-            "program's copies overlap its own products.") in main
+            "tile $j + 1$ starts only after tile $j$'s products, so the program waits for every copy. On "
+            "`sm_90` at 2 stages the copy overlaps only the end of $P_j V_j$ (the dark bar after each "
+            "product): Hopper's matrix instruction runs asynchronously, so it still reads tile $j$'s buffer "
+            "after the next copy is issued.") in after
+    # what stages buy, said plainly: who hides the copies, and the cost in shared memory
+    assert ("From 3 stages (the bottom panels) a program's copies overlap its own products; with fewer, "
+            "the SM fills the waits by running other programs. Each extra stage costs one more $K$ and one "
+            "more $V$ tile of shared memory.") in after
+    assert "wgmma" not in main + after                          # the box names the instruction
     assert "the figure draws the timeline of one stage" not in main
-    assert "at worst it over-counts" in flat(cell_source(CH6, "c06-buffers-model"))
     # the flow no longer promises an overlap that the box takes back at two stages
     assert "the copies for later iterations start while this one computes" not in main
     assert "Each stage of `num_stages` = $s$" not in main
@@ -366,7 +372,7 @@ def test_the_dkdv_register_count_is_chapter_6s_arithmetic():
     # the tensor cores read from registers is the 16-bit copies of P^T and dS^T
     assert "before the input tiles" not in text and "With the input tiles and the addresses on top" not in text
     assert ("On an H100 or H200 the tensor cores read $K$, $V$, $Q$ and $dO$ from shared memory, but "
-            "$P^\\top$ and $dS^\\top$ from registers, as 16-bit copies.") in text
+            "$P^\\top$ and $dS^\\top$ from registers, as 16-bit copies,") in text
     assert ("Count as chapter 6 did, for the unmasked default tile ({glue:text}`tile_dkdv_full`, "
             "{glue:text}`dkdv_warps_full` warps):") in text
 
@@ -433,7 +439,7 @@ def test_the_spill_is_weighed_at_equal_stages_with_chapter_9s_numbers():
     assert "so the spill cost" not in main and "the gap is not the spill's cost alone" in main
     assert "(The profile did not run the spill-free tile with a third stage.)" in main
     # the whole-backward times name the stages of both tiles
-    assert ("took {glue:text}`spill_default_ms` ms with the default ({glue:text}`ncu_spill_cfg`) and "
+    assert ("took {glue:text}`spill_default_ms` ms with the default and "
             "{glue:text}`nospill_fast_ms` ms with {glue:text}`nospill_fast_tile`") in text
 
 

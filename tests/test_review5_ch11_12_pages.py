@@ -223,10 +223,10 @@ def test_ch11_host_paragraph_separates_the_called_times_from_the_host_times():
     assert ("`flash_decode` ({glue:text}`short_after` µs) is still slower there than cuDNN "
             "({glue:text}`short_host_cudnn` µs)") in lesson
     against = flat(cell_source(CH11, "c11-h10").split("### Against cuDNN")[1])   # above its table
-    assert ("The times in the next table were taken by calling each kernel from Python, not in a graph, yet "
-            "they do not show the host's share: 256 MiB written before "
-            "each call to empty the L2 cache keep the GPU busy for at least {glue:text}`flush_us` µs, and a "
-            "shorter host call hides behind that.") in against and "flush_us" not in box + lesson
+    assert ("The next table's times come from calling each kernel from Python, yet they hide the host's share. "
+            "Before each call the timer writes 256 MiB to empty the L2 cache; while the GPU spends at least "
+            "{glue:text}`flush_us` µs on that, the host prepares the call, so a host cost under "
+            "{glue:text}`flush_us` µs never shows.") in against and "flush_us" not in box + lesson
     assert "slightly slower" not in lesson + box and "short_fd" not in cell_source(CH11, "c11-h3")
 
 
@@ -235,8 +235,8 @@ def test_ch11_intensity_is_heads_per_kv_head_only_in_two_byte_types():
     heads, kv_heads = 32, 8
     for bytes_per, want in ((2, heads / kv_heads), (1, 2 * heads / kv_heads)):
         assert 4 * heads * 128 / (2 * kv_heads * 128 * bytes_per) == want
-    assert ("FLOP per byte, `2 * heads / (kv_heads * bytes_per)`: in a 2-byte type such as bfloat16, "
-            "query heads per KV head (twice that in a 1-byte type)") in flat(cell_source(CH11, "c11-26"))
+    assert ("FLOP per byte, which is `2 * heads / (kv_heads * bytes_per)`: with 2-byte values, simply the "
+            "query heads per KV head (32/8 = 4; 8 in a 1-byte type)") in flat(cell_source(CH11, "c11-26"))
     assert "(heads per KV head, in a 2-byte type)" in flat(cell_source(CH11, "c11-45"))
 
 

@@ -164,5 +164,6 @@ def test_ch11_names_split_k_and_num_stages_rightly():
 
     text = flat(markdown("11_decoding_and_many_gpus"))
     assert "the K stands for the keys" not in text
-    assert "the name comes from GEMMs, where K is the dimension summed over; here that is the keys" in text
+    assert ("the name comes from GEMMs, general matrix multiplications, where K is the dimension summed over; "
+            "here that is the keys") in text
     assert "chapter 7's `num_stages`" not in text and "chapter 6's `num_stages`" in text

@@ -139,7 +139,8 @@ def test_batch_1_loses_fixed_time_not_streaming_rate():
         assert f'"{name}"' in cells["c11-m3"] and f"{{glue:text}}`{name}`" in text
     assert "batch 1 loses fixed time, not streaming rate" in text and "with its many programs" not in text
     # a wave counted one way: the plan's 2 per SM against the 3 that fit, reconciled where the plan is stated
-    assert "per SM, a fixed guess (how many fit depends on the tile; {glue:text}`ncu_per_sm` fit here)" in _flat(cells["c11-17"])
+    assert ("a fixed guess: {glue:text}`plan_per_sm` fit an SM with a full tile of {glue:text}`max_rows` query rows, "
+            "{glue:text}`ncu_per_sm` with the {glue:text}`min_tile`-row tile") in _flat(cells["c11-17"])
     assert "of the {glue:text}`ncu_first_wave` that fit at once" in text and "of a wave." not in text
 
 
@@ -150,7 +151,7 @@ def test_the_16k_ring_overlap_is_read_within_its_spread():
     # the difference of two medians is no surer than their repeats' spread
     assert first["overlapped_spread_ms"] + first["compute_spread_ms"] > 0.3 * unhidden
     cells = _cells()
-    assert "by the medians, which " in cells["c11-44"] and 'g("ring_first_spread", first_spread)' in cells["c11-44"]
-    assert ("Without autograd, compute and transfers together took {glue:text}`ring_first_overlapped` ms, so by the medians about "
-            "{glue:text}`ring_first_unhidden` of the transfers' {glue:text}`comm_16k_ms` ms were not hidden "
-            "(uncertain: each timing's repeats spread by {glue:text}`ring_first_spread`)") in _flat(cells["c11-45"])
+    assert 'g("ring_first_spread", first_spread)' in cells["c11-44"]
+    text = _flat(cells["c11-45"])
+    assert ("about {glue:text}`ring_first_unhidden` ms of the transfers' {glue:text}`comm_16k_ms` ms not hidden" in text
+            and "All are medians, whose repeats spread by {glue:text}`ring_first_spread`." in text)

@@ -154,8 +154,9 @@ def test_the_chip_tables_memory_column_says_datasheet_gb():
     assert '"memory (datasheet GB)": c.hbm_gib' in cell_source(NOTEBOOK, "f5a20a5d")
     assert "memory (GiB)" not in cell_source(NOTEBOOK, "f5a20a5d")
     # the datasheet-GB note sits with the optional driver comparison, next to the GiB it explains
-    assert "{glue:text}`h200_memory`" in cell_source(NOTEBOOK, "9bd58f54")
-    assert "{glue:text}`h200_memory`" not in cell_source(NOTEBOOK, "7296465f")
+    for name in ("mem_chip", "mem_gib", "mem_e9", "mem_sheet", "mem_closer"):
+        assert "{glue:text}`" + name + "`" in cell_source(NOTEBOOK, "9bd58f54"), name
+        assert "{glue:text}`" + name + "`" not in cell_source(NOTEBOOK, "7296465f"), name
 
 
 def test_triton_is_taught_before_the_tile_sizes_use_it():
@@ -164,7 +165,10 @@ def test_triton_is_taught_before_the_tile_sizes_use_it():
     # the first loop (the tile matmul) comes before the stages that pipeline it
     assert (ids.index("c06-softmax-md") < ids.index("1284c2c8") < ids.index("100d662a")
             < ids.index("c06-buffers-md") < ids.index("cdcabe1c") < ids.index("c06-bf16-md"))
-    assert ids.index("c06-bf16-md") == ids.index("cdcabe1c") + 1   # the bf16 box after "No bf16"
+    # the bf16 box after the TF32 check, not between "input_precision is ignored" and the sentence
+    # that continues it ("On fp32 inputs the input_precision difference shows")
+    assert ids.index("cdcabe1c") + 1 == ids.index("d6f03cff") == ids.index("d695a9d7") - 1
+    assert ids.index("c06-bf16-md") == ids.index("d695a9d7") + 1
     model = cell_source(NOTEBOOK, "8951c53c")
     assert "`num_warps` is how many warps" in model and "`num_stages` is the depth" in model
     assert "issued ahead of their use" not in model and "the first such loop is the tile matmul below" in model
@@ -333,6 +337,9 @@ def test_terms_are_defined_where_the_page_first_uses_them():
         flat_page = flat(page)
         first = flat_page.index(term)
         assert flat_page.index(definition) <= first <= flat_page.index(definition) + len(definition), term
+    # cuBLAS's first use in the main text (the box above is optional) defines it too
+    assert "whose products cuBLAS (NVIDIA's matrix-multiply library) runs on the tensor cores" in flat(
+        cell_source(NOTEBOOK, "5f5032c5"))
     assert "{term}`local memory`" in cell_source(NOTEBOOK, "3f12ef78")
 
 
@@ -386,22 +393,33 @@ def test_the_softmax_is_level_at_256_columns_and_ahead_where_both_recordings_agr
     # what the second recording agrees on: level at 256 in both, and torch.softmax's lead where it flips
     assert abs(other_ratio[cols[0]] - 1) < 0.05 and glued["sm_agree_level_cols"] == str(cols[0])
     assert glued["sm_flip_pct"] == f"{100 * (1 / other_ratio[cols[1]] - 1):.0f}" == "48"
-    assert ("ranks the two the same way at {glue:text}`sm_agree_level_cols` columns (level) and from "
-            "{glue:text}`sm_ahead_cols` on; at {glue:text}`sm_disagree_cols` the order flips, "
-            "`torch.softmax` {glue:text}`sm_flip_pct`% ahead.") in flat(cell_source(NOTEBOOK, "c06-softmax-read"))
+    read = flat(cell_source(NOTEBOOK, "c06-softmax-read"))
+    assert ("Both recordings have the two level at {glue:text}`sm_agree_level_cols` columns ({glue:text}`sm_level_pct`% "
+            "apart here).") in read
     # the point "ahead" passes over is named, with the recorded lead (971 against 862 GB/s: 13%)
     assert glued["sm_disagree_lead_pct"] == f"{100 * (ratio[cols[1]] - 1):.0f}" == "13"
-    assert ("At {glue:text}`sm_disagree_cols` columns it is {glue:text}`sm_disagree_lead_pct`% ahead, a lead "
-            "that a second recording does not confirm.") in flat(cell_source(NOTEBOOK, "c06-softmax-read"))
-    # one do_bench call is a mean over repeated runs, but the point itself was measured once
-    assert ("Each point is one `do_bench` call (a mean over its repeated runs), measured once, so at short "
-            "rows a gap of a few tens of percent can be noise.") in flat(cell_source(NOTEBOOK, "c06-softmax-read"))
+    # the second recording is quoted, not only cited: its rows where "ahead" starts and where it flips
+    assert (glued["sm_other_ahead_fused"], glued["sm_other_ahead_eager"]) == (
+        f"{other.loc[cols[2], 'fused Triton (GB/s)']:.0f}", f"{other.loc[cols[2], 'torch.softmax (GB/s)']:.0f}") \
+        == ("1659", "1148")
+    assert (glued["sm_other_flip_fused"], glued["sm_other_flip_eager"]) == (
+        f"{other.loc[cols[1], 'fused Triton (GB/s)']:.0f}", f"{other.loc[cols[1], 'torch.softmax (GB/s)']:.0f}") \
+        == ("577", "855")
+    assert ("From {glue:text}`sm_ahead_cols` columns on the Triton kernel is ahead in both (at "
+            "{glue:text}`sm_ahead_cols` the {glue:text}`sm_other_chip` has {glue:text}`sm_other_ahead_fused` "
+            "against {glue:text}`sm_other_ahead_eager` GB/s)") in read
+    assert ("At {glue:text}`sm_disagree_cols` columns it is {glue:text}`sm_disagree_lead_pct`% ahead here, but "
+            "the {glue:text}`sm_other_chip` has {glue:text}`sm_other_flip_fused` against "
+            "{glue:text}`sm_other_flip_eager` GB/s: `torch.softmax` {glue:text}`sm_flip_pct`% ahead.") in read
+    # one do_bench call is a mean over repeated runs, but the point itself was measured once; said
+    # before the first comparison, not after the verdicts
+    noise = ("Each point is one `do_bench` call, measured once, so at short rows a gap of a few tens of "
+             "percent can be noise")
+    assert noise in read and read.index(noise) < read.index("the two level")
+    assert "reports the mean time" in cell_source(NOTEBOOK, "8b363455")      # what one call is
     assert "Each point is one timing." not in cell_source(NOTEBOOK, "c06-softmax-read")
     assert "1,024 columns `torch.softmax` switches" not in cell_source(NOTEBOOK, "c06-softmax-read")
     assert glued["sm_level_pct"] == f"{100 * abs(ratio[cols[0]] - 1):.1f}" == "1.7"
-    read = flat(cell_source(NOTEBOOK, "c06-softmax-read"))
-    assert ("At {glue:text}`sm_level_cols` columns the two are level ({glue:text}`sm_level_pct`% "
-            "apart); from {glue:text}`sm_ahead_cols` columns on the Triton kernel is ahead") in read
     assert "In the run shown" not in read
     alt = find_cell(NOTEBOOK, "118fcf7e")["metadata"]["mystnb"]["image"]["alt"]
     chip = next(key for key in runtime.CHIPS if key in recorded_gpu_name("06_gpu_and_triton"))

@@ -365,28 +365,35 @@ def test_no_chapter_promises_a_dram_measurement_another_does_not_make():
 
 # --- the newcomer's list (issue #26, section 4) ------------------------------------------
 
-def test_the_h200s_memory_says_which_number_is_the_driver_and_which_the_datasheet():
+def test_the_memory_sentence_says_which_number_is_the_driver_and_which_the_datasheet():
     _, prov = _recorded()
     driver = prov["gpu"]["memory_bytes"]
     sheet = runtime.chip("H200").hbm_gib
     # the driver's GiB is neither the datasheet's figure in GB nor in GiB
     assert round(driver / 2**30, 1) < sheet < driver / 1e9
+    # chapter 6 quotes the GPU whose comparison it shows (its recorded run: an H100), in both units
+    from flashbook.bench.runs import gpu_record, recorded_output
+
     ch6 = notebook("06_gpu_and_triton.ipynb")
+    shown = recorded_output("06_gpu_and_triton", "3f105ddf")
+    require(shown is not None, "no recorded chapter 6 outputs")
+    gib = float(re.search(r"memory\s+([\d.]+) GiB \(driver\)", shown).group(1))
+    chip = next(c for key, c in runtime.CHIPS.items() if key in gpu_record("06_gpu_and_triton")["provenance"]["gpu"])
     glued = {}
-    ns = {"chips": runtime.CHIPS, "h100": runtime.chip("H100"), "glue": lambda *a, **k: None}
+    ns = {"chips": runtime.CHIPS, "h100": runtime.chip("H100"), "glue": lambda *a, **k: None, "CPU": True}
     import flashbook.display
     real = flashbook.display.glue_text
-    flashbook.display.glue_text = lambda name, value, fmt="": glued.update({name: value})
+    flashbook.display.glue_text = lambda name, value, fmt="": glued.update({name: format(value, fmt)})
     try:
-        exec(next(source_of(c) for c in ch6["cells"]
-                  if c["cell_type"] == "code" and "h200_memory" in source_of(c)), ns)
+        exec(cell_source(ch6, "52d6d16f"), ns)
     finally:
         flashbook.display.glue_text = real
-    assert glued["h200_memory"] == (f"an H200's driver reports {driver / 2**30:.1f} GiB, "
-                                    f"{driver / 1e9:.1f} × 10⁹ bytes, for the chip its datasheet "
-                                    f'calls "{sheet:g} GB"')
+    assert (glued["mem_chip"], glued["mem_gib"], glued["mem_e9"], glued["mem_sheet"]) == (
+        chip.name, f"{gib:.1f}", f"{gib * 2**30 / 1e9:.1f}", f"{chip.hbm_gib:g}") == ("H100", "79.2", "85.0", "80")
+    # "80 GB" is nearer 79.2 (GiB) than 85.0 (10^9 bytes); the prose says so through the glue
+    assert glued["mem_closer"] == "closer to GiB than to 10⁹ bytes"
     text = markdown(ch6)
-    assert "{glue:text}`h200_memory`" in text and "141 × 10⁹" not in text
+    assert "{glue:text}`mem_closer`" in text and "h200_memory" not in text and "141 × 10⁹" not in text
     page = open(os.path.join(BOOK, "sources_checked.md"), encoding="utf-8").read()
     assert "{glue:text}`s11_h200_how`" in page and "datasheet says\n\"{glue:text}`s11_h200_sheet` GB\"" in page
     glossary = open(os.path.join(BOOK, "glossary.md"), encoding="utf-8").read()

@@ -202,8 +202,8 @@ def tensor_layout(ax, shape=(2, 2, 8, 4), *, block_m: int = 4, program=(1, 0, 1)
     ax.set_xticks(np.arange(d) + 0.5, [str(j) for j in range(d)], fontsize=7)
     ax.set_yticks([])
     ax.set_xlabel("offset within a row (dimension j of d)")
-    ax.set_title(f"(B, H, N, d) = {tuple(shape)} in memory; red: program (b={b}, h={h}, "
-                 f"m={m}) with $B_r$ = {block_m}", fontsize=9)
+    ax.set_title(f"(B, H, N, d) = {tuple(shape)} in memory; red: the program for batch {b}, head {h}, "
+                 f"query tile {m} ($B_r$ = {block_m})", fontsize=9)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     return ax

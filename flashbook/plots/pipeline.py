@@ -161,11 +161,12 @@ def pipeline_figure(stages=(1, 2, 3), n_tiles: int = 4) -> Figure:
     fig.legend(handles=[Patch(facecolor=COLOURS["copy"], hatch="//", edgecolor="white", label="copy under way"),
                         Patch(facecolor=COLOURS["ready"], label="arrived, waiting"),
                         Patch(facecolor=COLOURS["use"], label="read by the tile's products"),
-                        Patch(facecolor=COLOURS["tail"], label="sm_90: P V's wgmma still reading"),
+                        Patch(facecolor=COLOURS["tail"], label="sm_90: the asynchronous P V still reading"),
                         Patch(facecolor=COLOURS["spare"], edgecolor="grey", linestyle="--",
                               label="counted by the model, never needed")],
                loc="outside lower center", ncol=5, fontsize=7.5, frameon=False)
-    fig.suptitle("The K/V buffers in shared memory (each buffer holds one K and one V tile; the number on a bar: which key tile). "
-                 "The copy of tile j + s - 1\nis issued after tile j's products; sm_80 reuses tile j's buffer, "
-                 "sm_90 cannot yet: P_j V_j's wgmma still reads it", fontsize=9.5)
+    fig.suptitle("The K/V buffers in shared memory: each buffer holds one K and one V tile; at 1 stage they take turns "
+                 "in one tile's space.\nThe number on a bar: which key tile. The copy of tile j + s - 1 is issued after "
+                 "tile j's products; sm_80 reuses tile j's buffer,\nsm_90 cannot yet: its matrix instruction runs "
+                 "asynchronously, and P_j V_j still reads the buffer", fontsize=9.5)
     return fig
