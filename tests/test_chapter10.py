@@ -135,12 +135,13 @@ def test_the_noise_floor_is_the_larger_sample(recorded):
                                                   float(recorded.values["noise_twin"]))
 
 
-def test_the_chapters_instruction_count_is_the_library_one():
-    """The chapter writes the count out for the reader to change (cell 1791dcf8); the
-    numbers that depend on it (exp2's bound, the split, lazy rescaling) use the library's."""
+def test_the_chapters_instruction_count_is_the_library_one(recorded):
+    """The chapter writes the listed steps out for the reader to change (cell 1791dcf8) and shows
+    them beside the compiled loops' counts; the bounds come from the compiled counts, the same
+    ones the measured table uses."""
     import pandas as pd
 
-    ns = {"pd": pd, "g": lambda *a, **k: None}
+    ns = {"pd": pd, "g": lambda *a, **k: None, "ch": recorded}
     exec(cell_source(NOTEBOOK, "1791dcf8"), ns)
     assert ns["PER_SCORE"] == chapter10.PER_SCORE
     assert ns["CAUSAL_EXTRA"] == chapter10.CAUSAL_EXTRA and ns["NATURAL_EXP"] == chapter10.NATURAL_EXP
@@ -148,8 +149,17 @@ def test_the_chapters_instruction_count_is_the_library_one():
         for causal in (False, True):
             for exp2 in (False, True):
                 assert ns["ops_per_score"](stage, causal, exp2) == chapter10.ops_per_score(stage, causal, exp2)
-    bound = ns["EXP2_BOUND"]
-    assert {k: bound[k] for k in ("full", "causal")} == chapter10.exp2_bound()
+    model = recorded.tables["exp2_model"]
+    assert len(model) == 4
+    for (d, mask), row in model.iterrows():
+        c = mask == "causal"
+        assert row["listed, exp"] == ns["ops_per_score"]("masked", c, False)
+        exp, exp2 = chapter10._compiled(recorded, 0, d, c), chapter10._compiled(recorded, 1, d, c)
+        assert (row["compiled, exp"], row["compiled, exp2"]) == (round(exp, 3), round(exp2, 3))
+        assert row["gain if bound by them"] == round(exp / exp2, 3)
+    for shape, row in recorded.tables["exp2_gains"].iterrows():      # the measured table's bound: the same
+        d, mask = int(shape.split()[0][2:]), shape.split()[-1]
+        assert row["bound from the count"] == model.loc[(d, mask), "gain if bound by them"]
 
 
 def test_show_refuses_a_topic_it_does_not_know(recorded):

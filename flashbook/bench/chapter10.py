@@ -51,16 +51,15 @@ NO_OPS_UNMASKED = ("skip masked tiles", "heaviest first")
 #: model, the atomics' bytes, the start-and-end fit), its live cells measure or compile
 #: them here, and the lab (``benchmarks/gluon_lab.py``) computes the polynomial's error.
 GLUED_BY_NOTEBOOK = {
-    "1791dcf8": ("exp2_ops_full", "exp2_ops_causal", "exp2_saved_lo", "exp2_saved_hi", "exp2_bound_lo",
-                 "exp2_bound_hi"),
+    "1791dcf8": ("exp2_ops_full", "exp2_ops_causal"),
     "c10-live-note": ("live_note",),
     "38a7f663": ("exact_n", "exact_d", "exact_tol"),
     "c10-ptx-waits": ("ptx_tri_wgmma", "ptx_tri_waits", "ptx_gl_wgmma", "ptx_gl_tma",
                       "ptx_tri_tma", "ptx_gl_waits"),
 }
 
-from .score_ops import (CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, below_rescaled, exp2_bound, ops_per_score,  # noqa: E402,F401
-                        sfu_cycles_per_warp, throughput_bound, with_rescale)
+from .score_ops import (CAUSAL_EXTRA, NATURAL_EXP, PER_SCORE, load_loops, ops_per_score,  # noqa: E402,F401
+                        sfu_cycles_per_warp, throughput_bound)
 
 
 @dataclass
@@ -237,21 +236,41 @@ def _noise(ch: Chapter10) -> None:
 
 # ---------------------------------------------------------------- the rungs, one by one
 
+def _compiled(ch: Chapter10, rung: int, d: int, causal: bool, stage: str = "masked", column: str = "per_score") -> float:
+    """What a rung's loop issues per score, compiled for sm_90 (``score_ops.load_loops``)."""
+    return float(ch.frames["loops"].loc[(rung, int(d), bool(causal), stage), column])
+
+
 def _exp2(ch: Chapter10) -> None:
     import pandas as pd
 
-    # the bound with the rescale of O, which the count leaves out (d / B_c per score, every rung alike)
-    rescaled = {(d, c): with_rescale(ops_per_score("masked", c, False), ops_per_score("masked", c, True), d,
-                                     FIRST_CONFIG.block_n) for d in _seqs(ch, "head_dim") for c in (False, True)}
-    ch.put("exp2_bound_rescale_lo", min(rescaled.values()), ".2f"); ch.put("exp2_bound_rescale_hi", max(rescaled.values()), ".2f")
-    if ch.frames["steps"] is None:
+    ch.frames["loops"], loops_prov = load_loops(ch.root)     # benchmarks/loop_sass.py's recording
+    ch.put("loops_triton", loops_prov.get("triton"))
+    if ch.frames["loops"] is None:
+        ch.nothing("exp2_exp_lo", "exp2_exp_hi", "exp2_removed", "exp2_saved_lo", "exp2_saved_hi", "exp2_bound_lo",
+                   "exp2_bound_hi")
+    else:   # the listed steps beside the compiled loops, rung 0 (exp) and rung 1 (exp2), per score
+        rows = pd.MultiIndex.from_product([_seqs(ch, "head_dim"), ["full", "causal"]], names=["d", "mask"])
+        model = pd.DataFrame([{"listed, exp": ops_per_score("masked", m == "causal", False),
+                               "listed, exp2": ops_per_score("masked", m == "causal", True),
+                               "compiled, exp": _compiled(ch, 0, d, m == "causal"),
+                               "compiled, exp2": _compiled(ch, 1, d, m == "causal")} for d, m in rows], index=rows)
+        saved = model["instructions saved"] = 1 - model["compiled, exp2"] / model["compiled, exp"]
+        bound = model["gain if bound by them"] = model["compiled, exp"] / model["compiled, exp2"]
+        ch.tables["exp2_model"] = model.round(3)    # the chapter's counting cell shows it
+        ch.put("exp2_exp_lo", model["compiled, exp"].min(), ".1f"); ch.put("exp2_exp_hi", model["compiled, exp"].max(), ".1f")
+        ch.put("exp2_removed", span(model["compiled, exp"] - model["compiled, exp2"], ".2f", collapse=True))
+        ch.put("exp2_saved_lo", 100 * saved.min(), ".0f"); ch.put("exp2_saved_hi", 100 * saved.max(), ".0f")
+        ch.put("exp2_bound_lo", bound.min(), ".2f"); ch.put("exp2_bound_hi", bound.max(), ".2f")
+    if ch.frames["steps"] is None or ch.frames["loops"] is None:
         return ch.nothing("exp2_lo", "exp2_hi", "exp2_above", "exp2_n", "exp2_noise", "exp2_verdict",
-                          "exp2_share_lo", "exp2_share_hi", "exp2_rescale_below")
-    bounds = exp2_bound()
+                          "exp2_share_lo", "exp2_share_hi")
     gains = ch.rung_gains("exp2")
-    bound = gains["causal"].map(lambda c: bounds["causal" if c else "full"])
-    saved = 1 - 1 / bound                   # the share of the elementwise instructions exp2 removes
-    # if a share s of the time is this elementwise work, saving a fraction f of it gives 1 / (1 - s f)
+    # the compiled loops' bound: rung 0's instructions per score (natural exp) over rung 1's (exp2)
+    bound = pd.Series([_compiled(ch, 0, d, c) / _compiled(ch, 1, d, c) for d, c in zip(gains["head_dim"], gains["causal"])],
+                      index=gains.index)
+    saved = 1 - 1 / bound                   # the share of the loop's instructions exp2 removes
+    # if a share s of the time is issuing them, saving a fraction f of them gives 1 / (1 - s f)
     share = (1 - 1 / gains["vs_prev"]) / saved
     ch.table("exp2", "exp2_gains", pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"],
                                                  "bound from the count": bound, "implied share of time": share,
@@ -260,7 +279,6 @@ def _exp2(ch: Chapter10) -> None:
     ch.put("exp2_lo", gains["vs_prev"].min(), ".2f"); ch.put("exp2_hi", gains["vs_prev"].max(), ".2f")
     n_above = int((gains["vs_prev"] > bound).sum())
     ch.put("exp2_above", n_above); ch.put("exp2_n", len(gains))
-    ch.put("exp2_rescale_below", below_rescaled(gains["vs_prev"], map(rescaled.get, zip(gains["head_dim"], gains["causal"]))))
     low = gains["vs_prev"].min() - 1
     ch.put("exp2_noise", "far beyond the noise" if low > 2 * ch.noise
            else "beyond the noise" if low > ch.noise else "partly within the noise")
@@ -324,39 +342,55 @@ def _skip(ch: Chapter10) -> None:
 def _split(ch: Chapter10) -> None:
     import pandas as pd
 
+    names = ("split_masked_pct", "split_bound_lo", "split_bound_hi", "sfu_cycles", "split_main_lo", "split_main_hi",
+             "split_main_ex2", "split_sfu_per_warp", "split_tighter", "split_full_bound_lo", "split_full_bound_hi")
+    later = ("split_full_lo", "split_full_hi", "split_causal_lo", "split_causal_hi", "split_share_lo",
+             "split_share_hi", "split_below")
+    if ch.frames["loops"] is None:
+        return ch.nothing(*names, *later)
     rows = []
-    for n in _seqs(ch):
-        for causal in (False, True):
-            kinds = tiled.tile_kinds(n, n, FIRST_CONFIG.block_m, FIRST_CONFIG.block_n, causal=causal)
-            visited = int((kinds != "skipped").sum())
-            # a ragged last tile would be masked too: N is a multiple of the tiles here
-            masked = int((kinds == "partial").sum()) / visited
-            before = ops_per_score("masked", causal, True)
-            after = masked * before + (1 - masked) * ops_per_score("main", causal, True)
-            rows.append({"N": n, "causal": causal, "masked tiles after the split": masked,
-                         "instructions per score before": before, "after": after, "bound x (issue slots)": before / after})
+    for d in _seqs(ch, "head_dim"):
+        for n in _seqs(ch):
+            for causal in (False, True):
+                kinds = tiled.tile_kinds(n, n, FIRST_CONFIG.block_m, FIRST_CONFIG.block_n, causal=causal)
+                visited = int((kinds != "skipped").sum())
+                # a ragged last tile would be masked too: N is a multiple of the tiles here
+                masked = int((kinds == "partial").sum()) / visited
+                # compiled for sm_90: rung 2's loop (every tile masked), rung 3's two loops mixed by their tiles
+                before = _compiled(ch, 2, d, causal)
+                after, ex2_after = (masked * _compiled(ch, 3, d, causal, "masked", col)
+                                    + (1 - masked) * _compiled(ch, 3, d, causal, "main", col)
+                                    for col in ("per_score", "mufu_ex2_per_score"))
+                rows.append({"d": d, "N": n, "causal": causal, "masked tiles after the split": masked,
+                             "instructions per score before": before, "after": after,
+                             "bound x (issue slots)": before / after,
+                             "sfu": throughput_bound(before, after, _compiled(ch, 2, d, causal, column="mufu_ex2_per_score"),
+                                                     ex2_after)})
     split_pred = pd.DataFrame(rows)
-    saved_by = {(r["N"], r["causal"]): 1 - r["after"] / r["instructions per score before"] for r in rows}
+    saved_by = {(r["d"], r["N"], r["causal"]): 1 - r["after"] / r["instructions per score before"] for r in rows}
     ch.put("split_masked_pct", 100 * split_pred[split_pred["causal"]]["masked tiles after the split"].max(), ".1f")
     ch.put("split_bound_lo", split_pred["bound x (issue slots)"].min(), ".2f")
     ch.put("split_bound_hi", split_pred["bound x (issue slots)"].max(), ".2f")
-    # the special-function unit's rate as a second limit: without a mask it allows no gain at all
     full = split_pred[~split_pred["causal"]]
-    ch.put("sfu_cycles", sfu_cycles_per_warp(), "g"); ch.put("split_main_ops", full["after"].max(), "g")
-    ch.put("split_sfu_full", max(throughput_bound(r["instructions per score before"], r["after"])
-                                 for _, r in full.iterrows()), ".2f")
-    rescaled = {(d, r["N"], r["causal"]): with_rescale(r["instructions per score before"], r["after"], d,
-                                                       FIRST_CONFIG.block_n) for r in rows for d in _seqs(ch, "head_dim")}
-    ch.put("split_bound_rescale_lo", min(rescaled.values()), ".2f"); ch.put("split_bound_rescale_hi", max(rescaled.values()), ".2f")
-    ch.table("split_prediction", "split_prediction", split_pred.set_index(["N", "causal"]).round(3))
+    ch.put("split_full_bound_lo", full["bound x (issue slots)"].min(), ".2f")
+    ch.put("split_full_bound_hi", full["bound x (issue slots)"].max(), ".2f")
+    # the special-function unit as a second rate: a warp's 32 ex2 take it sfu_cycles_per_warp cycles
+    main = ch.frames["loops"].xs((3, "main"), level=("rung", "stage"))
+    ex2 = main["mufu_ex2_per_score"]
+    ch.put("sfu_cycles", sfu_cycles_per_warp(), "g")
+    ch.put("split_main_lo", main["per_score"].min(), ".1f"); ch.put("split_main_hi", main["per_score"].max(), ".1f")
+    ch.put("split_main_ex2", f"{ex2.min():.2f}" if ex2.nunique() == 1 else f"{ex2.min():.2f} to {ex2.max():.2f}")
+    ch.put("split_sfu_per_warp", sfu_cycles_per_warp() * ex2.max(), ".1f")
+    issue_binds = bool((split_pred["sfu"] == split_pred["bound x (issue slots)"]).all())
+    ch.put("split_tighter", "issue, not the exponential unit," if issue_binds else "not always issue")
+    ch.table("split_prediction", "split_prediction", split_pred.drop(columns="sfu").set_index(["d", "N", "causal"]).round(3))
 
     if ch.frames["steps"] is None:
-        return ch.nothing("split_full_lo", "split_full_hi", "split_causal_lo", "split_causal_hi", "split_share_lo",
-                          "split_share_hi", "split_below", "split_rescale_below")
+        return ch.nothing(*later)
     gains = ch.rung_gains("unmasked main loop")
-    saved = [saved_by[(n, c)] for n, c in zip(gains["seq"], gains["causal"])]
+    saved = [saved_by[(d, n, c)] for d, n, c in zip(gains["head_dim"], gains["seq"], gains["causal"])]
     table = pd.DataFrame({"TFLOP/s": gains["tflops"], "x previous": gains["vs_prev"], "instructions saved": saved})
-    # if a share s of the time is this elementwise work, saving a fraction f of it gives 1 / (1 - s f)
+    # if a share s of the time is issuing them, saving a fraction f of them gives 1 / (1 - s f)
     table["implied share of time"] = (1 - 1 / table["x previous"]) / table["instructions saved"]
     table["verdict"] = table["x previous"].map(ch.verdict)
     ch.table("split", "split_gains", table.round(3))
@@ -367,12 +401,11 @@ def _split(ch: Chapter10) -> None:
     ch.put("split_causal_hi", table["x previous"][is_causal].max(), ".2f")
     ch.put("split_share_lo", 100 * table["implied share of time"].min(), ".0f")
     ch.put("split_share_hi", 100 * table["implied share of time"].max(), ".0f")
-    bound = split_pred.set_index(["N", "causal"])
-    below = int((table["x previous"] < [bound.loc[(n, c), "bound x (issue slots)"]
-                                        for n, c in zip(gains["seq"], gains["causal"])]).sum())
+    bound = split_pred.set_index(["d", "N", "causal"])
+    below = int((table["x previous"] < [bound.loc[(d, n, c), "bound x (issue slots)"]
+                                        for d, n, c in zip(gains["head_dim"], gains["seq"], gains["causal"])]).sum())
     ch.put("split_below", "smaller than the bound at every shape" if below == len(table)
            else f"smaller than the bound at {below} of {len(table)} shapes")
-    ch.put("split_rescale_below", below_rescaled(table["x previous"], map(rescaled.get, zip(gains["head_dim"], gains["seq"], gains["causal"]))))
 
 
 def _as_text(cfg):

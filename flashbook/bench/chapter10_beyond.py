@@ -194,8 +194,13 @@ def _schedules(ch, root) -> None:
         return ch.nothing("gluon_where", "producer_lo", "producer_hi", "producer_cud_lo", "producer_cud_hi",
                           "overlap_lo", "overlap_hi", "pp_lo", "pp_hi", "gluon_drift_median", "gluon_drift",
                           *(f"{n}_bf16_{e}" for n in ("producer", "producer_cud", "overlap", "pp") for e in ("lo", "hi")),
-                          "d64_best", "d64_lo", "d64_hi", "gluon_err")
+                          "d64_best", "d64_lo", "d64_hi", "gluon_err", "ws_same_lo", "ws_same_hi")
     gluon_run = load_recorded_json(GLUON_EXPERIMENTS[128], root) or {}
+    # warp specialisation itself: both schedules at the same tiles (128 x 128, 3 stages, 8 warps), bf16
+    same = pd.DataFrame(gluon_run.get("rows", [])).query("dtype == 'bf16'").pivot_table(
+        index=["seq", "causal"], columns="variant", values="tflops")
+    ws = same["gluon producer m128 n128 s3"] / same["gluon overlap m128 n128 s3"]
+    ch.put("ws_same_lo", ws.min(), ".2f"); ch.put("ws_same_hi", ws.max(), ".2f")
     shape = (gluon128["dtype"] + " " + (gluon128["seq"] // 1024).astype(str) + "K "
              + gluon128["causal"].map(MASKS))
     shown = gluon128.assign(shape=shape)[gluon128["dtype"] == "bf16"][["shape", "flashbook", *sched, "cudnn"]]

@@ -169,9 +169,11 @@ def goals(ch: ChapterData) -> None:
 
 
 #: The names ``dq_lesson`` puts: the ladder's highest atomic-over-separate ratio, its shape, and
-#: the two backwards' times there in the ladder and in the atomic-dQ experiment (both runs).
+#: the two backwards' times there in the ladder and in the atomic-dQ experiment (both runs); every
+#: ladder ratio above the experiment's range; how much faster the ladder's separate backward ran
+#: there; the relaxed adds' cost without a mask at d = 64 and 128.
 DQ_TOP = ("dq_top", "dq_top_shape", "dq_top_atomic_ms", "dq_exp_atomic_ms", "dq_top_separate_ms",
-          "dq_exp_separate_ms")
+          "dq_exp_separate_ms", "dq_above", "dq_superset_faster", "relaxed_full_64", "relaxed_full_128")
 
 
 def dq_lesson(ch: ChapterData) -> None:
@@ -219,3 +221,13 @@ def dq_lesson(ch: ChapterData) -> None:
     ch.put("dq_top", top["vs_prev"], ".2f"); ch.put("dq_top_shape", shape_label(top["head_dim"], top["seq"], top["causal"]))
     ch.put("dq_top_atomic_ms", at["dQ atomic"], ".2f"); ch.put("dq_exp_atomic_ms", both_runs("atomic"))
     ch.put("dq_top_separate_ms", at["dQ separate"], ".2f"); ch.put("dq_exp_separate_ms", both_runs("separate"))
+    # every ladder ratio above the experiment's acq_rel range, and how much faster the ladder's whole
+    # separate backward (a superset of the experiment's kernels) was timed at the top shape
+    above = fenced[fenced["vs_prev"] > runs[runs["variant"] == "atomic"]["x_separate"].max()].sort_values("vs_prev")[::-1]
+    ch.put("dq_above", " and ".join(f"{x:.2f}" for x in above["vs_prev"]))
+    sep = there[there["variant"] == "separate"]["ms"]
+    ch.put("dq_superset_faster", span(100 * (1 - at["dQ separate"] / sep), ".0f"))
+    # chapter 8's relaxed adds without a mask, where every head size's dK/dV tiles have 64 keys
+    relaxed = runs[(runs["variant"] == "relaxed") & ~runs["causal"].astype(bool)]
+    for d in (64, 128):
+        ch.put(f"relaxed_full_{d}", span(relaxed[relaxed["d"] == d]["x_separate"], ".2f"))
