@@ -21,7 +21,6 @@ from .peer import (GLUON_DEFAULT_GRAPH_RUNS, GLUON_GRAPH_RUNS, GLUON_PEER_RUNS, 
                    load_peer_run, peer_ratio_table, peer_runs_table)
 from .noise import slower_over_faster
 from .runs import load_recorded_json
-from .score_ops import ops_per_score
 
 #: The masks as the tables name them.
 MASKS = {True: "causal", False: "full"}
@@ -102,15 +101,40 @@ def _descriptors(ch, root) -> None:
     ch.put("hopper_where", f"{env.get('gpu')}, Triton {env.get('triton')}, {env.get('date_utc', '')[:10]}")
 
 
-def _rescale_share(block_n: int, d: int = 128) -> float:
-    """The most lazy rescaling can save, in %: O's d rescales per row over the row's
-    elementwise work on a B_c-key tile (ops_per_score per score) plus those d."""
-    return 100 * d / (ops_per_score("main", False, True) * block_n + d)
+#: the compiled loop lazy rescaling would thin (``score_ops.load_loops``): chapter 10's rung 3,
+#: its unmasked main loop, at d = 128 without a mask
+LAZY_LOOP = (3, 128, False, "main")
+
+
+def _rescale_share(loop, block_n: int | None = None) -> float:
+    """The most lazy rescaling can save, in %, of a compiled loop's instructions (a row of
+    ``load_loops``): O's rescale, d / B_c multiplies per score, over all the loop issues per
+    score. With wider key tiles (``block_n``) the rescale is d / block_n per score and the rest
+    of the loop per score stays as compiled: an estimate, not a compiled count."""
+    d, bc = loop.name[1], loop["config"][1]
+    rest = loop["instructions"] / loop["scores_per_thread"] - d / bc
+    rescale = d / (block_n or bc)
+    return 100 * rescale / (rest + rescale)
+
+
+def _rescale_multiplies(loop) -> int:
+    """O's rescale multiplies a thread issues per trip of ``loop``: B_r x d over its threads."""
+    block_m, _, warps, _ = loop["config"]
+    return block_m * loop.name[1] // (32 * warps)
 
 
 def _lazy(ch, root) -> None:
-    """Lazy rescaling: the count's bound, and what the recorded run measured."""
-    ch.put("lazy_saved", _rescale_share(FIRST_CONFIG.block_n), ".0f")
+    """Lazy rescaling: the compiled loop's bound, and what the recorded run measured."""
+    loops = ch.frames.get("loops")
+    loop = loops.loc[LAZY_LOOP] if loops is not None and LAZY_LOOP in loops.index else None
+    if loop is None:
+        ch.nothing("lazy_saved", "lazy_loop", "lazy_fmul")
+    else:
+        fmul, mine = loop["ops"].get("FMUL", 0), _rescale_multiplies(loop)
+        ch.put("lazy_loop", loop["instructions"] / loop["scores_per_thread"], ".1f")
+        ch.put("lazy_fmul", f"the loop's {fmul} FMUL instructions a tile per thread include these {mine}"
+               if fmul >= mine else f"yet the loop has only {fmul} FMUL instructions a tile per thread")
+        ch.put("lazy_saved", _rescale_share(loop), ".0f")
     lazy = variant_table(LAZY_EXPERIMENT, "lazy", root)
     if lazy is None:
         ch.say("lazy", "No recorded lazy-rescaling run (benchmarks/results/" + LAZY_EXPERIMENT + ").", missing=True)
@@ -125,11 +149,11 @@ def _lazy(ch, root) -> None:
              .format("{:.0f}", subset=["library", "lazy", "cuDNN"])            # TFLOP/s
              .format("{:.1e}", subset=["lazy's error", "library's error"]))   # max |O - float64|, head 0
     ch.put("lazy_lo", lazy["best_vs_flashbook"].min(), ".2f"); ch.put("lazy_hi", lazy["best_vs_flashbook"].max(), ".2f")
-    # the same bound for the key tiles the best lazy variants used ("BN128 s3": B_c = 128)
+    # the same share estimated for the key tiles the best lazy variants used ("BN128 s3": B_c = 128)
     widths = {int(w) for w in lazy["best"].str.extract(r"BN(\d+)")[0].dropna()} or {FIRST_CONFIG.block_n}
     bn = max(widths)
     ch.put("lazy_best_bn", bn)
-    ch.put("lazy_saved_best", _rescale_share(bn), ".0f")
+    ch.put("lazy_saved_best", None if loop is None else _rescale_share(loop, bn), ".0f")
     ch.put("lazy_err_same", "the same" if (lazy["best_err"] <= 1.01 * lazy["flashbook_err"] + 1e-6).all()
            else "not always the same")
 
