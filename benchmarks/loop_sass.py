@@ -136,8 +136,10 @@ def main(argv=None) -> int:
                     "instructions a thread issues per trip, and per score (a trip's 64 x 64 scores over 128 threads)",
            "triton": triton.__version__, "target": "sm_90", "dtype": "bf16",
            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": "TRITON_INTERPRET=0 python3 benchmarks/loop_sass.py " + " ".join(argv or sys.argv[1:]),
-           "flashbook_from": os.path.dirname(os.path.abspath(flashbook.__file__)),
+           # no machine's paths: another source folder is SRC (a git archive, see the README)
+           "command": "TRITON_INTERPRET=0 python3 benchmarks/loop_sass.py --out " + os.path.relpath(args.out, HERE)
+                      + (" --source SRC" if args.source else ""),
+           "flashbook_from": "SRC/flashbook" if args.source else "this checkout's flashbook",
            "counter_commit": git("describe", "--always", "--dirty", "--abbrev=40"),   # this checkout's
            "launch": {"seq_q": SEQ, "seq_k": SEQ, "heads": {str(d): v["heads"] for d, v in LADDER.items()}, "group": 1},
            "loops": record()}

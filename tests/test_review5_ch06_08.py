@@ -482,8 +482,8 @@ def test_padding_rows_add_nothing_to_dk_and_dv_because_do_and_delta_load_as_0():
 
 
 def test_few_atomic_dq_elements_differ_because_bf16_rounding_hides_the_fp32_order():
-    """The recorded run (relaxed adds, 2026-12-05): 606 of 16,777,216 elements of dQ differ, by at
-    most 4.9e-04, which is one bfloat16 step (2^-11) for values in [2^-4, 2^-3); bf16 keeps 8
+    """The recorded run (relaxed adds; 606 of 16,777,216 elements of dQ on the H200, 646 on the
+    H100 the book shows now) differs by at most 4.9e-04, which is one bfloat16 step (2^-11) for values in [2^-4, 2^-3); bf16 keeps 8
     significant bits."""
     recorded = runs.recorded_output("08_triton_backward", "43428188")
     require(recorded is not None, "no recorded chapter 8 outputs")
@@ -491,8 +491,10 @@ def test_few_atomic_dq_elements_differ_because_bf16_rounding_hides_the_fp32_orde
     line = re.search(r"dq_mode='atomic'\s+dQ: bitwise equal: False\s+\((\d+) of (\d+) elements differ, "
                      r"max difference (\S+)\)", recorded)
     differ, total, biggest = int(line[1]), int(line[2]), float(line[3])
-    assert (glued["det_differ"], glued["det_total"]) == (f"{differ:,}", f"{total:,}") == ("606", "16,777,216")
-    assert glued["det_gpu"] == "H200" and "H200" in runs.gpu_record("08_triton_backward")["provenance"]["gpu"]
+    assert (glued["det_differ"], glued["det_total"]) == (f"{differ:,}", f"{total:,}")
+    assert total == 16_777_216 and 0 < differ        # the H200 run: 606; the H100 run it shows now: 646
+    gpu = runs.gpu_record("08_triton_backward")["provenance"]["gpu"]
+    assert glued["det_gpu"] in ("H100", "H200") and glued["det_gpu"] in gpu
     assert glued["bf16_bits"] == "8" and torch.finfo(torch.bfloat16).eps == 2.0 ** -7
     # one bf16 step between 2^-4 and 2^-3 is 2^-11, and that is the difference printed
     for x in (2.0 ** -4, 0.1, 2.0 ** -3 - 2.0 ** -11):
