@@ -116,6 +116,11 @@ def run_glued(code, quiet: bool = False, **names) -> tuple:
     return glued, ns
 
 
+def glue_role(name: str) -> str:
+    """How a page's Markdown quotes a glued value: {glue:text}`name`."""
+    return "{glue:text}`" + name + "`"
+
+
 def flat(text: str) -> str:
     """Prose with its line breaks and indents folded to single spaces: what a sentence check
     compares, wherever the source happens to wrap."""

@@ -8,13 +8,10 @@ import pandas as pd
 import pytest
 
 from conftest import RESULTS, compile_probe
-from notebook_text import cell_ids, cell_source, flat, markdown, notebook
+from notebook_text import cell_ids, cell_source, flat, markdown, notebook, glue_role as _glue
 
 CH9, CH10 = notebook("09_benchmarks"), notebook("10_making_it_fast")
 
-
-def _glue(name):
-    return "{glue:text}`" + name + "`"
 
 
 @pytest.fixture(scope="module")

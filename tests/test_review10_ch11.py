@@ -7,7 +7,7 @@ import types
 
 from conftest import require
 from flashbook import bench, runtime
-from flashbook.bench import chapter11, decoding
+from flashbook.bench import decoding
 from flashbook.kernels import decode
 from notebook_text import cell_source, flat, run_glued
 
@@ -33,24 +33,6 @@ def test_planned_waves_and_real_waves_are_named_apart():
     assert ("per SM, a fixed guess: {glue:text}`plan_per_sm` fit an SM with a full tile of {glue:text}`max_rows` "
             "query rows, {glue:text}`ncu_per_sm` with the {glue:text}`min_tile`-row tile") in plan
     assert "so real waves are fewer than planned ones" in plan
-
-
-def test_the_16k_unhidden_transfer_is_the_overlapped_call_minus_the_compute():
-    ring = chapter11.ring_runs(show=False)
-    require(ring is not None, "no recorded ring run")
-    ring_df = ring[0]
-    first = ring_df.sort_values("n").iloc[0]
-    glued, _ = run_glued(cell_source(CH11, "c11-44"), quiet=True, ring_df=ring_df, chapter11=chapter11)
-    assert glued["ring_first_overlapped"] == f"{first['overlapped_ms']:.2f}"
-    assert glued["ring_first_unhidden"] == f"{first['overlapped_ms'] - first['compute_ms']:.1f}"
-    # part of the transfers, not more than all of them, and not the autograd step's difference
-    assert 0 < first["overlapped_ms"] - first["compute_ms"] < first["comm_ms"]
-    assert abs((first["ring_ms"] - first["compute_ms"]) - (first["overlapped_ms"] - first["compute_ms"])) > 0.5
-    link = chapter11.ring_link(ring_df, 450e9)
-    assert link.index[0] == first["n"] and link.iloc[0]["comm_ms"] == round(first["comm_ms"], 2)
-    prose = flat(cell_source(CH11, "c11-45"))
-    assert ("about {glue:text}`ring_first_unhidden` ms of the transfers' {glue:text}`comm_16k_ms` ms not hidden "
-            "({glue:text}`ring_first_overlapped` ms for both together, without autograd)") in prose
 
 
 def test_the_intensity_is_a_formula_of_the_cells_numbers():

@@ -69,6 +69,12 @@ def test_the_16k_ring_step_is_compute_unhidden_transfers_and_the_autograd_call()
     assert (glued["ring_first_ring"], glued["ring_first_compute"], glued["ring_first_overlapped"]) == (
         "5.88", "3.95", "4.97")
     assert (glued["ring_first_unhidden"], glued["ring_first_autograd"]) == ("1.0", "0.9")
+    assert glued["ring_first_overlapped"] == f"{first['overlapped_ms']:.2f}"
+    assert glued["ring_first_unhidden"] == f"{first['overlapped_ms'] - first['compute_ms']:.1f}"
+    # part of the transfers, not more than all of them
+    assert 0 < first["overlapped_ms"] - first["compute_ms"] < first["comm_ms"]
+    link = chapter11.ring_link(ring_df, 450e9)
+    assert link.index[0] == first["n"] and link.iloc[0]["comm_ms"] == round(first["comm_ms"], 2)
     # the three parts add up to the step, by construction of the two differences
     parts = first["compute_ms"] + (first["overlapped_ms"] - first["compute_ms"]) + (first["ring_ms"] - first["overlapped_ms"])
     assert abs(parts - first["ring_ms"]) < 1e-9 and first["ring_ms"] - first["overlapped_ms"] > 0.5

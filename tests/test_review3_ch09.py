@@ -6,15 +6,12 @@ import os
 import pandas as pd
 import pytest
 
-from notebook_text import cell_ids, cell_source, flat, markdown, notebook
+from notebook_text import cell_ids, cell_source, flat, markdown, notebook, glue_role as _glue
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 CH9 = notebook("09_benchmarks")
 
-
-def _glue(name):
-    return "{glue:text}`" + name + "`"
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,13 @@ import torch
 
 from conftest import ROOT, require
 from flashbook import plots, reference, runtime, softmax, tiled
-from notebook_text import NoPlot, book_page, cell_ids, cell_source, flat, markdown, notebook, run_glued
+from notebook_text import (NoPlot, book_page, cell_ids, cell_source,
+                           flat, markdown, notebook, run_glued, glue_role as _glue)
 
 CH1 = notebook("01_attention_numpy")
 CH3 = notebook("03_online_softmax")
 RECORD = os.path.join(ROOT, "benchmarks", "results", "naive_breakdown_h200", "naive_breakdown.json")
 
-
-def _glue(name):
-    return "{glue:text}`" + name + "`"
 
 
 def _run(code, **names):

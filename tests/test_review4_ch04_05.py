@@ -7,13 +7,11 @@ import numpy as np
 import pytest
 
 from flashbook import reference, runtime, smem, tiled
-from notebook_text import ROOT, cell_ids, cell_source, find_cell, flat, markdown, notebook, run_glued, source_of
+from notebook_text import (ROOT, cell_ids, cell_source, find_cell, flat,
+                           markdown, notebook, run_glued, source_of, glue_role as _glue)
 
 CH4, CH5, A2 = notebook("04_tiled_forward"), notebook("05_backward_recompute"), notebook("A2_floating_point")
 
-
-def _glue(name):
-    return "{glue:text}`" + name + "`"
 
 
 def _blind_rows_in_visited_tiles(n, block_q, block_k):

@@ -8,13 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import RESULTS
-from notebook_text import cell_ids, cell_source, flat, markdown, notebook
+from notebook_text import cell_ids, cell_source, flat, markdown, notebook, glue_role as _glue
 
 CH9 = notebook("09_benchmarks")
 
-
-def _glue(name):
-    return "{glue:text}`" + name + "`"
 
 
 @pytest.fixture(scope="module")
