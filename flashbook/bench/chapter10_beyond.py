@@ -106,21 +106,23 @@ def _descriptors(ch, root) -> None:
 LAZY_LOOP = (3, 128, False, "main")
 
 
-def _rescale_share(loop, block_n: int | None = None) -> float:
-    """The most lazy rescaling can save, in %, of a compiled loop's instructions (a row of
-    ``load_loops``): O's rescale, d / B_c multiplies per score, over all the loop issues per
-    score. With wider key tiles (``block_n``) the rescale is d / block_n per score and the rest
-    of the loop per score stays as compiled: an estimate, not a compiled count."""
-    d, bc = loop.name[1], loop["config"][1]
-    rest = loop["instructions"] / loop["scores_per_thread"] - d / bc
-    rescale = d / (block_n or bc)
-    return 100 * rescale / (rest + rescale)
-
-
 def _rescale_multiplies(loop) -> int:
     """O's rescale multiplies a thread issues per trip of ``loop``: B_r x d over its threads."""
     block_m, _, warps, _ = loop["config"]
     return block_m * loop.name[1] // (32 * warps)
+
+
+def _rescale_share(loop, block_n: int | None = None) -> float:
+    """The most lazy rescaling can save, in %, of a compiled loop's instructions (a row of
+    ``load_loops``): O's rescale (``_rescale_multiplies``, d / B_c per score) over all the loop
+    issues per score. With wider key tiles (``block_n``) the rescale per score shrinks by
+    B_c / block_n and the rest of the loop per score stays as compiled: an estimate, not a
+    compiled count."""
+    bc, spt = loop["config"][1], loop["scores_per_thread"]
+    compiled = _rescale_multiplies(loop) / spt
+    rest = loop["instructions"] / spt - compiled
+    rescale = compiled * bc / (block_n or bc)
+    return 100 * rescale / (rest + rescale)
 
 
 def _lazy(ch, root) -> None:

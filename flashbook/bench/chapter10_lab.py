@@ -96,7 +96,7 @@ def noise_runs(root) -> float | None:
 
 def _profile(ch) -> None:
     """Nsight Compute's readings of the library's passes beside cuDNN's (run ``kernel_ncu``)."""
-    from .profiles import forward_wgmma, kernel_rows, one, pass_table
+    from .profiles import forward_wgmma, kernel_rows, one, pass_table, tensor_mb
 
     run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
     names = ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma",
@@ -116,8 +116,7 @@ def _profile(ch) -> None:
         "dram_mb": "forward: DRAM read (MB)", "tensor_pct": "tensor pipe busy (%)"}).round(1))
     at = t.set_index(["impl", "pass_", "causal"]).sort_index()
     ours = at.loc[("triton", "forward")]
-    first = t.iloc[0]
-    qkv = first["batch"] * first["heads"] * first["seq"] * 128 * 2 / 1e6
+    qkv = tensor_mb(t.iloc[0])
     ch.put("ncu_dram", ours["dram_mb"].max(), ".1f"); ch.put("ncu_qkv", qkv, ".1f")
     ch.put("ncu_l2", f"{ours['l2_hit'].min():.0f} to {ours['l2_hit'].max():.0f}%")
     for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from . import chapter9_blocks as block_sweep
 from . import chapter9_live as live
 from . import chapter9_measured as measured
-from . import chapter9_ncu
+from . import chapter9_ncu, profiles
 from . import chapter10_lab
 from .chapter9_measured import NO_DATA
 from .chapter_data import ChapterData
@@ -318,7 +318,7 @@ def _flash_reads(ch: Chapter9) -> None:
         return ch.nothing("ncu_flash_dram_mb", "ncu_min_read_mb")
     r = at.iloc[0]
     ch.put("ncu_flash_dram_mb", r["dram_mb"], ".1f")
-    ch.put("ncu_min_read_mb", 3 * r["batch"] * r["heads"] * r["seq"] * 128 * 2 / 1e6, ".1f")
+    ch.put("ncu_min_read_mb", 3 * profiles.tensor_mb(r), ".1f")
 
 
 def build(root=None) -> Chapter9:

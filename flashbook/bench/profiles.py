@@ -46,6 +46,12 @@ def one(table, key, column=None):
     return rows.iloc[0] if column is None else rows.iloc[0][column]
 
 
+def tensor_mb(row) -> float:
+    """One of Q, K, V of a profiled pass (a ``pass_table`` row: bf16, B x H x N x d), in MB: the
+    least a forward reads from HBM is three of them, each once."""
+    return row["batch"] * row["heads"] * row["seq"] * row["dim"] * 2 / 1e6
+
+
 def number(text: str):
     """ncu's CSV cell as a number ("1,234.5" -> 1234.5); a cell that is not one (an "n/a" of a
     metric the chip lacks, a device attribute's name) stays text, never a silent 0."""
