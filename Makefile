@@ -71,11 +71,16 @@ editions: venv
 pdf: book browser
 	$(PY) tools/make_pdf.py
 
-# On a CUDA machine: the GPU test matrix.
-# Four workers: each holds its own CUDA context and its largest test's tensors, and 8 or 16 of
-# them (-n auto on a 16-core GPU host) ran an 80 GB H100 and a 141 GB H200 out of memory.
+# On a CUDA machine: the GPU test matrix, then the stress suite (tests/test_stress_gpu.py).
+# The matrix on four workers: each holds its own CUDA context and its largest test's tensors,
+# and 8 or 16 of them (-n auto on a 16-core GPU host) ran an 80 GB H100 and a 141 GB H200 out
+# of memory. The stress suite's tensors are small and its time is compiling (float32 kernels
+# take minutes each), so it takes one worker per core (STRESS_WORKERS), one CPU thread each.
+STRESS_WORKERS ?= auto
 gpu-test: venv
-	$(PY) -m pytest -m gpu -n 4 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -m gpu -n 4 --dist loadgroup --no-loadscope-reorder --ignore=tests/test_stress_gpu.py $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m gpu -n $(STRESS_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	  tests/test_stress_gpu.py $(PYTEST_ARGS)
 
 serve:
 	@test -f $(BUILD)/index.html || $(MAKE) book
