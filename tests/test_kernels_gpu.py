@@ -88,19 +88,12 @@ def _sdpa_grads(q, k, v, do, *, causal, backend):
 
 
 def _truth(q, k, v, do, *, causal):
-    """(o, dq, dk, dv) in float64 on the GPU, a group of heads at a time (N x N scores in float64)."""
-    b, h = q.shape[:2]
-    g = h // k.shape[1]
-    fit = max(1, 2**31 // (q.shape[2] * k.shape[2] * 8 * 6))  # heads whose float64 scores fill ~2 GiB
-    per = max(1, fit // g) * g  # whole groups, so each chunk holds its own K/V heads
+    """(o, dq, dk, dv) in float64 on the GPU, in ``checks.head_chunks`` (N x N scores in float64)."""
     out = [torch.empty(x.shape, device=x.device, dtype=torch.float64) for x in (q, q, k, v)]
-    for i in range(b):
-        for h0 in range(0, h, per):
-            hq, hk = slice(h0, min(h, h0 + per)), slice(h0 // g, min(h, h0 + per) // g)
-            res = checks.torch_grads(q[i:i + 1, hq], k[i:i + 1, hk], v[i:i + 1, hk], do[i:i + 1, hq],
-                                     causal=causal, dtype=torch.float64)
-            for dst, idx, r in zip(out, (hq, hq, hk, hk), res):
-                dst[i:i + 1, idx] = r
+    for bs, hq, hk in checks.head_chunks(q, k):
+        res = checks.torch_grads(q[bs, hq], k[bs, hk], v[bs, hk], do[bs, hq], causal=causal, dtype=torch.float64)
+        for dst, idx, r in zip(out, (hq, hq, hk, hk), res):
+            dst[bs, idx] = r
     return out
 
 

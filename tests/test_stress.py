@@ -142,6 +142,32 @@ def test_the_backward_is_granted_the_error_its_forward_output_carries():
     assert all(float(x.abs().max()) < 1e-14 for x in same)   # o exact to rounding: nothing granted
 
 
+def test_the_allowance_in_head_chunks_is_the_allowance_of_the_whole(monkeypatch):
+    """``checks.output_error_allowance`` works through ``checks.head_chunks`` (on an 80 GB H100
+    the whole float64 autograd graph of a 4 x 32 x 4096 x 4096 case ran out of memory): with a
+    budget that cuts every batch entry into single GQA groups, the largest elements are the
+    whole computation's, ALiBi's per-head slopes following their heads (both slope shapes)."""
+    gen = torch.Generator().manual_seed(5)
+    q, do = (torch.randn(2, 4, 6, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, 2, 9, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    o = checks.torch_attention(q, k, v, causal=True) + 1e-3 * torch.randn(2, 4, 6, 8, generator=gen,
+                                                                           dtype=torch.float64)
+    tiny = 6 * 9 * 8 * 6   # one head's float64 scores and autograd's copies: groups of 2 heads
+    pieces = list(checks.head_chunks(q, k, budget=tiny))
+    assert [(b.start, h.start, h.stop, g.start, g.stop) for b, h, g in pieces] == [
+        (0, 0, 2, 0, 1), (0, 2, 4, 1, 2), (1, 0, 2, 0, 1), (1, 2, 4, 1, 2)]
+    assert len(list(checks.head_chunks(q, k))) == 2   # the default budget: one chunk per batch entry
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
+    for mask in (dict(causal=True), dict(causal=True, alibi_slopes=slopes),
+                 dict(causal=False, alibi_slopes=torch.stack([slopes, 2 * slopes]))):
+        whole = [float(x.abs().max()) for x in checks.output_error_grads(q, k, v, do, o, **mask)]
+        monkeypatch.setattr(checks, "head_chunks", lambda q, k: pieces)
+        chunked = checks.output_error_allowance(q, k, v, do, o, **mask)
+        monkeypatch.undo()
+        assert chunked[0] == chunked[3] == 0.0 and min(whole) > 1e-5
+        assert chunked[1:3] == pytest.approx(whole, rel=1e-12), (mask, chunked, whole)
+
+
 def test_the_one_gpu_failure_of_run_14_is_the_forwards_output_error():
     """Stress run 14's one failure, replayed on the H200 (same error on three calls: not
     intermittent) with its inputs and outputs saved: document 1 (14 queries x 3 keys, window 3,
