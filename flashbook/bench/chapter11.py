@@ -111,15 +111,21 @@ RING_COLUMNS = ["n", "single_ms", "ring_ms", "speedup", "compute_ms", "comm_ms",
                 "overlapped_spread_ms", "hidden_fraction", "check"]
 
 
+def _newest_ring(root=None):
+    """The newest recorded ``ring.csv`` (two GPUs), or None: what the ring functions read."""
+    runs = find_runs(root, "ring.csv")
+    return runs[0] if runs else None
+
+
 def ring_runs(root=None, show: bool = True):
     """The newest ``ring.csv`` (two GPUs): (its rows, the table the chapter shows), or None. Prints
     the run's provenance unless ``show`` is False (``ring_provenance`` gives it on one line)."""
-    runs = find_runs(root, "ring.csv")
-    if not runs:
+    newest = _newest_ring(root)
+    if newest is None:
         return None
-    ring_df = pd.read_csv(runs[0])
+    ring_df = pd.read_csv(newest)
     if show:
-        print_provenance(runs[0], root=root)
+        print_provenance(newest, root=root)
     return ring_df, ring_df[RING_COLUMNS].set_index("n").round(3)
 
 
@@ -130,22 +136,22 @@ RING_SHOWN = {"single_ms": "one GPU (ms)", "ring_ms": "two GPUs (ms)", "speedup"
 
 def ring_provenance(root=None) -> str:
     """The newest ``ring.csv``'s provenance on one line (``provenance_text``), or "not recorded"."""
-    runs = find_runs(root, "ring.csv")
-    return provenance_text(runs[0]) if runs else "not recorded"
+    newest = _newest_ring(root)
+    return provenance_text(newest) if newest else "not recorded"
 
 
 def ring_release(root=None) -> str:
     """The flashbook release the newest ``ring.csv`` was recorded with (its provenance's
     ``flashbook``), or "not recorded"."""
-    runs = find_runs(root, "ring.csv")
-    return str(provenance_for(runs[0]).get("flashbook", "not recorded")) if runs else "not recorded"
+    newest = _newest_ring(root)
+    return str(provenance_for(newest).get("flashbook", "not recorded")) if newest else "not recorded"
 
 
 def ring_settings(root=None) -> dict:
     """The settings the newest ``ring.csv`` was run with (its provenance's ``settings``: the
     lengths, heads, head_dim, repeats ...), or {} where none are recorded."""
-    runs = find_runs(root, "ring.csv")
-    return provenance_for(runs[0]).get("settings", {}) if runs else {}
+    newest = _newest_ring(root)
+    return provenance_for(newest).get("settings", {}) if newest else {}
 
 
 def plot_ring(ax, ring_df):
