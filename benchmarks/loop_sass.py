@@ -40,19 +40,30 @@ def counter():
     return mod.sass_loops, mod.per_score
 
 
-def compile_as_launched(kern, head_dim: int, causal: bool, config, cc: int = 90):
-    """``kern`` compiled for ``cc`` with the arguments the ladder's launch passes
-    (``autograd.forward_with``), specialised by Triton's binder as a launch would."""
-    import torch
+def compile_bound(kern, args: list, kw: dict, cc: int = 90):
+    """``kern`` compiled for ``cc`` from a launch's positional ``args`` and keywords ``kw``,
+    specialised by Triton's own binder as that launch would be."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from flashbook.kernels import configs
-
     target = GPUTarget("cuda", cc, 32)
     backend = make_backend(target)
+    kw = dict(kw, debug=False, instrumentation_mode="")
+    binder = create_function_from_signature(kern.signature, kern.params, backend)
+    bound, spec, opts = binder(*args, **kw)
+    options, signature, constexprs, attrs = kern._pack_args(backend, kw, bound, spec, opts)
+    return triton.compile(ASTSource(kern, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def compile_as_launched(kern, head_dim: int, causal: bool, config, cc: int = 90):
+    """``kern`` compiled for ``cc`` with the arguments the ladder's launch passes
+    (``autograd.forward_with``), specialised by Triton's binder as a launch would."""
+    import torch
+
+    from flashbook.kernels import configs
+
     heads = LADDER[head_dim]["heads"]
     x = torch.empty(1, heads, SEQ, head_dim, dtype=torch.bfloat16)   # batch 8 in the ladder: the strides alike
     lse = torch.empty(1, heads, SEQ, dtype=torch.float32)
@@ -69,11 +80,8 @@ def compile_as_launched(kern, head_dim: int, causal: bool, config, cc: int = 90)
             break              # the rest: keywords and defaults, as forward_with leaves them
     kw = dict(HEAD_DIM=head_dim, BLOCK_D=configs.block_d(head_dim), BLOCK_M=config.block_m,
               BLOCK_N=config.block_n, CAUSAL=causal, DOT_PRECISION="tf32", num_warps=config.num_warps,
-              num_stages=config.num_stages, debug=False, instrumentation_mode="")
-    binder = create_function_from_signature(kern.signature, kern.params, backend)
-    bound, spec, opts = binder(*args, **kw)
-    options, signature, constexprs, attrs = kern._pack_args(backend, kw, bound, spec, opts)
-    return triton.compile(ASTSource(kern, signature, constexprs, attrs), target=target, options=options.__dict__)
+              num_stages=config.num_stages)
+    return compile_bound(kern, args, kw, cc)
 
 
 def record(rungs=(0, 1, 2, 3), head_dims=(64, 128)) -> list[dict]:
@@ -111,6 +119,23 @@ def triton_sass(kern, d, causal, cfg) -> str:
     return compile_as_launched(kern, d, causal, cfg).asm["sass"]
 
 
+def checkout_commit() -> str | None:
+    """This checkout's commit (``git describe``, "-dirty" with local changes), or None outside git."""
+    try:
+        return subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty", "--abbrev=40"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_record(path: str, out: dict) -> None:
+    """Write a compiled-count record as indented JSON (the recorded files' format)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the JSON file to write")
@@ -125,12 +150,6 @@ def main(argv=None) -> int:
 
     import flashbook
 
-    def git(*a):
-        try:
-            return subprocess.run(["git", "-C", HERE, *a], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
     out = {"about": "chapter 10's forward rungs 0-3 compiled for sm_90 (bf16, 64 x 64 tiles, 4 warps, 2 stages), "
                     "each inner loop with a tensor-core product counted from its label to its back-branch: "
                     "instructions a thread issues per trip, and per score (a trip's 64 x 64 scores over 128 threads)",
@@ -140,13 +159,10 @@ def main(argv=None) -> int:
            "command": "TRITON_INTERPRET=0 python3 benchmarks/loop_sass.py --out " + os.path.relpath(args.out, HERE)
                       + (" --source SRC" if args.source else ""),
            "flashbook_from": "SRC/flashbook" if args.source else "this checkout's flashbook",
-           "counter_commit": git("describe", "--always", "--dirty", "--abbrev=40"),   # this checkout's
+           "counter_commit": checkout_commit(),   # this checkout's
            "launch": {"seq_q": SEQ, "seq_k": SEQ, "heads": {str(d): v["heads"] for d, v in LADDER.items()}, "group": 1},
            "loops": record()}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+    write_record(args.out, out)
     return 0
 
 

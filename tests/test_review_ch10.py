@@ -101,8 +101,11 @@ def test_largest_gain_reports_ties_within_the_noise(ch):
 
 def test_provenance_and_forward_only_claims():
     text = sources_by_id(NOTEBOOK)
-    # the PTX is compiled by the reader's Triton; the prose says the timed one gives the same counts
-    assert "the Triton that timed them gives the same counts" in text["c10-ptx-waits-md"]
+    # the PTX counts are read from a recording compiled by the Triton that timed the kernels
+    # (round 12; the reader's Triton compiled them before), and the table names its version
+    assert "the Triton that timed them gives the same counts" not in text["c10-ptx-waits-md"]
+    assert "The Triton that timed the kernels\ncompiled them (its version heads the table)." in text["c10-ptx-waits-md"]
+    assert "chapter10_why.ptx_recorded()" in text["c10-ptx-waits"] and "ptx_compare()\n" not in text["c10-ptx-waits"]
     assert "Its DRAM traffic is at the floor" not in text["next-rungs"]
     assert "in advance" not in text["26110378"]
     for term in ("wgmma", "warpgroup", "TMA", "mbarrier", "warp specialisation", "CUDA graph", "tensor pipe"):

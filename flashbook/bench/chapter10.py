@@ -14,8 +14,9 @@ tests call ``build(root)`` on a results root of their own. ``Chapter10`` holds
 
 Missing data are handled here, once: with no results every quoted name still has a value, and
 every cell that would show a measurement says why it cannot. This module has the ladder and its
-predictions, ``chapter10_ladder`` the whole ladder beside SDPA and the goals, ``chapter10_beyond``
-the rest (the tutorial, the lab, Gluon).
+predictions, ``chapter10_ladder`` the whole ladder beside SDPA and the goals, ``chapter10_why`` the
+profile, the two runs' timers and the compiled counts, ``chapter10_beyond`` the rest (the tutorial,
+the lab, Gluon).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .. import runtime, tiled
 from ..display import listed, show_figure, span   # show_figure: also the notebook's
 from ..kernels import configs
 from ..kernels.ladder import FIRST_CONFIG, RUNGS, Features
+from . import chapter10_why
 from .blocks import block_state
 from .chapter10_ladder import HINT, NO_DATA, SHAPE, dq_lesson, goals, whole_ladder   # NO_DATA, SHAPE: also chapter10's
 from .noise import slower_over_faster, twin_gaps
@@ -170,8 +172,10 @@ def _recorded(ch: Chapter10, root) -> None:
 
     recorded = {name: p for name, p in (("ladder.csv", ch.ladder_provenance), ("results.csv", prov),
                                         ("blocks.csv", blocks_prov)) if p}
+    settings = chapter10_why.run_settings(ch, recorded)       # each run's commit and timer, as rows
     if recorded:
-        frame = pd.DataFrame({name: provenance_summary(p) for name, p in recorded.items()}).drop(index="command")
+        frame = pd.concat([pd.DataFrame({name: provenance_summary(p) for name, p in recorded.items()})
+                           .drop(index="command"), settings])
         same = frame.nunique(axis=1).eq(1) & (len(frame.columns) > 1)   # one run: nothing to share
         if same.any():      # what every run shares, said once; the table keeps what differs
             ch.say("provenance", f"all {len(frame.columns)} runs: " + ", ".join(
@@ -530,6 +534,7 @@ def build(root=None) -> Chapter10:
     _host_vs_ladder(ch)
     _rung_host(ch)
     dq_lesson(ch)
+    chapter10_why.build_into(ch)     # the profile, the two runs' backward, compiled counts
     _bought(ch)
     return ch
 

@@ -528,29 +528,43 @@ def build_into(ch) -> None:
         section(ch, root)
 
 
-def ptx_compare(workers: int = 2):
-    """Chapter 7's forward and the Gluon kernel compiled for sm_90 here (no GPU needed; bf16, d = 128,
-    causal, each with its default configuration) by ``targets.compile_elsewhere``: (a table of their
-    wgmma instructions in the code, the products a wait leaves running and the TMA copy instructions;
-    the two compile records). Counts are of instructions in the code, not of instructions executed."""
-    import pandas as pd
-
-    from ..kernels import configs, targets
+def ptx_jobs() -> list[dict]:
+    """The two compile jobs of ``ptx_compare`` (``targets.run_job``'s): chapter 7's forward and the
+    Gluon kernel for sm_90, bf16, d = 128, causal, each with its default configuration."""
+    from ..kernels import configs
 
     cfg7 = configs.default("forward", cc=90, block_d=128, elem_bytes=2)
     g_m, g_n, g_stages, g_schedule = hopper.default_config(128, 4096, True)
-    compiled = targets.compile_elsewhere([
-        dict(kernel="forward", cc=90, head_dim=128, dtype="bf16", causal=True,
-             config=[cfg7.block_m, cfg7.block_n, cfg7.num_warps, cfg7.num_stages]),
-        dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="bf16", causal=True,
-             config=[g_m, g_n, 4, g_stages], schedule=g_schedule)], workers=workers)
-    table = pd.DataFrame(
+    return [dict(kernel="forward", cc=90, head_dim=128, dtype="bf16", causal=True,
+                 config=[cfg7.block_m, cfg7.block_n, cfg7.num_warps, cfg7.num_stages]),
+            dict(kernel="gluon_forward", cc=90, head_dim=128, dtype="bf16", causal=True,
+                 config=[g_m, g_n, 4, g_stages], schedule=g_schedule)]
+
+
+def ptx_table(compiled, triton: str | None = None):
+    """The table of two compile records (``ptx_jobs``' results): their wgmma instructions in the
+    code, the products a wait leaves running and the TMA copy instructions; ``triton``: the
+    version that compiled them, named in the table's heading."""
+    import pandas as pd
+
+    return pd.DataFrame(
         {"wgmma instructions": [r["tensor_core_ops"] for r in compiled],
          "products a wait leaves running": [", ".join(map(str, r["wgmma_waits"] or [])) or "-" for r in compiled],
          "TMA copy instructions": [r["tma_copies"] for r in compiled],
          "compiled": ["ok" if r["error"] is None else r["error"][:80] for r in compiled]},
-        index=pd.Index(["chapter 7 (Triton)", f"Gluon, {g_schedule}"], name="PTX for sm_90"))
-    return table, compiled
+        index=pd.Index(["chapter 7 (Triton)", f"Gluon, {compiled[1].get('schedule')}"],
+                       name="PTX for sm_90" + (f", Triton {triton}" if triton else "")))
+
+
+def ptx_compare(workers: int = 2):
+    """Chapter 7's forward and the Gluon kernel compiled for sm_90 here (no GPU needed) by
+    ``targets.compile_elsewhere`` with the Triton installed: (``ptx_table``, the two compile
+    records). Counts are of instructions in the code, not of instructions executed. The chapter
+    reads the recorded counts instead (``chapter10_why.ptx_recorded``)."""
+    from ..kernels import targets
+
+    compiled = targets.compile_elsewhere(ptx_jobs(), workers=workers)
+    return ptx_table(compiled), compiled
 
 
 FRONT_DOOR_VS_SWEEP = ("fd128_lo", "fd128_hi", "sweep128_lo", "sweep128_hi", "fd_cudnn_moved", "fd_gluon_moved")

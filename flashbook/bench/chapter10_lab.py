@@ -1,6 +1,6 @@
-"""Chapter 10's noise over repeated runs, its profiler readings and the front door's choice,
-and the entries of the lab notes (appendix A3) that the other two modules do not hold: the
-atomic-dQ experiment and the lab's Gluon backward.
+"""Chapter 10's noise over repeated runs and the front door's choice, and the entries of the lab
+notes (appendix A3) that the other modules do not hold: the atomic-dQ experiment and the lab's
+Gluon backward (the profiler readings are ``chapter10_why``'s).
 
 ``repeats(ch)`` runs right after the ladder's own noise (``chapter10._noise``): later verdicts read
 ``ch.noise_runs``. ``build_into(ch)`` adds the rest; each section says what it shows unrecorded.
@@ -92,46 +92,6 @@ def noise_runs(root) -> float | None:
     """``ch.noise_runs`` of ``repeats`` (a fraction) for another chapter; None when nothing is recorded."""
     within = [r[4] for r in _repeat_rows(root) if r[0] != GLUON_RERUN] if root is not None else []
     return max(within) / 100 if within else None
-
-
-def _profile(ch) -> None:
-    """Nsight Compute's readings of the library's passes beside cuDNN's (run ``kernel_ncu``)."""
-    from .profiles import forward_wgmma, kernel_rows, one, pass_table, tensor_mb
-
-    run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
-    names = ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma",
-             "ncu_bwd_ops", "ncu_dkdv_ops", "ncu_dq_ops", "ncu_cudnn_bwd_ops")
-    if run is None or not run.exists():
-        ch.say("profile", "No recorded Nsight Compute run (run 'kernel_ncu' in benchmarks/results/index.json).", missing=True)
-        return ch.nothing(*names)
-    t = pass_table(run)
-    t = t[(t["dim"] == 128) & ("mask" not in t or t["mask"].isna()) & ("config_dkdv" not in t or
-                                                                        t["config_dkdv"].isna())]
-    names_of = {"triton": "chapters 7-8 (Triton)", "gluon": "Gluon forward", "sdpa-cudnn": "SDPA cuDNN",
-                "sdpa-flash": "SDPA flash (FlashAttention-2)"}
-    shown = t[t["impl"].isin(list(names_of)) & ~t["causal"]].assign(kernel=lambda f: f["impl"].map(names_of))
-    # the forward only: the section compares forwards (chapter 9 profiles whole backward passes)
-    shown = shown[shown["pass_"] == "forward"]
-    ch.table("profile", "profile", shown.set_index("kernel")[["dram_mb", "tensor_pct"]].rename(columns={
-        "dram_mb": "forward: DRAM read (MB)", "tensor_pct": "tensor pipe busy (%)"}).round(1))
-    at = t.set_index(["impl", "pass_", "causal"]).sort_index()
-    ours = at.loc[("triton", "forward")]
-    qkv = tensor_mb(t.iloc[0])
-    ch.put("ncu_dram", ours["dram_mb"].max(), ".1f"); ch.put("ncu_qkv", qkv, ".1f")
-    ch.put("ncu_l2", f"{ours['l2_hit'].min():.0f} to {ours['l2_hit'].max():.0f}%")
-    for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
-        ch.put(f"ncu_tc_{key}", one(at, (impl, "forward", False), "tensor_pct"), ".0f")
-    rows = kernel_rows(run)
-    ch.put("ncu_flash_wgmma", forward_wgmma(rows))
-    ch.put("ncu_bwd_ops", one(at, ("triton", "backward", False), "ops_ratio"), ".2f")
-    ch.put("ncu_cudnn_bwd_ops", one(at, ("sdpa-cudnn", "backward", False), "ops_ratio"), ".2f")
-    kernels = [k for k in rows if k["impl"] == "triton" and k["pass_"] == "backward" and k["dim"] == 128
-               and not k["causal"] and "mask" not in k and "config_dkdv" not in k]
-    credited = one(at, ("triton", "backward", False), "ops_ratio") / sum(
-        sum(k.get(m, 0.0) for m in _ops()) for k in kernels)
-    for key, name in (("dkdv", "_bwd_dkdv"), ("dq", "_bwd_dq")):
-        ops = sum(sum(k.get(m, 0.0) for m in _ops()) for k in kernels if k["Kernel Name"] == name)
-        ch.put(f"ncu_{key}_ops", ops * credited, ".2f")
 
 
 def _ops():
@@ -586,11 +546,10 @@ def launch_order(ch) -> None:
 
 
 def build_into(ch) -> None:
-    """The profiler readings, the front door, and the lab entries of this module, into ``ch``."""
+    """The front door and the lab entries of this module, into ``ch``."""
     heavy_first(ch)
     launch_order(ch)
     dq_bytes(ch)
-    _profile(ch)
     _front_door(ch)
     _atomic_dq(ch)
     _gluon_bwd(ch)

@@ -33,6 +33,8 @@ TENSOR_OPS = ("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum",
 REGS, SPILL_ST = "launch__registers_per_thread", "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"
 #: Hopper's asynchronous matrix instructions issued (the older mma.sync counts under ..._hmma.sum)
 WGMMA = "sm__inst_executed_pipe_tensor_op_gmma.sum"
+#: warp instructions issued (all of them), an SM's active cycles (mean over SMs), the SMs
+INST, ACTIVE, SMS = "smsp__inst_executed.sum", "sm__cycles_active.avg", "device__attribute_multiprocessor_count"
 
 
 def one(table, key, column=None):
