@@ -98,6 +98,9 @@ def test_every_number_in_the_prose_is_glued():
             expanded |= {name.replace("{name.lower()}", n.lower()) for n in CHIPS}
         elif "{warps}" in name:
             expanded |= {name.replace("{warps}", str(w)) for w in (4, 8)}
+        elif "{" in name:        # another f-string name (f"spill_{name}_values"): a pattern of names
+            pattern = re.compile(re.sub(r"\\\{[^}]*\\\}", r"\\w+", re.escape(name)) + "$")
+            expanded |= {u for u in used if pattern.match(u)}
         else:
             expanded.add(name)
     assert used, "chapter 6 glues nothing"

@@ -25,27 +25,45 @@ def test_on_the_t4_naive_attentions_roof_is_above_the_fused_kernels():
     prose = flat(cell_source(NOTEBOOK, "5f5032c5"))
     assert ("On the T4 the two roofs cross: at {glue:text}`ai_naive:.0f` FLOP/byte naive attention's dashed "
             "roof is {glue:text}`t4_naive_roof:.1f` TFLOP/s, above the {glue:text}`dot_t4:.1f` TFLOP/s of fp32 "
-            "FMAs that `tl.dot` gets. There a fused kernel is compute-bound under the lower roof") in prose
-    # said before the section's verdict, and the summary keeps the T4's exception
-    assert prose.index("the two roofs cross") < prose.index("In short: naive attention is memory-bound")
+            "FMAs that `tl.dot` gets. There the roofline predicts that a fused kernel is compute-bound under the "
+            "lower roof: it saves bytes, yet its least possible time is {glue:text}`t4_fused_slower:.1f` times "
+            "naive attention's (no T4 timing is recorded).") in prose
+    assert "it saves bytes, not time" not in prose and "but not time" not in prose   # slower, not the same time
+    # the same FLOPs under the two roofs: the fused kernel's least time is 10.1 / 8.1 = 1.2 times naive's
+    assert 'glue("t4_fused_slower", float(t4_naive_roof / t4.dot_tflops)' in code
+    assert f"{roof / t4.dot_tflops:.1f}" == "1.2"
+    # said before the section's verdict (the summary's), and the summary keeps the T4's exception
+    ids = cell_ids(NOTEBOOK)
+    assert ids.index("5f5032c5") < ids.index("653d56e1")
     summary = flat(cell_source(NOTEBOOK, "653d56e1"))
     assert "is compute-bound (on the T4 under a lower roof than naive attention's)" in summary
 
 
 def test_the_register_file_is_larger_than_shared_memory_on_an_h100():
     """132 SMs x 256 KiB = 33.0 MiB of registers against 132 x 228 KiB = 29.4 MiB of shared memory:
-    the summary's "the register file is larger than shared memory" is said in the body."""
+    the summary's "the register file is larger than shared memory" is said in the body. The largest
+    level inside an SM, not on chip: the L2 (50 MiB on the H100) is larger on every chip but the T4."""
     h100 = runtime.chip("H100")
     regs, smem = h100.sms * h100.regs_per_sm_kib / 1024, h100.sms * h100.smem_per_sm_kib / 1024
     assert (f"{regs:.1f}", f"{smem:.1f}") == ("33.0", "29.4") and regs > smem
+    assert [c.name for c in runtime.CHIPS.values() if c.l2_mib > c.sms * c.regs_per_sm_kib / 1024] == [
+        "A100", "H100", "H200"] and h100.l2_mib == 50
     glued, _ = run_glued(cell_source(NOTEBOOK, "52d6d16f").split("# the memory the driver")[0],
                          chips=runtime.CHIPS)
     assert glued["h100_regs_total_mib"] == regs and glued["h100_smem_total_mib"] == smem
     assert (glued["h100_sms"], glued["h100_regs_sm_kib"]) == (132, 256)
     prose = flat(cell_source(NOTEBOOK, "9d92de19"))
-    assert ("On chip the registers are the largest level: an H100's {glue:text}`h100_sms` SMs × "
+    assert ("Inside each SM the registers are the largest level: an H100's {glue:text}`h100_sms` SMs × "
             "{glue:text}`h100_regs_sm_kib` KiB make {glue:text}`h100_regs_total_mib:.1f` MiB, against "
-            "{glue:text}`h100_smem_total_mib:.1f` MiB of shared memory.") in prose
+            "{glue:text}`h100_smem_total_mib:.1f` MiB of shared memory (the L2, shared by all SMs, is larger "
+            "still: {glue:text}`l2_h100` MiB).") in prose
+    assert "On chip the registers are the largest level" not in prose
+    # the shared-memory bandwidth worked out where it is first bounded: 128 B x 132 SMs x 1.98 GHz
+    assert round(128 * 132 * 1.98e9 / 1e12, 1) == round(h100.smem_tb_s, 1) == 33.5
+    assert h100.boost_clock_mhz == 1980 and 'glue("h100_clock_ghz", h100.boost_clock_mhz / 1000' in cell_source(
+        NOTEBOOK, "52d6d16f")
+    assert ("{glue:text}`smem_bytes_per_clock` B × {glue:text}`h100_sms` SMs × {glue:text}`h100_clock_ghz:.2f` "
+            "GHz (its maximum SM clock) = {glue:text}`h100_smem_tb_s:.1f` TB/s.") in prose
 
 
 def test_four_warps_is_tritons_default():

@@ -62,8 +62,9 @@ def test_the_memory_row_says_which_number_is_gib():
     assert '"memory": f"{c.hbm_gib:g} GB (datasheet)"' in source and "memory (GiB)" not in source
     prose = flat(cell_source(CH6, "9bd58f54"))
     # the sentence reads the GPU whose comparison is shown below it, not another chip
-    assert ("The {glue:text}`mem_chip` below reports {glue:text}`mem_gib` GiB, about {glue:text}`mem_e9` × "
-            "10⁹ bytes, for a chip its datasheet calls \"{glue:text}`mem_sheet` GB\"") in prose
+    assert ("The {glue:text}`mem_chip` below reports {glue:text}`mem_gib` GiB ({glue:text}`mem_e9` × 10⁹ "
+            "bytes), {glue:text}`mem_vs` {glue:text}`mem_sheet` × 10⁹ bytes: the datasheet's "
+            "\"{glue:text}`mem_sheet` GB\" is {glue:text}`mem_closer`.") in prose
     assert 'row "memory (GiB)"' not in prose and "h200_memory" not in prose
     doc = runtime.Chip.hbm_bytes.__doc__
     assert "are binary" not in doc and "neither exactly 1e9 nor 2**30" in flat(doc)

@@ -78,40 +78,45 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
             == ids.index("c06-buffers-model") - 1 < ids.index("49527e1d"))
     assert prose.startswith(":::{dropdown} How Triton really allocates the buffers (optional)\n")
     assert "hide-output" not in find_cell(CH6, "c06-pipeline-fig")["metadata"]["tags"]   # shown in the flow
-    # chapter 4's "in flight" (tiles held) is the model's count, one K and one V buffer per stage
-    assert ("A tile in flight needs a buffer of its own, so the book's model counts one $K$ and one $V$ "
-            "tile of shared memory per stage ([chapter 4](04_tiled_forward.ipynb)'s \"two or three $K$, $V$ "
-            "tiles in flight\").") in main
-    # the flow introduces the figure (shown right after) and names the box; the model over-counts at
-    # worst (said in the figure's terms: panels per number of stages, sm_80 left, sm_90 right)
+    # stages defined as the compiled loop runs them (the refill after tile j's products, so s - 2
+    # copies under way), so that "2 stages" is never read as "overlap"; chapter 4's "in flight" counts
+    # buffers. Other programs hide the wait only where they fit, and chapter 7's d = 128 forward has
+    # none (tests/test_review12_ch06.py checks its numbers)
+    assert ("With `num_stages` = $s$, Triton issues the copy of key tile $j + s - 1$ right after tile $j$'s "
+            "products, so while a tile is multiplied $s - 2$ copies are under way: none at $s$ = 2 (on `sm_90` "
+            "the copy overlaps the end of $PV$), one from $s$ = 3. Where none is under way, only other programs "
+            "on the SM can hide the wait.") in main
+    assert "the SM hides the wait by running other programs" not in main
+    assert ("The book's model counts one $K$ and one $V$ tile of shared memory per stage "
+            "([chapter 4](04_tiled_forward.ipynb)'s \"two or three $K$, $V$ tiles in flight\" counts these "
+            "buffers, not overlapping copies).") in main
+    # the flow introduces the figure (shown right after) and names the box that reads it; the model
+    # over-counts at worst (said in the figure's terms: panels per number of stages, sm_80 left, sm_90 right)
     assert ("The figure draws four key tiles, one panel per number of stages, `sm_80` left and `sm_90` "
-            "right (details in the optional box *How Triton really allocates the buffers*).") in main
+            "right (read in the optional box *How Triton really allocates the buffers*).") in main
     # the model the panel titles count comes before the figure, not after it
     assert r"\text{bytes} &= 2\,\bigl(B_r d + 2\,\texttt{num}\_\texttt{stages}\,B_c d\bigr)" in main
     assert "so at worst the model over-counts" in main
     after = flat(cell_source(CH6, "c06-buffers-model"))
-    assert ("On `sm_80` the 2-stage panel fills buffer 1 exactly as the 1-stage panel does: the copy of "
-            "tile $j + 1$ starts only after tile $j$'s products, so the program waits for every copy. On "
-            "`sm_90` at 2 stages the copy overlaps only the end of $P_j V_j$ (the dark bar after each "
-            "product): Hopper's matrix instruction runs asynchronously, so it still reads tile $j$'s buffer "
-            "after the next copy is issued.") in after
-    # what stages buy, said plainly: who hides the copies, and the cost in shared memory
-    assert ("From 3 stages (the bottom panels) a program's copies overlap its own products; with fewer, "
-            "the SM fills the waits by running other programs. Each extra stage costs one more $K$ and one "
-            "more $V$ tile of shared memory.") in after
+    # the 2-stage panels are read in the optional box, not in the flow
+    assert ("So in the figure the `sm_80` 2-stage panel fills buffer 1 exactly as the 1-stage panel does: "
+            "the program waits for every copy. On `sm_90` at 2 stages the copy overlaps only the end of "
+            "$P_j V_j$ (the dark bar after each product). From 3 stages (the bottom panels) copies overlap "
+            "products; the main text times the gain.") in text
+    assert "2-stage panel" not in main + after and "dark bar" not in main + after and "P_j V_j" not in main + after
     assert "wgmma" not in main + after                          # the box names the instruction
     assert "the figure draws the timeline of one stage" not in main
     # the flow no longer promises an overlap that the box takes back at two stages
     assert "the copies for later iterations start while this one computes" not in main
     assert "Each stage of `num_stages` = $s$" not in main
-    assert "let the copy of a later $K$, $V$ tile start before the current one is used" in main
+    assert "let the copy of a later $K$, $V$ tile start before the current one is used" not in main
     assert "Fewer copies than that are under way" not in main
     assert "extra copies" not in main + text and "the pipeliner adds room" not in main + text
     # the order of the compiled loop (the refill after both products) and where the refill goes
-    assert "only then issues the copy of tile $j + s - 1$" in text and "$s - 2$ copies are under way ($s \\ge 2$)" in text
-    # at two stages: no overlap on sm_80; on sm_90 the refill overlaps the tail of P_j V_j, as drawn
-    assert ("At $s$ = 2 no copy overlaps a program's own products on `sm_80`, and on `sm_90` only the "
-            "tail of $P_j V_j$") in text
+    assert "issues the copies of the first $s - 1$ key tiles before the loop, then runs as the main text says" in text
+    assert "right after tile $j$'s products, so while a tile is multiplied $s - 2$ copies are under way" in main
+    # at two stages: no overlap on sm_80; on sm_90 the refill overlaps the end of P_j V_j, as drawn
+    # (said above, in the figure's terms)
     assert "a program overlaps none of its copies with its own products" not in main + text
     assert "the refill reuses its buffer: $s - 1$ buffers each of $K$ and $V$" in text
     assert "the product $P_j V_j$ is still running when the refill is issued: it needs another buffer, $s$ each" in text

@@ -1,5 +1,6 @@
-"""Chapter 6's helpers: ``check_close``, the check its kernels (and exercises) pass, and the
-recorded softmax timing read back for the prose (``bandwidth_table``, ``recorded_gpu_name``).
+"""Chapter 6's helpers: ``check_close``, the check its kernels (and exercises) pass; the recorded
+softmax timing read back for the prose (``bandwidth_table``, ``recorded_gpu_name``); and the
+profiled forward found in the recorded block sweep (``profiled_forward``, ``sweep_row_of``).
 """
 from __future__ import annotations
 
@@ -55,3 +56,32 @@ def recorded_gpu_name(notebook="06_gpu_and_triton"):
     """The GPU the notebook's gpu cells were recorded on ("" when nothing is recorded)."""
     record = gpu_record(notebook)
     return record["provenance"]["gpu"] if record else ""
+
+
+def profiled_forward(folder, dim: int = 128) -> dict:
+    """The main (longest) kernel of chapter 7's Triton forward without a mask at head dimension
+    ``dim``, as Nsight Compute profiled it: a ``profiles.kernel_rows`` row of a recorded run."""
+    from .profiles import TIME, kernel_rows
+
+    return max((k for k in kernel_rows(folder) if k["impl"] == "triton" and k["pass_"] == "forward"
+                and k["dim"] == dim and not k["causal"]), key=lambda k: k[TIME])
+
+
+def sweep_row_of(kernel: dict, blocks):
+    """The row of a recorded block sweep (``load_results`` of a ``blocks.csv``) that ran the same
+    kernel as the profiled ``kernel`` (``profiled_forward``): the same shape, B_r (the length over
+    the grid's first extent), warps, registers per thread and shared memory. KeyError unless
+    exactly one row matches."""
+    from .profiles import launch_extent
+
+    smem = kernel["launch__shared_mem_per_block_dynamic"] + kernel["launch__shared_mem_per_block_static"]
+    rows = blocks[~blocks["causal"] & blocks["status"].eq("ok") & (blocks["batch"] == kernel["batch"])
+                  & (blocks["heads"] == kernel["heads"]) & (blocks["seq"] == kernel["seq"])
+                  & (blocks["head_dim"] == kernel["dim"])
+                  & (blocks["block_m"] == kernel["seq"] // launch_extent(kernel, "Grid Size"))
+                  & (blocks["num_warps"] * 32 == launch_extent(kernel))
+                  & (blocks["n_regs"] == kernel["launch__registers_per_thread"])
+                  & (blocks["shared_bytes"] == smem)]
+    if len(rows) != 1:
+        raise KeyError(f"{len(rows)} rows of the sweep match the profiled kernel, want exactly 1")
+    return rows.iloc[0]
