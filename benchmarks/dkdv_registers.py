@@ -11,10 +11,14 @@ local memory, and the bytes a thread spills and reloads. No GPU is needed: Trito
 per thread over 4 (its driver reads ``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``): here the stack
 frame over 4.
 
-    TRITON_INTERPRET=0 python3 benchmarks/dkdv_registers.py --out OUT/dkdv_registers.json [--source DIR]
+    TRITON_INTERPRET=0 python3 benchmarks/dkdv_registers.py --out OUT/dkdv_registers.json [--source DIR] \
+        [--extra 128,full,64,128,8,3 ...]
 
 ``--source``: import flashbook from DIR (e.g. a ``git archive`` of the commit a recorded run
-timed) instead of this checkout. Writes the counts with their provenance.
+timed) instead of this checkout. ``--extra D,MASK,BLOCK_M,BLOCK_N,WARPS,STAGES`` (MASK: full or
+causal; repeatable): also compile, both ways, tiles other than the default, as the atomic-dQ
+experiment's ``64x128`` variants launched them; their rows have ``"default_tiles": false``.
+Writes the counts with their provenance.
 """
 from __future__ import annotations
 
@@ -82,21 +86,33 @@ def ptxas_usage(compiled, cc: int = 90) -> dict:
             "n_spills": stack // 4}
 
 
-def record(head_dims=(64, 128)) -> list[dict]:
+def extra_config(text: str):
+    """``--extra``'s "D,MASK,BLOCK_M,BLOCK_N,WARPS,STAGES" as (head_dim, causal, Config)."""
+    from flashbook.kernels.configs import Config
+
+    d, mask, *tiles = text.split(",")
+    if mask not in ("full", "causal") or len(tiles) != 4:
+        raise ValueError(f"--extra {text!r}: want D,full|causal,BLOCK_M,BLOCK_N,WARPS,STAGES")
+    return int(d), mask == "causal", Config(*(int(x) for x in tiles))
+
+
+def record(head_dims=(64, 128), extra=()) -> list[dict]:
+    """Both modes at each head size and mask with the default tiles, then with each of ``extra``
+    ((head_dim, causal, Config), ``extra_config``'s)."""
     from flashbook.kernels import configs
     from flashbook.kernels.backward import _bwd_dkdv
 
+    jobs = [(d, causal, configs.default("backward_dkdv", cc=90, block_d=configs.block_d(d), elem_bytes=2, causal=causal),
+             True) for d in head_dims for causal in (False, True)]
     rows = []
-    for d in head_dims:
-        for causal in (False, True):
-            cfg = configs.default("backward_dkdv", cc=90, block_d=configs.block_d(d), elem_bytes=2, causal=causal)
-            for atomic in (False, True):
-                compiled = compile_bound(_bwd_dkdv, *dkdv_launch(_bwd_dkdv, d, causal, atomic, cfg))
-                got = ptxas_usage(compiled)
-                rows.append({"head_dim": d, "causal": causal, "atomic_dq": atomic,
-                             "config": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages],
-                             "shared_bytes": int(compiled.metadata.shared), **got})
-                print(f"d={d} causal={causal} atomic={atomic} {cfg}: {got}", file=sys.stderr)
+    for d, causal, cfg, default in jobs + [(d, causal, cfg, False) for d, causal, cfg in extra]:
+        for atomic in (False, True):
+            compiled = compile_bound(_bwd_dkdv, *dkdv_launch(_bwd_dkdv, d, causal, atomic, cfg))
+            got = ptxas_usage(compiled)
+            rows.append({"head_dim": d, "causal": causal, "atomic_dq": atomic, "default_tiles": default,
+                         "config": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages],
+                         "shared_bytes": int(compiled.metadata.shared), **got})
+            print(f"d={d} causal={causal} atomic={atomic} {cfg}: {got}", file=sys.stderr)
     return rows
 
 
@@ -104,6 +120,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the JSON file to write")
     parser.add_argument("--source", help="import flashbook from this directory (default: this checkout)")
+    parser.add_argument("--extra", action="append", default=[], metavar="D,MASK,BLOCK_M,BLOCK_N,WARPS,STAGES",
+                        help="also compile these dK/dV tiles (repeatable; MASK: full or causal)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("set TRITON_INTERPRET=0 to compile for sm_90", file=sys.stderr)
@@ -111,17 +129,19 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.abspath(args.source or HERE))
     import triton
 
-    out = {"about": "chapter 8's dK/dV kernel compiled for sm_90 (bf16, each mask's default tiles) without and with "
+    extra = [extra_config(x) for x in args.extra]
+    out = {"about": "chapter 8's dK/dV kernel compiled for sm_90 (bf16, each mask's default tiles"
+                    + (", then the --extra tiles" if extra else "") + ") without and with "
                     "atomic dQ: ptxas -v's registers, stack frame and spill bytes per thread",
            "triton": triton.__version__, "target": "sm_90", "dtype": "bf16",
            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            # no machine's paths: another source folder is SRC (a git archive, see the README)
            "command": "TRITON_INTERPRET=0 python3 benchmarks/dkdv_registers.py --out " + os.path.relpath(args.out, HERE)
-                      + (" --source SRC" if args.source else ""),
+                      + (" --source SRC" if args.source else "") + "".join(f" --extra {x}" for x in args.extra),
            "flashbook_from": "SRC/flashbook" if args.source else "this checkout's flashbook",
            "script_commit": checkout_commit(),   # this checkout's
            "launch": {"seq_q": SEQ, "seq_k": SEQ, "heads": {str(d): h for d, h in HEADS.items()}, "group": 1},
-           "kernels": record()}
+           "kernels": record(extra=extra)}
     write_record(args.out, out)
     return 0
 

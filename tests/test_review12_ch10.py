@@ -1,8 +1,12 @@
-"""Review round 12, chapter 10: the profile's instruction counts as a second cause of the gap to
-cuDNN, Triton's own Hopper options (appendix A3's run), the ladder and the full comparison timed
-one way apart with different timer settings, the atomic dK/dV kernel's spills and rung 2's longer
-loop from compiled counts, and the PTX table read from a Triton 3.6.0 recording. Every number is
-recomputed here from the recorded files, apart from ``flashbook.bench.chapter10_why``."""
+"""Review rounds 12 and 13, chapter 10. Round 12: the profile's instruction counts, Triton's own
+Hopper options (appendix A3's run), the ladder and the full comparison timed one way apart with
+different timer settings, the atomic dK/dV kernel's spills and rung 2's longer loop from compiled
+counts, and the PTX table read from a Triton 3.6.0 recording. Round 13 (at the end): the tensor
+pipe's busy share as the run time restated and the bound on what the extra instructions explain,
+the Gluon sweep's own tile-width control, the atomic mode's cost with 64 x 128 tiles against the
+spill bytes, the bytes argument from the same adds in both orderings, ping-pong's loss beyond
+noise, and the profile's caption and L2 hit rate. Every number is recomputed here from the
+recorded files, apart from ``flashbook.bench.chapter10_why``."""
 import csv
 import json
 import os
@@ -32,9 +36,10 @@ def _index() -> dict:
     return json.load(open(os.path.join(RESULTS, "index.json")))["runs"]
 
 
-def _ncu_forwards(causal: bool = False) -> dict:
+def _ncu_forwards(causal: bool = False, full: bool = False) -> dict:
     """impl -> (warp instructions, wgmma instructions, active cycles, SMs, scores) of each d = 128
-    forward in kernel_ncu_h200, read with the csv module and steps.json alone."""
+    forward in kernel_ncu_h200, read with the csv module and steps.json alone (``full``: impl ->
+    (its raw.csv row, the cell parser))."""
     rows = list(csv.reader(open(os.path.join(NCU, "raw.csv"))))
     start = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
     head, kernels = rows[start], [dict(zip(rows[start], r)) for r in rows[start + 2:]]
@@ -51,6 +56,8 @@ def _ncu_forwards(causal: bool = False) -> dict:
             scores = step["batch"] * step["heads"] * step["seq"] ** 2 / (2 if causal else 1)
             out[step["impl"]] = (num(k["smsp__inst_executed.sum"]), num(k["sm__inst_executed_pipe_tensor_op_gmma.sum"]),
                                  num(k["sm__cycles_active.avg"]), num(k["device__attribute_multiprocessor_count"]), scores)
+            if full:
+                out[step["impl"]] = (k, num)
     assert i == len(kernels)
     return out
 
@@ -99,17 +106,15 @@ def test_the_wgmma_ratio_is_the_tile_widths():
         assert f[impl][1] == pairs * per_pair
 
 
-def test_the_prose_names_both_causes_and_does_not_separate_them():
+def test_the_prose_names_the_instructions_and_the_wgmma():
     said = _prose("c10-profile-md")
-    assert "Two things differ, and this profile does not separate them." in said
     for name in ("ncu_inst_more", "ncu_wgmma_ratio"):
         assert "{glue:text}`" + name + "`" in said, name
     assert "its 64-key tiles make each `wgmma` of $S = QK^\\top$ 64 keys wide" in said
     summary = _prose("next-rungs")
-    assert ("its tensor pipe is less busy, and it issues {glue:text}`ncu_inst_more`% more instructions and "
-            "{glue:text}`ncu_wgmma_ratio` times the (narrower) `wgmma`") in summary
     assert "a producer warp and 128 × 128 tiles, ran" in summary
-    assert "{glue:text}`ncu_gluon_fewer`% fewer instructions" in _prose("d400881c")
+    # round 13: the 34% is the profiled shape's count, beside the sweep's own control
+    assert "the profiled Gluon forward issued {glue:text}`ncu_gluon_fewer`% fewer instructions than ours" in _prose("d400881c")
 
 
 def test_the_profile_moved_out_of_the_lab_module():
@@ -221,13 +226,17 @@ def test_the_two_commits_run_the_same_kernels():
 # --- item 4: the atomic dK/dV kernel's spills, compiled -----------------------------------------
 
 def _dkdv():
+    """The recording and its default-tile rows by (head_dim, causal, atomic_dq); the ``--extra``
+    rows (round 13) by (head_dim, causal, atomic_dq, config)."""
     rec = json.load(open(os.path.join(RESULTS, _index()["dkdv_registers"]["path"])))
-    return rec, {(r["head_dim"], r["causal"], r["atomic_dq"]): r for r in rec["kernels"]}
+    return rec, {(r["head_dim"], r["causal"], r["atomic_dq"]) + (() if r.get("default_tiles", True) else (tuple(r["config"]),)): r
+                 for r in rec["kernels"]}
 
 
 def test_the_dkdv_recording_is_triton_360_and_matches_the_h200_profile():
     rec, rows = _dkdv()
-    assert rec["triton"] == "3.6.0" and rec["target"] == "sm_90" and len(rows) == 8
+    assert rec["triton"] == "3.6.0" and rec["target"] == "sm_90" and len(rows) == len(rec["kernels"]) == 10
+    assert sum(1 for r in rec["kernels"] if r["default_tiles"]) == 8
     assert not re.search(r"/(tmp|work|root)\b", rec["command"]) and "--source SRC" in rec["command"]
     readme = open(os.path.join(COMPILED, "README.md")).read()
     assert "git archive 310aa22" in readme and not re.search(r"/(tmp|work|root)/", readme)
@@ -260,8 +269,8 @@ def test_the_atomic_mode_spills_at_d_128_only(ch):
     assert (v["dkdv_spill_atomic"], v["dkdv_spill_separate"], v["dkdv_spills_64"]) == ("444", "44", "neither spills")
     said = _prose("c10-dq-lesson-md")
     assert "and, at $d$ = 128, more {term}`register spilling <register spill>`. Nothing here separates them." in said
-    assert ("holds {glue:text}`dkdv_spill_atomic` bytes of spill stores a thread, the separate one "
-            "{glue:text}`dkdv_spill_separate`; at $d$ = 64 {glue:text}`dkdv_spills_64`.") in said
+    assert ("holds {glue:text}`dkdv_spill_atomic` bytes of spill stores a thread with 64 × 64 tiles (the separate one "
+            "{glue:text}`dkdv_spill_separate`; at $d$ = 64 {glue:text}`dkdv_spills_64`)") in said
 
 
 # --- item 5: rung 2's loop grew at d = 128 with the mask ---------------------------------------
@@ -296,3 +305,191 @@ def test_the_ptx_table_is_read_from_the_triton_360_recording():
     assert table.index.name == "PTX for sm_90, Triton 3.6.0" and (t, g) == (tri, glu)
     code = cell_source(notebook(CH10), "c10-ptx-waits")
     assert "chapter10_why.ptx_recorded()" in code and "ptx_compare()\n" not in code
+
+
+# ================================================================= round 13
+
+# --- item 1: the busy share is the run time restated; what the extra instructions can explain ---
+
+TENSOR_BUSY = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+
+
+def test_r13_the_wgmma_forwards_keep_the_tensor_pipe_busy_the_same_cycles(ch):
+    v = ch.values
+    for causal in (False, True):
+        f = _ncu_forwards(causal=causal, full=True)
+        busy = {impl: num(k[TENSOR_BUSY]) / 100 * num(k["sm__cycles_active.avg"]) for impl, (k, num) in f.items()}
+        wgmma = [busy[i] for i in ("triton", "sdpa-cudnn", "gluon")]
+        assert max(wgmma) / min(wgmma) < 1.001                       # the same busy cycles, within 0.1%
+        assert busy["sdpa-flash"] / busy["sdpa-cudnn"] > 1.4          # mma.sync: more busy cycles, same work
+        if not causal:
+            assert v["ncu_busy_m"] == f"{wgmma[0] / 1e6:.2f}" == "2.03"
+            assert v["ncu_flash_busy_x"] == f"{busy['sdpa-flash'] / busy['sdpa-cudnn']:.1f}" == "1.5"
+    said = _prose("c10-profile-md")
+    assert "Two things differ" not in said and "Busy cycles are not work done" not in said
+    assert ("The {term}`tensor pipe` was busy {glue:text}`ncu_tc_ours`% of our forward's active cycles against "
+            "{glue:text}`ncu_tc_cudnn`% of cuDNN's, but that is the longer run restated") in said
+    assert "ours over {glue:text}`ncu_active_x` times the active cycles" in said
+
+
+def test_r13_the_extra_instructions_fill_at_most_a_quarter_of_the_extra_cycles(ch):
+    f = _ncu_forwards()
+    (ti, _, ta, sms, _), (ci, _, ca, _, _), (gi, _, ga, _, _) = f["triton"], f["sdpa-cudnn"], f["gluon"]
+    schedulers = 4 * sms
+    assert schedulers == 528
+    v = ch.values
+    assert v["ncu_active_x"] == f"{ta / ca:.2f}" == "1.41"
+    share = (ti - ci) / schedulers / (ta - ca)       # one issue a cycle per scheduler, none overlapped
+    assert v["ncu_inst_share"] == f"{100 * share:.0f}" == "24"
+    issue = {name: inst / (schedulers * active) for name, inst, active in
+             (("ours", ti, ta), ("cudnn", ci, ca), ("gluon", gi, ga))}
+    assert (v["ncu_issue_ours"], v["ncu_issue_cudnn"], v["ncu_issue_gluon"]) == \
+        tuple(f"{issue[k]:.2f}" for k in ("ours", "cudnn", "gluon")) == ("0.38", "0.44", "0.36")
+    said = _prose("c10-profile-md")
+    assert ("An SM's four schedulers issue at most one instruction a cycle each: even if none overlapped, the extra "
+            "instructions would fill at most {glue:text}`ncu_inst_share`% of the extra cycles (ours used "
+            "{glue:text}`ncu_issue_ours` of its issue slots, cuDNN's {glue:text}`ncu_issue_cudnn`). In the rest no "
+            "warp could issue.") in said
+    summary = _prose("next-rungs")
+    assert ("does the same tensor-pipe work, in {glue:text}`ncu_active_x` times the cycles; its "
+            "{glue:text}`ncu_inst_more`% more instructions fill at most {glue:text}`ncu_inst_share`% of the extra ones") in summary
+    assert "tensor pipe is less busy" not in summary
+
+
+# --- item 6: the profile's caption and the L2 hit rate ------------------------------------------
+
+def test_r13_the_caption_says_no_mask_and_the_l2_rate_is_of_sectors(ch):
+    assert "$N$ = 4096, $d$ = 128, no mask; clocks not locked" in _prose("4427b76d")
+    for causal, name, want in ((False, "ncu_l2", "90%"), (True, "ncu_l2_causal", "85%")):
+        (k, num), = [x for impl, x in _ncu_forwards(causal=causal, full=True).items() if impl == "triton"]
+        assert ch.values[name] == f"{num(k['lts__t_sector_hit_rate.pct']):.0f}%" == want
+    assert ("the L2 hit rate is {glue:text}`ncu_l2` of sectors, {glue:text}`ncu_l2_causal` under the causal mask"
+            in _prose("c10-profile-md"))
+    assert "of the requests" not in _prose("c10-profile-md")
+
+
+# --- item 2: the Gluon sweep's own control for tile width ----------------------------------------
+
+def _gluon_bf16(name: str) -> dict:
+    """(seq, causal) -> {variant: TFLOP/s} of a recorded Gluon sweep's bf16 rows."""
+    out = {}
+    for r in json.load(open(os.path.join(RESULTS, _index()[name]["path"])))["rows"]:
+        if r["dtype"] == "bf16":
+            out.setdefault((r["seq"], r["causal"]), {})[r["variant"]] = r["tflops"]
+    return out
+
+
+def test_r13_the_gluon_gain_splits_into_schedule_and_tile_width(ch):
+    from flashbook.kernels import configs
+
+    ours = configs.default("forward", cc=90, block_d=128, elem_bytes=2)
+    assert (ours.block_m, ours.block_n, ours.num_stages) == (128, 64, 3)      # chapter 7's own tiles
+    narrow, wide = "gluon producer m128 n64 s3", "gluon producer m128 n128 s3"
+    for name in ("gluon_d128", "gluon_d128_run2"):
+        t = _gluon_bf16(name)
+        sched = [x[narrow] / x["flashbook"] for x in t.values()]
+        width = [x[wide] / x[narrow] for x in t.values()]
+        assert len(sched) == 6 and min(sched) > 1 and min(width) > 1       # both parts gain, in both runs
+        if name == "gluon_d128":
+            assert ch.values["gl_sched"] == f"{min(sched):.2f} to {max(sched):.2f}" == "1.07 to 1.24"
+            assert ch.values["gl_width"] == f"{min(width):.2f} to {max(width):.2f}" == "1.07 to 1.16"
+    said = _prose("d400881c")
+    assert ("At chapter 7's own tiles (128 × 64, 3 stages) the producer schedule ran {glue:text}`gl_sched` times as "
+            "fast as that kernel, and 128-key tiles added {glue:text}`gl_width` (same run;") in said
+    assert "with 128 × 128 tiles that issue" not in said
+
+
+# --- item 3: the atomic mode with 64 x 128 tiles, and the spill bytes -----------------------------
+
+def _atomic_runs() -> list:
+    """Both atomic-dQ runs' rows, each with its time over the separate kernel's (``x``)."""
+    rows = []
+    for name in ("atomic_dq", "atomic_dq_repeat"):
+        for r in json.load(open(os.path.join(RESULTS, _index()[name]["path"])))["rows"]:
+            rows.append(dict(r, x=1 / r["vs_separate"], run=name))
+    return rows
+
+
+def _span_of(xs) -> str:
+    return f"{min(xs):.2f} to {max(xs):.2f}"
+
+
+def test_r13_wider_tiles_cut_the_cost_and_spill_bytes_do_not_order_it(ch):
+    rows = _atomic_runs()
+    def pick(variant, d, causal):
+        return [r["x"] for r in rows if (r["variant"], r["d"], r["causal"]) == (variant, d, causal)]
+
+    v = ch.values
+    assert v["relaxed_wide_128"] == _span_of(pick("relaxed 64x128", 128, False)) == "1.13 to 1.16"
+    assert v["relaxed_causal_128"] == _span_of(pick("relaxed", 128, True)) == "1.21 to 1.27"
+    wide = {tuple(r["dkdv_config"]) for r in rows if r["variant"] == "relaxed 64x128"}
+    assert wide == {(64, 128, 8, 3)}
+    # the better of the two tile shapes at each shape, run by run
+    best = [min(r["x"] for r in rows if (r["run"], r["n"], r["d"], r["causal"]) == key
+                and r["variant"] in ("relaxed", "relaxed 64x128"))
+            for key in {(r["run"], r["n"], r["d"], r["causal"]) for r in rows}]
+    assert v["relaxed_best"] == _span_of(best) == "1.08 to 1.27"
+    # the compiled record: the experiment's 64 x 128 tiles at d = 128 without a mask, and the causal default
+    _, dk = _dkdv()
+    spill = {"64x64 full": dk[(128, False, True)]["spill_store_bytes"],
+             "64x128 full": dk[(128, False, True, (64, 128, 8, 3))]["spill_store_bytes"],
+             "64x128 causal": dk[(128, True, True)]["spill_store_bytes"]}
+    assert tuple(dk[(128, True, True)]["config"]) == (64, 128, 8, 3)
+    assert (v["dkdv_spill_wide"], v["dkdv_spill_causal"]) == (str(spill["64x128 full"]), str(spill["64x128 causal"])) \
+        == ("88", "672")
+    cost = {"64x64 full": max(pick("relaxed", 128, False)), "64x128 full": max(pick("relaxed 64x128", 128, False)),
+            "64x128 causal": max(pick("relaxed", 128, True))}
+    by_spill, by_cost = sorted(spill, key=spill.get), sorted(cost, key=cost.get)
+    assert by_spill != by_cost                                   # the bytes do not order the costs
+    said = _prose("c10-dq-lesson-md")
+    assert ("and with 64 × 128 tiles (8 warps) {glue:text}`relaxed_wide_128` there: the large cost goes with the "
+            "64 × 64 tiles, not with $d$ = 128 alone. Spilling is one candidate, but its bytes do not order the "
+            "costs") in said
+    assert ("{glue:text}`dkdv_spill_wide` with 64 × 128, and {glue:text}`dkdv_spill_causal` under the causal mask, "
+            "whose default 64 × 128 tiles cost only {glue:text}`relaxed_causal_128`.") in said
+    assert ("({glue:text}`relaxed_best` with the better recorded tiles at each size)") in _prose("next-rungs")
+    readme = open(os.path.join(COMPILED, "README.md")).read()
+    assert "--extra 128,full,64,128,8,3" in readme
+    assert "| 128, full (`--extra`) | 64 x 128, 8 warps, 3 stages | 255, 0 | 255, 88 |" in readme
+
+
+# --- item 4: the bytes ruled out by the same adds in both orderings -------------------------------
+
+def test_r13_the_bytes_argument_is_the_measured_one(ch):
+    rows = _atomic_runs()
+    at = lambda variant: [r for r in rows if (r["variant"], r["d"], r["causal"]) == (variant, 128, False)]  # noqa: E731
+    relaxed, acq = at("relaxed"), at("atomic")
+    assert {r["dkdv_config"] is None for r in relaxed + acq} == {True}      # the same tiles: the same adds
+    assert ch.values["acq_full_128"] == _span_of([r["x"] for r in acq]) == "6.72 to 6.93"
+    assert ch.values["relaxed_full_128"] == _span_of([r["x"] for r in relaxed]) == "1.82 to 1.90"
+    said = _prose("c10-dq-lesson-md")
+    assert ("Relaxed adds move the same bytes: at $d$ = 128 without a mask they took {glue:text}`relaxed_full_128` "
+            "times the separate kernel's time, `acq_rel` adds {glue:text}`acq_full_128`.") in said
+    for gone in ("{glue:text}`hbm_tb_s`", "atomic_floor_share", "stay in the L2"):
+        assert gone not in said, gone
+
+
+# --- item 5: ping-pong's loss beyond the noise ----------------------------------------------------
+
+def test_r13_pingpongs_largest_loss_is_named_with_its_verdict(ch):
+    t = _gluon_bf16("gluon_d128")
+    best = lambda x, sched: max(tf for name, tf in x.items() if name.startswith(f"gluon {sched} "))  # noqa: E731
+    ratio = {key: best(x, "pingpong") / best(x, "producer") for key, x in t.items()}
+    (seq, causal), worst = min(ratio.items(), key=lambda kv: kv[1])
+    slower = 1 / worst - 1
+    v = ch.values
+    assert (seq, causal) == (4096, False) and v["pp_worst_shape"] == "4K without a mask"
+    assert v["pp_worst"] == f"{100 * slower:.0f}" == "6"
+    assert slower > float(v["noise_runs"]) / 100 and v["pp_worst_verdict"] == "beyond noise"
+    assert max(ratio.values()) < 1.005                                       # never faster beyond rounding
+    said = _prose("d400881c")
+    assert "added nothing" not in said
+    assert ("Ping-pong's turns gained nothing: {glue:text}`pp_bf16_lo` to {glue:text}`pp_bf16_hi` times the "
+            "producer's speed, {glue:text}`pp_worst`% slower at {glue:text}`pp_worst_shape` "
+            "({glue:text}`pp_worst_verdict`).") in said
+
+
+def test_r13_library_files_stay_short():
+    for name in ("chapter10.py", "chapter10_beyond.py", "chapter10_lab.py", "chapter10_ladder.py", "chapter10_why.py",
+                 "score_ops.py", "profiles.py"):
+        assert sum(1 for _ in open(os.path.join(ROOT, "flashbook", "bench", name))) < 600, name

@@ -204,7 +204,7 @@ def test_small_wordings(ch, text):
     # and the range shows the one above 100% (not rounded down to "100")
     assert "short of it by {glue:text}`skip_short`" in text
     assert "short of it by more than the noise at" not in text      # 3.8% is a hint, not beyond noise
-    assert "do not explain the shortfall" in text
+    assert "already counts the diagonal tiles whole, so they do not explain it" in " ".join(text.split())
     assert float(ch.tables["skip_gains"]["measured / predicted"].max()) > 1
     assert float(v["skip_of_pred_hi"]) > 100
     # each shortfall with its size and its tier of the noise rule, in the noise's convention (predicted
@@ -229,7 +229,8 @@ def test_the_hbm_bandwidth_is_the_one_the_bytes_table_used(ch, text):
     dq = ch.tables["dq_bytes"]
     rate = dq["atomic GB moved"] / dq["that at HBM speed, ms"]        # GB per ms = TB/s
     assert float(ch.values["hbm_tb_s"]) == pytest.approx(float(rate.median()), rel=0.02)
-    assert "cross HBM at full bandwidth ({glue:text}`hbm_tb_s` TB/s)" in text
+    # round 13: the page no longer quotes an HBM time for the atomics (no bound: they resolve in L2)
+    assert "cross HBM at full bandwidth" not in text and "{glue:text}`hbm_tb_s`" not in text
 
 
 def live_note_names():

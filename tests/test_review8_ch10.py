@@ -264,8 +264,12 @@ def test_the_wait_sentence_is_literally_true(text):
 
 
 def test_tensor_busy_is_compared_only_between_like_instructions(text):
-    assert "Busy cycles are not work done, so compare only kernels that issue the same instructions" in text
-    assert "SDPA's flash backend issues `mma.sync`, which does less per busy cycle on Hopper" in text
+    # round 13: the wgmma forwards' busy share is their run time restated (the same busy cycles,
+    # tests/test_review12_ch10.py); mma.sync's lesser work per busy cycle is said in cycles
+    assert "Busy cycles are not work done" not in text
+    assert ("all three `wgmma` forwards (ours, cuDNN's, Gluon's) kept it busy {glue:text}`ncu_busy_m` M cycles "
+            "per SM") in text
+    assert "(SDPA's flash backend, with `mma.sync`, needed {glue:text}`ncu_flash_busy_x` times as many)" in text
 
 
 def test_the_ptx_table_counts_instructions():
@@ -354,8 +358,8 @@ def test_the_between_run_gap_is_quoted_as_the_noise_table_measures_it(ch, text):
 
 
 def test_the_summary_exercise_4_and_the_profile_read_plainly(ch, text):
-    assert ("A gain up to {glue:text}`noise`% is within noise, up to {glue:text}`noise_runs`% a hint, and only "
-            "a larger one beyond noise.") in text
+    assert ("a gain up to {glue:text}`noise`% (identical kernels in one run here) is within noise, up to "
+            "{glue:text}`noise_runs`% (an earlier run) a hint, and only a larger one beyond noise.") in text
     assert "so a gain must exceed that to count, and an earlier run's" not in text
     # exercise 4 counts both dtypes; the schedules table shows bfloat16 only
     assert "counts float16 rows too: twice the shapes the schedules table shows" in text

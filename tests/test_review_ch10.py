@@ -78,8 +78,11 @@ def test_the_live_table_is_said_to_be_another_run():
 def test_atomic_code_and_timings_are_told_apart():
     text = sources_by_id(NOTEBOOK)
     assert "`acq_rel`" in text["8f1b0d08"] and "relaxed" in text["8f1b0d08"]
-    assert "less than half" in text["c10-dq-lesson-md"]
-    assert "mostly stay in the L2 cache" in text["c10-dq-lesson-md"]     # HBM is not the bound
+    # round 13: no HBM time (the adds resolve in L2, whose atomic rate is unpublished) and no
+    # unmeasured L2 claim: the bytes are ruled out by the same adds timed with both orderings
+    assert "less than half" not in text["c10-dq-lesson-md"]
+    assert "mostly stay in the L2 cache" not in text["c10-dq-lesson-md"]
+    assert "Relaxed adds move the same bytes" in text["c10-dq-lesson-md"]
 
 
 def test_no_minus_percent_off_and_goals_judged_against_the_noise(ch):

@@ -1,6 +1,7 @@
 """Chapter 10's evidence for *why* its timings come out as they do, beside the timings: Nsight
-Compute's readings of the forwards (``profile``: bytes, the tensor pipe, and the instructions
-each issues), what the two recorded runs that timed the same kernels did differently
+Compute's readings of the forwards (``profile``: bytes, the tensor pipe's busy cycles, and the
+instructions each issues), the Gluon sweep's own controls (``gluon_controls``: schedule against
+tile width), what the two recorded runs that timed the same kernels did differently
 (``run_settings``, ``between_runs``), and counts compiled for sm_90 without a GPU
 (``loop_growth`` from benchmarks/loop_sass.py's loops; ``dkdv_spills`` and ``ptx_recorded`` from
 benchmarks/dkdv_registers.py and benchmarks/ptx_counts.py, run with the Triton that timed the
@@ -25,6 +26,20 @@ TIMER, COMMIT = "timer (ms): calls, warm-up", "commit"
 
 # ---------------------------------------------------------------- the profile
 
+def _forwards(rows, dim: int, causal: bool) -> dict:
+    """{impl: its one profiled forward kernel among ``rows`` (``profiles.kernel_rows``)} at head
+    dimension ``dim``, with or without the causal mask (the library's own mask and tile runs left out)."""
+    out = {}
+    for k in rows:
+        if (k["pass_"] != "forward" or k["dim"] != dim or bool(k["causal"]) != causal or "mask" in k
+                or "config_dkdv" in k):
+            continue
+        if k["impl"] in out:
+            raise ValueError(f"one forward kernel per implementation, and {k['impl']} has several")
+        out[k["impl"]] = k
+    return out
+
+
 def issue_counts(rows, dim: int = 128, causal: bool = False) -> dict:
     """{impl: (warp instructions per 32 scores, wgmma instructions executed, issue slots used)}
     for each profiled forward among ``rows`` (``profiles.kernel_rows``) at head dimension ``dim``.
@@ -34,15 +49,37 @@ def issue_counts(rows, dim: int = 128, causal: bool = False) -> dict:
     from .profiles import ACTIVE, INST, SMS, WGMMA
 
     out = {}
-    for k in rows:
-        if (k["pass_"] != "forward" or k["dim"] != dim or bool(k["causal"]) != causal or "mask" in k
-                or "config_dkdv" in k):
-            continue
-        if k["impl"] in out:
-            raise ValueError(f"one forward kernel per implementation, and {k['impl']} has several")
+    for impl, k in _forwards(rows, dim, causal).items():
         scores = k["batch"] * k["heads"] * k["seq"] ** 2 / (2 if causal else 1)
-        out[k["impl"]] = (32 * k[INST] / scores, k[WGMMA], k[INST] / (4 * k[SMS] * k[ACTIVE]))
+        out[impl] = (32 * k[INST] / scores, k[WGMMA], k[INST] / (4 * k[SMS] * k[ACTIVE]))
     return out
+
+
+def tensor_cycles(rows, dim: int = 128, causal: bool = False) -> dict:
+    """{impl: (cycles the tensor pipe was busy, active cycles)}, each per SM (the mean over SMs),
+    of each profiled forward: the busy share Nsight reports times the active cycles it is a share of."""
+    from .profiles import ACTIVE, TENSOR_BUSY
+
+    return {impl: (k[TENSOR_BUSY] / 100 * k[ACTIVE], k[ACTIVE]) for impl, k in _forwards(rows, dim, causal).items()}
+
+
+def _tensor_time(ch, counts, cycles) -> None:
+    """The busy share restated as cycles: the same busy cycles in the three wgmma forwards
+    (``ncu_busy_m``, millions per SM), ours over more active cycles (``ncu_active_x``), SDPA
+    flash's mma.sync needing more (``ncu_flash_busy_x``); and the most of ours's extra active
+    cycles over cuDNN's its extra instructions could fill at one issue a cycle per scheduler,
+    had none overlapped (``ncu_inst_share``, %), beside the issue slots each used."""
+    from ..display import span
+
+    wgmma = ("triton", "sdpa-cudnn", "gluon")
+    ch.put("ncu_busy_m", span([cycles[i][0] / 1e6 for i in wgmma], ".2f", collapse=True))
+    (_, ours), (_, cud) = cycles["triton"], cycles["sdpa-cudnn"]
+    ch.put("ncu_active_x", ours / cud, ".2f")
+    ch.put("ncu_flash_busy_x", cycles["sdpa-flash"][0] / cycles["sdpa-cudnn"][0], ".1f")
+    used = {i: counts[i][2] for i in wgmma}          # issue slots used; times active cycles: issue cycles
+    ch.put("ncu_inst_share", 100 * (used["triton"] * ours - used["sdpa-cudnn"] * cud) / (ours - cud), ".0f")
+    for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
+        ch.put(f"ncu_issue_{key}", used[impl], ".2f")
 
 
 def profile(ch) -> None:
@@ -51,7 +88,9 @@ def profile(ch) -> None:
     from .profiles import forward_wgmma, kernel_rows, one, pass_table, tensor_mb
 
     run = run_path("kernel_ncu", ch.root) if ch.root is not None else None
-    names = ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_tc_ours", "ncu_tc_cudnn", "ncu_tc_gluon", "ncu_flash_wgmma",
+    names = ("ncu_dram", "ncu_qkv", "ncu_l2", "ncu_l2_causal", "ncu_busy_m", "ncu_active_x", "ncu_flash_busy_x",
+             "ncu_inst_share", "ncu_issue_ours", "ncu_issue_cudnn", "ncu_issue_gluon", "ncu_tc_ours", "ncu_tc_cudnn",
+             "ncu_tc_gluon", "ncu_flash_wgmma",
              "ncu_bwd_ops", "ncu_dkdv_ops", "ncu_dq_ops", "ncu_cudnn_bwd_ops", "ncu_inst_ours", "ncu_inst_cudnn",
              "ncu_inst_gluon", "ncu_inst_more", "ncu_gluon_fewer", "ncu_wgmma_ratio")
     if run is None or not run.exists():
@@ -72,7 +111,8 @@ def profile(ch) -> None:
     at = t.set_index(["impl", "pass_", "causal"]).sort_index()
     ours = at.loc[("triton", "forward")]
     ch.put("ncu_dram", ours["dram_mb"].max(), ".1f"); ch.put("ncu_qkv", tensor_mb(t.iloc[0]), ".1f")
-    ch.put("ncu_l2", f"{ours['l2_hit'].min():.0f} to {ours['l2_hit'].max():.0f}%")
+    for name, causal in (("ncu_l2", False), ("ncu_l2_causal", True)):    # the hit rate of L2 sectors
+        ch.put(name, f"{one(at, ('triton', 'forward', causal), 'l2_hit'):.0f}%")
     for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
         ch.put(f"ncu_tc_{key}", one(at, (impl, "forward", False), "tensor_pct"), ".0f")
         ch.put(f"ncu_inst_{key}", counts[impl][0], ".1f")
@@ -80,6 +120,7 @@ def profile(ch) -> None:
     ch.put("ncu_gluon_fewer", 100 * (1 - counts["gluon"][0] / counts["triton"][0]), ".0f")     # % fewer than ours
     ch.put("ncu_wgmma_ratio", counts["triton"][1] / counts["sdpa-cudnn"][1], ".1f")
     ch.put("ncu_flash_wgmma", forward_wgmma(rows))
+    _tensor_time(ch, counts, tensor_cycles(rows))
     ch.put("ncu_bwd_ops", one(at, ("triton", "backward", False), "ops_ratio"), ".2f")
     ch.put("ncu_cudnn_bwd_ops", one(at, ("sdpa-cudnn", "backward", False), "ops_ratio"), ".2f")
     _backward_ops(ch, rows, one(at, ("triton", "backward", False), "ops_ratio"))
@@ -183,23 +224,38 @@ def loop_growth(ch) -> None:
 
 def dkdv_registers(root=None):
     """benchmarks/dkdv_registers.py's recording: {(head_dim, causal, atomic_dq): its kernel's
-    row} and the file's provenance, or (None, {}) where none is recorded."""
+    row} for the default tiles, {(head_dim, causal, atomic_dq, (block_m, block_n, warps,
+    stages)): row} for the script's ``--extra`` tiles, and the file's provenance, or (None, {})
+    where none is recorded."""
     rec = load_recorded_json(DKDV_RUN, root)
     if rec is None:
         return None, {}
-    rows = {(r["head_dim"], r["causal"], r["atomic_dq"]): r for r in rec.pop("kernels")}
+    rows = {}
+    for r in rec.pop("kernels"):
+        extra = () if r.get("default_tiles", True) else (tuple(r["config"]),)
+        rows[(r["head_dim"], r["causal"], r["atomic_dq"]) + extra] = r
     return rows, rec
+
+
+#: the atomic-dQ experiment's other dK/dV tiles ("64x128" variants): 64 x 128, 8 warps, 3 stages
+WIDE_DKDV = (64, 128, 8, 3)
 
 
 def dkdv_spills(ch) -> None:
     """The dK/dV kernel without a mask, atomic dQ off and on, compiled for sm_90: its spill stores
-    at d = 128 (bytes per thread, ptxas), and whether it spills at d = 64."""
-    names = ("dkdv_spill_separate", "dkdv_spill_atomic", "dkdv_spills_64")
+    at d = 128 (bytes per thread, ptxas), and whether it spills at d = 64; the atomic kernel's at
+    d = 128 with the experiment's 64 x 128 tiles (``dkdv_spill_wide``) and under the causal mask,
+    whose default tiles they are (``dkdv_spill_causal``)."""
+    names = ("dkdv_spill_separate", "dkdv_spill_atomic", "dkdv_spills_64", "dkdv_spill_wide", "dkdv_spill_causal")
     rows, _ = dkdv_registers(ch.root)
     if rows is None:
         return ch.nothing(*names)
     ch.put("dkdv_spill_separate", rows[(128, False, False)]["spill_store_bytes"])
     ch.put("dkdv_spill_atomic", rows[(128, False, True)]["spill_store_bytes"])
+    wide = rows.get((128, False, True, WIDE_DKDV))
+    ch.put("dkdv_spill_wide", None if wide is None else wide["spill_store_bytes"])
+    causal = rows[(128, True, True)]
+    ch.put("dkdv_spill_causal", causal["spill_store_bytes"] if tuple(causal["config"]) == WIDE_DKDV else None)
     spills = [rows[(64, False, a)]["spill_store_bytes"] for a in (False, True)]
     ch.put("dkdv_spills_64", "neither spills" if not any(spills) else f"they spill {spills[0]} and {spills[1]} bytes")
 
@@ -218,9 +274,41 @@ def ptx_recorded(root=None):
     return ptx_table(rec["compiled"], rec["triton"]), tuple(rec["compiled"])
 
 
+# ---------------------------------------------------------------- the Gluon sweep's own controls
+
+def gluon_controls(ch) -> None:
+    """The Gluon sweep (``gluon_d128``, bf16, d = 128) split by its own controls: the producer
+    schedule at chapter 7's tiles (128 x 64, 3 stages) over chapter 7's kernel (``gl_sched``),
+    then at 128-key tiles (same stages) over that (``gl_width``); and ping-pong's largest loss to
+    the producer schedule (each its fastest configuration, as the schedules table shows them:
+    ``pp_worst``, % longer), its shape and its verdict by the noise rule."""
+    import pandas as pd
+
+    from ..display import span
+    from .experiments import GLUON_EXPERIMENTS
+
+    names = ("gl_sched", "gl_width", "pp_worst", "pp_worst_shape", "pp_worst_verdict")
+    run, table = load_recorded_json(GLUON_EXPERIMENTS[128], ch.root), ch.frames.get("gluon128")
+    if run is None or table is None:
+        return ch.nothing(*names)
+    t = pd.DataFrame(run["rows"]).query("dtype == 'bf16'").pivot_table(index=["seq", "causal"], columns="variant",
+                                                                          values="tflops")
+    narrow = t["gluon producer m128 n64 s3"]
+    ch.put("gl_sched", span(narrow / t["flashbook"], ".2f"))
+    ch.put("gl_width", span(t["gluon producer m128 n128 s3"] / narrow, ".2f"))
+    bf16 = table[table["dtype"] == "bf16"]
+    worst = (bf16["pingpong"] / bf16["producer"]).idxmin()
+    slower = bf16.loc[worst, "producer"] / bf16.loc[worst, "pingpong"]       # its time over the producer's
+    ch.put("pp_worst", 100 * (slower - 1), ".0f")
+    ch.put("pp_worst_shape", f"{bf16.loc[worst, 'seq'] // 1024}K " + ("with the causal mask" if bf16.loc[worst, "causal"]
+                                                                      else "without a mask"))
+    ch.put("pp_worst_verdict", ch.verdict(slower))
+
+
 def build_into(ch) -> None:
     """The sections of this module that read what ``chapter10.build`` has read, into ``ch``."""
     profile(ch)
+    gluon_controls(ch)
     between_runs(ch)
     loop_growth(ch)
     dkdv_spills(ch)
