@@ -112,7 +112,7 @@ def test_the_prose_names_the_instructions_and_the_wgmma():
         assert "{glue:text}`" + name + "`" in said, name
     assert "its 64-key tiles make each `wgmma` of $S = QK^\\top$ 64 keys wide" in said
     summary = _prose("next-rungs")
-    assert "a producer warp and 128 × 128 tiles, ran" in summary
+    assert "a producer warp ({glue:text}`ws_same_lo` to" in summary and "and 128 × 128 tiles ({glue:text}`gl_width`)" in summary
     # round 13: the 34% is the profiled shape's count, beside the sweep's own control
     assert "the profiled Gluon forward issued {glue:text}`ncu_gluon_fewer`% fewer instructions than ours" in _prose("d400881c")
 
@@ -349,7 +349,7 @@ def test_r13_the_extra_instructions_fill_at_most_a_quarter_of_the_extra_cycles(c
     assert ("An SM's four schedulers issue at most one instruction a cycle each: even if none overlapped, the extra "
             "instructions would fill at most {glue:text}`ncu_inst_share`% of the extra cycles (ours used "
             "{glue:text}`ncu_issue_ours` of its issue slots, cuDNN's {glue:text}`ncu_issue_cudnn`). In the rest no "
-            "warp could issue.") in said
+            "warp could issue; this profile does not say which wait held them.") in said
     summary = _prose("next-rungs")
     assert ("does the same tensor-pipe work, in {glue:text}`ncu_active_x` times the cycles; its "
             "{glue:text}`ncu_inst_more`% more instructions fill at most {glue:text}`ncu_inst_share`% of the extra ones") in summary
@@ -493,3 +493,52 @@ def test_r13_library_files_stay_short():
     for name in ("chapter10.py", "chapter10_beyond.py", "chapter10_lab.py", "chapter10_ladder.py", "chapter10_why.py",
                  "score_ops.py", "profiles.py"):
         assert sum(1 for _ in open(os.path.join(ROOT, "flashbook", "bench", name))) < 600, name
+
+
+# --- round 14 -----------------------------------------------------------------------------------
+# item 1: the overlap schedule (issue order and TMA loads, no producer warp) at 128 x 128 x 3 gained
+# almost nothing at N >= 4K; the Summary credits the measured parts and names the Triton
+
+def test_r14_overlap_without_a_producer_gains_little_from_4k(ch):
+    t = _gluon_bf16("gluon_d128")
+    over = [x["gluon overlap m128 n128 s3"] / x["flashbook"] for (n, _), x in t.items() if n >= 4096]
+    assert len(over) == 4
+    v = ch.values
+    assert (v["gl_overlap_lo"], v["gl_overlap_hi"]) == (f"{min(over):.2f}", f"{max(over):.2f}") == ("0.98", "1.05")
+    said = _prose("d400881c")
+    assert ("The overlap schedule at 128 × 128, 3 stages (no producer warp) ran {glue:text}`gl_overlap_lo` to "
+            "{glue:text}`gl_overlap_hi` times chapter 7's speed at $N \\geq$ 4K: the gain came from the producer "
+            "warp and the wider tiles.") in said
+    assert "overlap_bf16_lo" not in said
+    summary = _prose("next-rungs")
+    assert ("Chapter 7's kernel, as Triton {glue:text}`loops_triton` compiles it, waits for all of a warpgroup's "
+            "products") in summary and ch.values["loops_triton"] == "3.6.0"
+    assert ("with a producer warp ({glue:text}`ws_same_lo` to {glue:text}`ws_same_hi` times at the same tiles) "
+            "and 128 × 128 tiles ({glue:text}`gl_width`)") in summary
+    assert "Triton issues Hopper's" not in summary
+    assert json.load(open(os.path.join(RESULTS, "loop_sass_sm90_t36", "loops.json")))["triton"] == "3.6.0"
+
+
+# item 2: rung 3's loop waits for products, copies and barriers; the page names no single cause
+
+def test_r14_rung_3s_loop_waits_per_trip_are_read_from_loops_json(ch):
+    loops = json.load(open(os.path.join(RESULTS, "loop_sass_sm90_t36", "loops.json")))["loops"]
+    main = [lp["ops"] for lp in loops if lp["rung"] == 3 and lp["stage"] == "main"]
+    assert len(main) == 4
+    v = ch.values
+    for name, op, n in (("loop_wait_mma", "WARPGROUP.DEPBAR", 1), ("loop_wait_copy", "DEPBAR.LE", 1),
+                        ("loop_wait_bar", "BAR.SYNC", 2)):
+        assert {ops[op] for ops in main} == {n} and v[name] == str(n), name
+    said = _prose("1ece3c20")
+    assert "waits for the tensor cores between the softmaxes" not in said
+    assert ("Each trip also waits for its products, for its copies and at a barrier ({glue:text}`loop_wait_mma` "
+            "`WARPGROUP.DEPBAR`, {glue:text}`loop_wait_copy` `DEPBAR.LE`, {glue:text}`loop_wait_bar` `BAR.SYNC`); "
+            "the counts do not say which costs the time.") in said
+
+
+# item 4: the noise rule points to the Gluon sweep, which comes later on the page
+
+def test_r14_the_rerun_sweep_is_named_where_it_is():
+    said = _prose("a9a89247")
+    assert "one configuration of the Gluon sweep at the chapter's end moved {glue:text}`rerun_max`%" in said
+    assert "last section's sweep" not in said

@@ -82,10 +82,12 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     # copies under way), so that "2 stages" is never read as "overlap"; chapter 4's "in flight" counts
     # buffers. Other programs hide the wait only where they fit, and chapter 7's d = 128 forward has
     # none (tests/test_review12_ch06.py checks its numbers)
-    assert ("With `num_stages` = $s$, Triton issues the copy of key tile $j + s - 1$ right after tile $j$'s "
-            "products, so while a tile is multiplied $s - 2$ copies are under way: none at $s$ = 2 (on `sm_90` "
-            "the copy overlaps the end of $PV$), one from $s$ = 3. Where none is under way, only other programs "
-            "on the SM can hide the wait.") in main
+    assert ("With `num_stages` = $s \\ge 2$, Triton issues the copy of key tile $j + s - 1$ right after tile $j$'s "
+            "products. So while tile $j + 1$ is multiplied, the copies of tiles $j + 2, \\dots, j + s - 1$ are under "
+            "way: none at $s$ = 2 (on `sm_90` the copy overlaps the end of $PV$), one at $s$ = 3, two at $s$ = 4. "
+            "At $s$ = 1 a tile is copied in, then used. Where no copy is under way, only other programs on the SM "
+            "can hide the wait") in main
+    assert "one from $s$ = 3" not in main
     assert "the SM hides the wait by running other programs" not in main
     assert ("The book's model counts one $K$ and one $V$ tile of shared memory per stage "
             "([chapter 4](04_tiled_forward.ipynb)'s \"two or three $K$, $V$ tiles in flight\" counts these "
@@ -102,7 +104,7 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     assert ("So in the figure the `sm_80` 2-stage panel fills buffer 1 exactly as the 1-stage panel does: "
             "the program waits for every copy. On `sm_90` at 2 stages the copy overlaps only the end of "
             "$P_j V_j$ (the dark bar after each product). From 3 stages (the bottom panels) copies overlap "
-            "products; the main text times the gain.") in text
+            "products; the box *Measured on an H200* times the gain.") in text
     assert "2-stage panel" not in main + after and "dark bar" not in main + after and "P_j V_j" not in main + after
     assert "wgmma" not in main + after                          # the box names the instruction
     assert "the figure draws the timeline of one stage" not in main
@@ -114,7 +116,7 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     assert "extra copies" not in main + text and "the pipeliner adds room" not in main + text
     # the order of the compiled loop (the refill after both products) and where the refill goes
     assert "issues the copies of the first $s - 1$ key tiles before the loop, then runs as the main text says" in text
-    assert "right after tile $j$'s products, so while a tile is multiplied $s - 2$ copies are under way" in main
+    assert "right after tile $j$'s products. So while tile $j + 1$ is multiplied, the copies of tiles" in main
     # at two stages: no overlap on sm_80; on sm_90 the refill overlaps the end of P_j V_j, as drawn
     # (said above, in the figure's terms)
     assert "a program overlaps none of its copies with its own products" not in main + text

@@ -269,8 +269,8 @@ def test_the_t4_rule_is_the_compiled_kernels_shared_memory_at_any_stage_count():
     assert main.index(":::{dropdown} On the T4 (`sm_75`) (optional)") < main.index("The larger of the forward's two products")
     assert ("The larger of the forward's two products sets the size: $Q$ and $K$ for $QK^\\top$, or $P$ "
             "($B_r \\times B_c$) and a $B_r \\times d$ buffer for $PV$.") in main
-    assert ("this is what the compiled T4 kernels allocate at any `num_stages` when $B_r \\ge B_c$ (the "
-            "library's T4 forward tiles):") in main
+    assert ("this is what Triton 3.9 allocates on `sm_75` at any `num_stages` when $B_r \\ge B_c$ (the "
+            "library's T4 forward tiles; compiled, not run on a T4):") in main
     assert ("With $B_c > B_r$ the compiled buffer has $B_r$ rows, not $\\max(B_r, B_c)$: the model is then "
             "on the safe side.") in main
     assert "$V$'s buffer sized for" not in main

@@ -175,7 +175,7 @@ def goals(ch: ChapterData) -> None:
 #: 64 x 128 dK/dV tiles and under the causal mask (where they are the default), and acq_rel's
 #: without a mask; the relaxed adds' cost with the better of the two tile shapes at each shape.
 DQ_TOP = ("dq_top", "dq_top_shape", "dq_top_atomic_ms", "dq_exp_atomic_ms", "dq_top_separate_ms",
-          "dq_exp_separate_ms", "dq_above", "dq_superset_faster", "relaxed_full_64", "relaxed_full_128",
+          "dq_exp_separate_ms", "dq_above", "dq_next", "dq_next_n", "dq_next_exp", "dq_next_verdict", "dq_superset_faster", "relaxed_full_64", "relaxed_full_128",
           "relaxed_wide_128", "relaxed_causal_128", "acq_full_128", "relaxed_best")
 
 
@@ -228,6 +228,15 @@ def dq_lesson(ch: ChapterData) -> None:
     # separate backward (a superset of the experiment's kernels) was timed at the top shape
     above = fenced[fenced["vs_prev"] > runs[runs["variant"] == "atomic"]["x_separate"].max()].sort_values("vs_prev")[::-1]
     ch.put("dq_above", " and ".join(f"{x:.2f}" for x in above["vs_prev"]))
+    # the next one against the experiment's highest acq_rel ratio at its own shape, by the noise rule
+    if len(above) > 1:
+        nxt = above.iloc[1]
+        own = runs[(runs["variant"] == "atomic") & (runs["n"] == nxt["seq"]) & (runs["d"] == nxt["head_dim"])
+                   & (runs["causal"].astype(bool) == bool(nxt["causal"]))]["x_separate"].max()
+        ch.put("dq_next", nxt["vs_prev"], ".2f"); ch.put("dq_next_n", f"{int(nxt['seq']) // 1024}K")
+        ch.put("dq_next_exp", own, ".2f"); ch.put("dq_next_verdict", ch.verdict(nxt["vs_prev"] / own))
+    else:
+        ch.nothing("dq_next", "dq_next_n", "dq_next_exp", "dq_next_verdict")
     sep = there[there["variant"] == "separate"]["ms"]
     ch.put("dq_superset_faster", span(100 * (1 - at["dQ separate"] / sep), ".0f"))
     # chapter 8's relaxed adds without a mask, where every head size's dK/dV tiles have 64 keys

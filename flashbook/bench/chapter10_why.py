@@ -287,7 +287,7 @@ def gluon_controls(ch) -> None:
     from ..display import span
     from .experiments import GLUON_EXPERIMENTS
 
-    names = ("gl_sched", "gl_width", "pp_worst", "pp_worst_shape", "pp_worst_verdict")
+    names = ("gl_sched", "gl_width", "gl_overlap_lo", "gl_overlap_hi", "pp_worst", "pp_worst_shape", "pp_worst_verdict")
     run, table = load_recorded_json(GLUON_EXPERIMENTS[128], ch.root), ch.frames.get("gluon128")
     if run is None or table is None:
         return ch.nothing(*names)
@@ -296,6 +296,10 @@ def gluon_controls(ch) -> None:
     narrow = t["gluon producer m128 n64 s3"]
     ch.put("gl_sched", span(narrow / t["flashbook"], ".2f"))
     ch.put("gl_width", span(t["gluon producer m128 n128 s3"] / narrow, ".2f"))
+    # the issue order and TMA loads without a producer warp, at 128 x 128 x 3, where the goals are set
+    long = t[t.index.get_level_values("seq") >= 4096]
+    over = long["gluon overlap m128 n128 s3"] / long["flashbook"]
+    ch.put("gl_overlap_lo", over.min(), ".2f"); ch.put("gl_overlap_hi", over.max(), ".2f")
     bf16 = table[table["dtype"] == "bf16"]
     worst = (bf16["pingpong"] / bf16["producer"]).idxmin()
     slower = bf16.loc[worst, "producer"] / bf16.loc[worst, "pingpong"]       # its time over the producer's
@@ -305,10 +309,26 @@ def gluon_controls(ch) -> None:
     ch.put("pp_worst_verdict", ch.verdict(slower))
 
 
+def loop_waits(ch) -> None:
+    """The waits rung 3's unmasked loop issues per trip (``score_ops.load_loops``, as
+    ``ch.frames["loops"]``): for the products (``WARPGROUP.DEPBAR``), for the copies
+    (``DEPBAR.LE``) and at a barrier (``BAR.SYNC``), each the same at d = 64 and 128, with and
+    without the mask; None where it differs or nothing is recorded."""
+    names = {"loop_wait_mma": "WARPGROUP.DEPBAR", "loop_wait_copy": "DEPBAR.LE", "loop_wait_bar": "BAR.SYNC"}
+    loops = ch.frames.get("loops")
+    if loops is None:
+        return ch.nothing(*names)
+    main = loops.xs((3, "main"), level=("rung", "stage"))["ops"]
+    for name, op in names.items():
+        counts = {ops.get(op, 0) for ops in main}
+        ch.put(name, counts.pop() if len(counts) == 1 else None)
+
+
 def build_into(ch) -> None:
     """The sections of this module that read what ``chapter10.build`` has read, into ``ch``."""
     profile(ch)
     gluon_controls(ch)
+    loop_waits(ch)
     between_runs(ch)
     loop_growth(ch)
     dkdv_spills(ch)

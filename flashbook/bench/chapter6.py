@@ -1,6 +1,7 @@
 """Chapter 6's helpers: ``check_close``, the check its kernels (and exercises) pass; the recorded
 softmax timing read back for the prose (``bandwidth_table``, ``recorded_gpu_name``); and the
-profiled forward found in the recorded block sweep (``profiled_forward``, ``sweep_row_of``).
+profiled forward found in the recorded block sweep (``profiled_forward``, ``sweep_row_of``); the
+second recorded configuration sweep (``config_sweep``).
 """
 from __future__ import annotations
 
@@ -85,3 +86,18 @@ def sweep_row_of(kernel: dict, blocks):
     if len(rows) != 1:
         raise KeyError(f"{len(rows)} rows of the sweep match the profiled kernel, want exactly 1")
     return rows.iloc[0]
+
+
+def config_sweep(path):
+    """The recorded configuration sweep (the index's ``kernels_config_sweep``, a CSV whose first line
+    says how it ran): its rows with the config ``BM<m>-BN<n>-w<warps>-s<stages>`` split into
+    ``block_m``, ``block_n``, ``num_warps`` and ``num_stages``, and that first line."""
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().lstrip("#").strip()
+    rows = pd.read_csv(path, comment="#")
+    parts = rows["config"].str.extract(r"^BM(\d+)-BN(\d+)-w(\d+)-s(\d+)$")
+    if parts.isna().any().any():
+        raise ValueError(f"a config of {path} is not BM<m>-BN<n>-w<warps>-s<stages>")
+    parts = parts.astype(int)
+    parts.columns = ["block_m", "block_n", "num_warps", "num_stages"]
+    return pd.concat([rows, parts], axis=1), header
