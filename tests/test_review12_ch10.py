@@ -349,7 +349,8 @@ def test_r13_the_extra_instructions_fill_at_most_a_quarter_of_the_extra_cycles(c
     assert ("An SM's four schedulers issue at most one instruction a cycle each: even if none overlapped, the extra "
             "instructions would fill at most {glue:text}`ncu_inst_share`% of the extra cycles (ours used "
             "{glue:text}`ncu_issue_ours` of its issue slots, cuDNN's {glue:text}`ncu_issue_cudnn`). In the rest no "
-            "warp could issue; this profile does not say which wait held them.") in said
+            "warp could issue.") in said
+    assert "does not say which wait held them" not in said       # round 15: the stall reasons say more
     summary = _prose("next-rungs")
     assert ("does the same tensor-pipe work, in {glue:text}`ncu_active_x` times the cycles; its "
             "{glue:text}`ncu_inst_more`% more instructions fill at most {glue:text}`ncu_inst_share`% of the extra ones") in summary
@@ -542,3 +543,87 @@ def test_r14_the_rerun_sweep_is_named_where_it_is():
     said = _prose("a9a89247")
     assert "one configuration of the Gluon sweep at the chapter's end moved {glue:text}`rerun_max`%" in said
     assert "last section's sweep" not in said
+
+
+# --- round 15 -----------------------------------------------------------------------------------
+# item 1: the recorded stall reasons, recomputed from raw.csv with the csv module
+
+def test_r15_mio_throttle_and_barrier_stalls_are_read_from_raw_csv(ch):
+    reason = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    stalls = {}
+    for causal in (False, True):
+        for impl, (k, num) in _ncu_forwards(causal, full=True).items():
+            stalls[impl, causal] = {r: num(k[reason.format(r)]) for r in ("mio_throttle", "barrier", "wait")}
+    mio = {key: f"{stalls[key]['mio_throttle']:.2f}" for key in stalls}
+    assert (mio["triton", False], mio["sdpa-cudnn", False], mio["gluon", False]) == ("0.49", "0.02", "0.18")
+    assert (mio["triton", True], mio["sdpa-cudnn", True], mio["gluon", True]) == ("0.51", "0.11", "0.18")
+    # ours stalls least of the three on barriers, and below cuDNN's
+    assert stalls["triton", False]["barrier"] < stalls["sdpa-cudnn", False]["barrier"]
+    v = ch.values
+    assert (v["ncu_mio_ours"], v["ncu_mio_cudnn"], v["ncu_mio_gluon"]) == ("0.49", "0.02", "0.18")
+    assert v["ncu_mio_causal"] == "0.51, 0.11 and 0.18"
+    assert (v["ncu_bar_ours"], v["ncu_bar_cudnn"]) == (f"{stalls['triton', False]['barrier']:.2f}",
+                                                       f"{stalls['sdpa-cudnn', False]['barrier']:.2f}") == ("1.08", "1.37")
+    said = _prose("c10-profile-md")
+    for name in ("ncu_mio_ours", "ncu_mio_cudnn", "ncu_mio_gluon", "ncu_mio_causal", "ncu_bar_ours", "ncu_bar_cudnn"):
+        assert "{glue:text}`" + name + "`" in said, name
+    assert "*MIO throttle*, a full queue for shared-memory, special-function and\nbranch".replace("\n", " ") in said
+    assert "Our barrier stalls are lower than cuDNN's" in said
+    assert "does not say which of our instructions fill that queue" in said
+    summary = _prose("next-rungs")
+    assert "full MIO queue ({glue:text}`ncu_mio_ours` against {glue:text}`ncu_mio_cudnn`)" in summary
+
+
+# item 2: the atomic mode's cost is not pinned on the add instruction
+
+def test_r15_the_atomic_result_is_about_the_mode_not_the_add():
+    said = _prose("c10-dq-lesson-md")
+    assert "result about Triton's `tl.atomic_add`" not in said
+    assert "That is a result about this atomic mode as Triton compiles it, not about fp32 atomic adds:" in said
+
+
+# item 3: the ladder's acq_rel ratios at d = 64, N = 4K lie above the experiment's d = 64 range,
+# and the ladder's separate backward was the faster one there
+
+def test_r15_the_d64_ladder_ratios_above_the_range(ch):
+    from flashbook.bench.experiments import atomic_dq_both
+
+    b = ch.frames["bsteps"]
+    ms = b.set_index(["head_dim", "seq", "causal", "name"])["ms"]
+    runs = atomic_dq_both(ch.root)
+    exp = runs[(runs["variant"] == "atomic") & (runs["d"] == 64)]
+    top = exp["x_separate"].max()
+    above = [(c, ms[64, n, c, "dQ atomic"] / ms[64, n, c, "dQ separate"]) for n in (4096, 16384) for c in (False, True)
+             if ms[64, n, c, "dQ atomic"] / ms[64, n, c, "dQ separate"] > top]
+    assert [(c, f"{x:.2f}") for c, x in above] == [(False, "3.66"), (True, "3.41")]
+    v = ch.values
+    assert v["dq_above_64"] == "3.66 and 3.41" and v["dq_range_64"] == f"{exp['x_separate'].min():.2f} to {top:.2f}"
+    faster = []
+    for c in (False, True):
+        sep = runs[(runs["variant"] == "separate") & (runs["d"] == 64) & (runs["n"] == 4096)
+                   & (runs["causal"].astype(bool) == c)]["ms"]
+        assert len(sep) == 2
+        faster += [100 * (1 - ms[64, 4096, c, "dQ separate"] / x) for x in sep]
+        atom = runs[(runs["variant"] == "atomic") & (runs["d"] == 64) & (runs["n"] == 4096)
+                    & (runs["causal"].astype(bool) == c)]["ms"]
+        assert max(abs(x / ms[64, 4096, c, "dQ atomic"] - 1) for x in atom) < 0.02    # the atomics agree
+    assert min(faster) > 5 and v["dq_faster_64"] == f"{min(faster):.0f} to {max(faster):.0f}" == "7 to 11"
+    said = _prose("c10-dq-lesson-md")
+    assert "(as are its {glue:text}`dq_above_64` at $d$ = 64, $N$ = 4K), because of its separate backward" in said
+    assert "(at $d$ = 64, {glue:text}`dq_faster_64`%)" in said
+
+
+# items 4 to 6: the Summary's overlap control, the untested producer-warp reason, the rungs
+
+def test_r15_summary_overlap_control_hypothesis_and_rungs(ch):
+    summary = _prose("next-rungs")
+    assert ("Without the producer warp (the overlap schedule, same tiles): {glue:text}`gl_overlap_lo` to "
+            "{glue:text}`gl_overlap_hi` times chapter 7's speed at $N \\geq$ 4K.") in summary
+    assert (ch.values["gl_overlap_lo"], ch.values["gl_overlap_hi"]) == ("0.98", "1.05")
+    solution = _prose("31127f0c")
+    assert "likely pays" not in solution
+    assert "An untested hypothesis (only the producer schedule was profiled): the producer warp pays" in solution
+    reading = _prose("b53ef4b1")
+    assert "issuing instructions faster" not in reading
+    assert ("so the rungs are about doing less work and issuing fewer instructions per score, not about reaching "
+            "more bandwidth") in reading

@@ -75,7 +75,7 @@ def test_the_exponentials_time_is_not_small_on_hopper():
     assert ids.index("c064e2b9") < ids.index("5f5032c5") == ids.index("c06-exp-box") - 1
     # the section's verdict is the summary's (said once, there), not repeated at the section's end
     assert "In short: naive attention" not in cell_source(CH6, "5f5032c5")
-    assert ("By the roofline, naive attention is memory-bound on every chip; a fused kernel, helped by L2, is\n  compute-bound"
+    assert ("By the roofline, naive attention is memory-bound on every chip and a fused kernel, helped by L2,\n  compute-bound."
             in cell_source(CH6, "653d56e1"))
     assert ("as long as the matrix products at $d$ = 64 ({glue:text}`exp_share_64:.0f`%) and half as long\n"
             "at $d$ = 128 ({glue:text}`exp_share_128:.0f`%") in prose

@@ -84,7 +84,7 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     # none (tests/test_review12_ch06.py checks its numbers)
     assert ("With `num_stages` = $s \\ge 2$, Triton issues the copy of key tile $j + s - 1$ right after tile $j$'s "
             "products. So while tile $j + 1$ is multiplied, the copies of tiles $j + 2, \\dots, j + s - 1$ are under "
-            "way: none at $s$ = 2 (on `sm_90` the copy overlaps the end of $PV$), one at $s$ = 3, two at $s$ = 4. "
+            "way: none at $s$ = 2 (on `sm_90`, at attention's tile sizes, the copy overlaps the end of $PV$), one at $s$ = 3, two at $s$ = 4. "
             "At $s$ = 1 a tile is copied in, then used. Where no copy is under way, only other programs on the SM "
             "can hide the wait") in main
     assert "one from $s$ = 3" not in main

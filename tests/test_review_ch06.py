@@ -297,7 +297,8 @@ def test_bf16_runs_on_a_t4_too_so_fp16_is_chosen_for_other_reasons():
     prose = markdown(NOTEBOOK)
     assert "So the book's kernels use fp16 on a T4" not in prose and "no bf16 tensor cores: kernels use fp16" not in prose
     summary = flat(cell_source(NOTEBOOK, "653d56e1"))
-    assert "Triton's `tl.dot` uses no tensor cores, whatever the dtype; the book runs fp16 there because" in summary
+    # the summary keeps the fact (no tensor cores for tl.dot on a T4); the box *Why the T4 runs the kernels in fp16* the reason
+    assert "On the T4 (`sm_75`) Triton's `tl.dot` uses no tensor cores, whatever the dtype." in summary
     import torch
 
     glued, _ = run_glued(cell_source(NOTEBOOK, "bf1a48e1"), quiet=True, torch=torch, chips=runtime.CHIPS)
@@ -370,8 +371,9 @@ def test_the_exponentials_cost_is_worked_out_from_the_rates():
     assert round(glued["exp_share_64"]) == 100 and round(glued["exp_share_128"]) == 50
     prose = flat(cell_source(NOTEBOOK, "c06-exp-box"))
     assert ("A score's two products cost $4d$ FLOPs, {glue:text}`exp_flops_64` at $d$ = 64, and an H100 SM's "
-            "tensor cores do {glue:text}`tc_flop_clk` dense fp16 FLOPs per clock {cite}`nvidia_h100_whitepaper`: "
-            "the products of {glue:text}`tc_scores_64` scores per clock, against the exponentials of "
+            "tensor cores do {glue:text}`tc_flop_clk` dense fp16 FLOPs per clock {cite}`nvidia_h100_whitepaper` "
+            "(× {glue:text}`h100_sms` SMs × {glue:text}`tc_clock_ghz:.2f` GHz = {glue:text}`tc_h100:.0f` TFLOP/s: the "
+            "datasheet's clock, below the {glue:text}`h100_clock_ghz:.2f` GHz above): the products of {glue:text}`tc_scores_64` scores per clock, against the exponentials of "
             "{glue:text}`sfu_clock`.") in prose
 
 
@@ -411,7 +413,7 @@ def test_the_softmax_is_level_at_256_columns_and_ahead_where_both_recordings_agr
     assert ids.index("c06-softmax-read") + 1 == ids.index("5e0b2c71") == ids.index("a93d4f06") - 1
     assert "remove-input" in find_cell(NOTEBOOK, "5e0b2c71")["metadata"]["tags"]
     assert ("In both recordings the two kernels are level at {glue:text}`sm_agree_level_cols` columns "
-            "({glue:text}`sm_level_pct`% apart here)") in both and "have the two level" not in read + both
+            "({glue:text}`sm_level_pct`% apart on the {glue:text}`sm_chip`)") in both and "have the two level" not in read + both
     # the point "ahead" passes over is named, with the recorded lead (971 against 862 GB/s: 13%)
     assert glued["sm_disagree_lead_pct"] == f"{100 * (ratio[cols[1]] - 1):.0f}" == "13"
     # the second recording is shown whole (the cell between the two paragraphs prints it as parsed),
@@ -419,11 +421,11 @@ def test_the_softmax_is_level_at_256_columns_and_ahead_where_both_recordings_agr
     assert ns["other"].equals(other) and "print(other.round(0).to_string())" in cell_source(NOTEBOOK, "5e0b2c71")
     assert (other.loc[cols[1], "fused Triton (GB/s)"], other.loc[cols[0], "fused Triton (GB/s)"]) == (577, 570)
     assert glued["sm_other_flip_rise"] == f"{100 * (577 / 570 - 1):.1f}" == "1.2"
-    assert ("and from {glue:text}`sm_ahead_cols` on the Triton kernel leads, here by up to "
+    assert ("and from {glue:text}`sm_ahead_cols` on the Triton kernel leads, on the {glue:text}`sm_chip` by up to "
             "{glue:text}`sm_ratio_max` times; why PyTorch's kernel falls behind is not measured.") in both
     # the rise that breaks is the Triton kernel's (577 against 570 GB/s), named as such
     assert ("At {glue:text}`sm_disagree_cols` columns they disagree: Triton {glue:text}`sm_disagree_lead_pct`% "
-            "ahead here, `torch.softmax` {glue:text}`sm_flip_pct`% ahead on the {glue:text}`sm_other_chip`, where "
+            "ahead on the {glue:text}`sm_chip`, `torch.softmax` {glue:text}`sm_flip_pct`% ahead on the {glue:text}`sm_other_chip`, where "
             "the Triton kernel gets only {glue:text}`sm_other_flip_rise`% more GB/s than at "
             "{glue:text}`sm_lo_cols` columns") in both
     assert "whose fused kernel" not in both

@@ -176,7 +176,8 @@ def goals(ch: ChapterData) -> None:
 #: without a mask; the relaxed adds' cost with the better of the two tile shapes at each shape.
 DQ_TOP = ("dq_top", "dq_top_shape", "dq_top_atomic_ms", "dq_exp_atomic_ms", "dq_top_separate_ms",
           "dq_exp_separate_ms", "dq_above", "dq_next", "dq_next_n", "dq_next_exp", "dq_next_verdict", "dq_superset_faster", "relaxed_full_64", "relaxed_full_128",
-          "relaxed_wide_128", "relaxed_causal_128", "acq_full_128", "relaxed_best")
+          "relaxed_wide_128", "relaxed_causal_128", "acq_full_128", "relaxed_best", "dq_above_64", "dq_range_64",
+          "dq_faster_64")
 
 
 def dq_lesson(ch: ChapterData) -> None:
@@ -250,3 +251,23 @@ def dq_lesson(ch: ChapterData) -> None:
     # the relaxed adds with the better of the default and the 64 x 128 tiles, shape by shape and run by run
     best = runs[runs["variant"].isin(["relaxed", "relaxed 64x128"])].groupby(["run", "n", "d", "causal"])["x_separate"].min()
     ch.put("relaxed_best", span(best, ".2f"))
+    _above_at(ch, fenced, bsteps, runs, 64)
+
+
+def _above_at(ch: ChapterData, fenced, bsteps, runs, d: int) -> None:
+    """The ladder's acq_rel ratios at head dimension ``d`` above the experiment's acq_rel range at
+    that ``d`` (``dq_above_64``, without the mask first; ``dq_range_64``), and how much faster the
+    ladder's separate backward ran there than the experiment's, over both runs (``dq_faster_64``, %)."""
+    from ..display import span
+
+    exp = runs[(runs["variant"] == "atomic") & (runs["d"] == d)]["x_separate"]
+    above = fenced[(fenced["head_dim"] == d) & (fenced["vs_prev"] > exp.max())].sort_values("causal")
+    ch.put(f"dq_above_{d}", " and ".join(f"{x:.2f}" for x in above["vs_prev"]))
+    ch.put(f"dq_range_{d}", span(exp, ".2f"))
+    faster = []
+    for _, row in above.iterrows():
+        mine = bsteps[(bsteps[SHAPE] == row[SHAPE]).all(axis=1)].set_index("name")["ms"]["dQ separate"]
+        theirs = runs[(runs["variant"] == "separate") & (runs["n"] == row["seq"]) & (runs["d"] == d)
+                      & (runs["causal"].astype(bool) == bool(row["causal"]))]["ms"]
+        faster += [100 * (1 - mine / ms) for ms in theirs]
+    ch.put(f"dq_faster_{d}", span(faster, ".0f") if faster else None)

@@ -63,6 +63,31 @@ def tensor_cycles(rows, dim: int = 128, causal: bool = False) -> dict:
     return {impl: (k[TENSOR_BUSY] / 100 * k[ACTIVE], k[ACTIVE]) for impl, k in _forwards(rows, dim, causal).items()}
 
 
+#: Nsight Compute's stall reasons: warps stalled for that reason per instruction issued
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+
+def stall_reasons(rows, dim: int = 128, causal: bool = False) -> dict:
+    """{impl: {reason: warps stalled for it per issued instruction}} of each profiled forward
+    among ``rows`` (``profiles.kernel_rows``): Nsight's ``smsp__average_warps_issue_stalled_*``."""
+    head, tail = STALL.split("{}")
+    return {impl: {c[len(head):-len(tail)]: k[c] for c in k if c.startswith(head) and c.endswith(tail)}
+            for impl, k in _forwards(rows, dim, causal).items()}
+
+
+def _stalls(ch, rows) -> None:
+    """The stall reasons the profile records: MIO throttle (a full queue to the unit of shared-memory,
+    special-function and dynamic-branch instructions) per forward, without (``ncu_mio_*``) and with
+    the causal mask (``ncu_mio_causal``, ours, cuDNN's, Gluon's), and barrier stalls (``ncu_bar_*``)."""
+    full, causal = stall_reasons(rows), stall_reasons(rows, causal=True)
+    impls = (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon"))
+    for key, impl in impls:
+        ch.put(f"ncu_mio_{key}", full[impl]["mio_throttle"], ".2f")
+        ch.put(f"ncu_bar_{key}", full[impl]["barrier"], ".2f")
+    m = [f"{causal[impl]['mio_throttle']:.2f}" for _, impl in impls]
+    ch.put("ncu_mio_causal", f"{m[0]}, {m[1]} and {m[2]}")
+
+
 def _tensor_time(ch, counts, cycles) -> None:
     """The busy share restated as cycles: the same busy cycles in the three wgmma forwards
     (``ncu_busy_m``, millions per SM), ours over more active cycles (``ncu_active_x``), SDPA
@@ -92,7 +117,8 @@ def profile(ch) -> None:
              "ncu_inst_share", "ncu_issue_ours", "ncu_issue_cudnn", "ncu_issue_gluon", "ncu_tc_ours", "ncu_tc_cudnn",
              "ncu_tc_gluon", "ncu_flash_wgmma",
              "ncu_bwd_ops", "ncu_dkdv_ops", "ncu_dq_ops", "ncu_cudnn_bwd_ops", "ncu_inst_ours", "ncu_inst_cudnn",
-             "ncu_inst_gluon", "ncu_inst_more", "ncu_gluon_fewer", "ncu_wgmma_ratio")
+             "ncu_inst_gluon", "ncu_inst_more", "ncu_gluon_fewer", "ncu_wgmma_ratio", "ncu_mio_ours", "ncu_mio_cudnn",
+             "ncu_mio_gluon", "ncu_mio_causal", "ncu_bar_ours", "ncu_bar_cudnn", "ncu_bar_gluon")
     if run is None or not run.exists():
         ch.say("profile", "No recorded Nsight Compute run (run 'kernel_ncu' in benchmarks/results/index.json).", missing=True)
         return ch.nothing(*names)
@@ -121,6 +147,7 @@ def profile(ch) -> None:
     ch.put("ncu_wgmma_ratio", counts["triton"][1] / counts["sdpa-cudnn"][1], ".1f")
     ch.put("ncu_flash_wgmma", forward_wgmma(rows))
     _tensor_time(ch, counts, tensor_cycles(rows))
+    _stalls(ch, rows)
     ch.put("ncu_bwd_ops", one(at, ("triton", "backward", False), "ops_ratio"), ".2f")
     ch.put("ncu_cudnn_bwd_ops", one(at, ("sdpa-cudnn", "backward", False), "ops_ratio"), ".2f")
     _backward_ops(ch, rows, one(at, ("triton", "backward", False), "ops_ratio"))
