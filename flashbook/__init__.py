@@ -28,7 +28,7 @@ import pkgutil as _pkgutil
 from . import runtime  # first: it decides TRITON_INTERPRET before triton is imported
 from .display import show_source
 
-__version__ = "0.33.0"  # the one version: pyproject reads it; releases are tagged v<version>
+__version__ = "0.34.0"  # the one version: pyproject reads it; releases are tagged v<version>
 __all__ = ["runtime", "show_source", "flash_attention", "flash_attn_func", "flash_attention_varlen",
            "flash_attn_varlen_func", "flash_decode", "flash_attn_with_kvcache", "last_backend"]
 
