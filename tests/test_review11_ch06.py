@@ -87,7 +87,7 @@ def test_the_l2_profile_points_to_the_chapter_1_box_by_its_title():
     ch1 = "\n".join(cell_source(CH1, cid) for cid in cell_ids(CH1))
     assert f":::{{dropdown}} {title} (optional)" in ch1 and "What a profiler measured" in ch1
     prose = flat(cell_source(NOTEBOOK, "5f5032c5"))
-    assert ("A profile of chapter 7's kernel (whole in chapter 7, in brief in [chapter 1](01_attention_numpy.ipynb)'s "
+    assert ("A profile of chapter 7's kernel (in brief: [chapter 1](01_attention_numpy.ipynb)'s "
             f"optional box *{title}*) shows") in prose
 
 

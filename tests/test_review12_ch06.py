@@ -159,12 +159,15 @@ def test_the_register_spill_is_the_recorded_block_sweeps():
             "against {glue:text}`spill_d64_tf_many` with {glue:text}`spill_d64_values` ($d$ = 64).") in box
     # not generalised from the 2-stage rows: the same 128 x 64 kernel at 3 stages
     assert ("At 3 stages the same 128 × 64 kernel, still spilling {glue:text}`spill_half3_values`, runs at "
-            "{glue:text}`spill_half3_tf_few` against {glue:text}`spill_half3_tf_many`. The spill count alone does not "
-            "predict the time.") in box
+            "{glue:text}`spill_half3_tf_few` against {glue:text}`spill_half3_tf_many`: its {glue:text}`spill_half3_smem` "
+            "bytes of shared memory fit one 4-warp program per SM, against two at 2 stages ({glue:text}`spill_half_smem`), "
+            "so half the 8-warp kernel's warps per SM, not as many. The spill count alone does not predict the time.") in box
+    # residency changes with the stages (the sweep's shared_bytes; the cell asserts two fit at 2 stages, one at 3)
+    assert (glued["spill_half3_smem"], glued["spill_half_smem"]) == ("131,072", "98,304")
     assert "4 warps that spill run about as fast as 8 or faster" not in prose
     assert "So large tiles run with more warps" not in prose       # the sweep does not say so
-    assert ("Over {glue:text}`warps_many` warps, {glue:text}`regs_w8`: the compiled kernel uses "
-            "{glue:text}`spill_regs_many` in all, no spill.") in prose
+    assert ("Over {glue:text}`warps_many` warps, {glue:text}`regs_w8` each; compiled (chapter 9's sweep), the forward "
+            "uses {glue:text}`spill_regs_many` in all, as $S$ and $O$ are not all it holds, and spills nothing.") in prose
     assert (glued["spill_half_values"], glued["spill_half_tf_few"], glued["spill_half_tf_many"]) == ("30", "411", "415")
     assert (glued["spill_d64_values"], glued["spill_d64_tf_few"], glued["spill_d64_tf_many"]) == ("42", "387", "317")
     assert glued["spill_regs_many"] == "255"
@@ -227,8 +230,8 @@ def test_the_stages_gain_where_one_program_fills_the_sm():
             "TFLOP/s). With 128 × 128 tiles, also alone, 3 stages gain {glue:text}`st_big_gain`% "
             "({glue:text}`st_big_tf3` against {glue:text}`st_big_tf2`), within the {glue:text}`st_noise`% by which "
             "identical kernels differ in chapter 9's H200 run, and {glue:text}`cs_gain`% in a second sweep at batch "
-            "{glue:text}`cs_batch` ({glue:text}`cs_tf3` against {glue:text}`cs_tf2`), single medians each. Why it "
-            "loses less at 2 stages than 128 × 64 is not measured.") in measured
+            "{glue:text}`cs_batch` ({glue:text}`cs_tf3` against {glue:text}`cs_tf2`), single medians each. Why the "
+            "128 × 128 kernel loses less at 2 stages than the 128 × 64 one is not measured.") in measured
     assert "a few percent at most" not in measured
     box = flat(cell_source(NOTEBOOK, "49527e1d"))
     assert "copies overlap products; the box *Measured on an H200* times the gain." in box

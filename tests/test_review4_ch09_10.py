@@ -62,7 +62,7 @@ def test_the_summary_compares_atomic_modes_within_one_experiment(cells):
     assert "Relaxed adds cut that to" not in summary
     assert "timed later" not in summary                     # no chronology: one experiment, both orderings
     assert ("Relaxed adds, as the library ships them, made atomic $dQ$ take {glue:text}`at10_relaxed_lo` to "
-            "{glue:text}`at10_relaxed_hi` times as long as the separate $dQ$ kernel") in summary
+            "{glue:text}`at10_relaxed_hi` times as long as the separate mode's backward") in summary
     # one ordering, one range: no acq_rel range beside it
     assert "at10_fence" not in summary and "dq_lo" not in summary and "(chapter 8 measured both orderings)" in summary
 

@@ -84,7 +84,7 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     # none (tests/test_review12_ch06.py checks its numbers)
     assert ("With `num_stages` = $s \\ge 2$, Triton issues the copy of key tile $j + s - 1$ right after tile $j$'s "
             "products. So while tile $j + 1$ is multiplied, the copies of tiles $j + 2, \\dots, j + s - 1$ are under "
-            "way: none at $s$ = 2 (on `sm_90`, at attention's tile sizes, the copy overlaps the end of $PV$), one at $s$ = 3, two at $s$ = 4. "
+            "way: none at $s$ = 2 (on `sm_90`, at attention's tile sizes, the copy, issued after $PV$, overlaps it), one at $s$ = 3, two at $s$ = 4. "
             "At $s$ = 1 a tile is copied in, then used. Where no copy is under way, only other programs on the SM "
             "can hide the wait") in main
     assert "one from $s$ = 3" not in main
@@ -102,8 +102,8 @@ def test_the_staging_table_follows_where_tl_dot_reads_its_operands():
     after = flat(cell_source(CH6, "c06-buffers-model"))
     # the 2-stage panels are read in the optional box, not in the flow
     assert ("So in the figure the `sm_80` 2-stage panel fills buffer 1 exactly as the 1-stage panel does: "
-            "the program waits for every copy. On `sm_90` at 2 stages the copy overlaps only the end of "
-            "$P_j V_j$ (the dark bar after each product). From 3 stages (the bottom panels) copies overlap "
+            "the program waits for every copy. On `sm_90` at 2 stages the copy, issued right after "
+            "$P_j V_j$ is, overlaps that product (the dark bar), not the softmax or the next $QK^\\top$. From 3 stages (the bottom panels) copies overlap "
             "products; the box *Measured on an H200* times the gain.") in text
     assert "2-stage panel" not in main + after and "dark bar" not in main + after and "P_j V_j" not in main + after
     assert "wgmma" not in main + after                          # the box names the instruction

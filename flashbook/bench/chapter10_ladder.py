@@ -182,7 +182,7 @@ DQ_TOP = ("dq_top", "dq_top_shape", "dq_top_atomic_ms", "dq_exp_atomic_ms", "dq_
 
 def dq_lesson(ch: ChapterData) -> None:
     """The backward's numbers in one table (``dq_lesson``): each way of adding dQ as its time over
-    the separate dQ kernel's, per head dimension, with what was timed. The atomic-dQ experiment
+    the separate mode's whole backward (both kernels), per head dimension, with what was timed. The atomic-dQ experiment
     (chapter 8; both runs, ``experiments.atomic_dq_both``, as chapter 8 reads them) timed the
     backward kernels alone, with relaxed and with acq_rel adds; the ladder timed the whole
     backward through autograd, acq_rel. ``DQ_TOP``: why the ladder's highest ratio lies above the
@@ -213,7 +213,7 @@ def dq_lesson(ch: ChapterData) -> None:
             ("separate dQ kernel (the default)", "-", separate, {d: "1" for d in dims})]
     table = pd.DataFrame([{"dQ added by": label, "timed": timed, "products per tile pair": n,
                            **{f"d = {d}": x[d] for d in dims}} for label, timed, n, x in rows]).set_index("dQ added by")
-    ch.table("dq_lesson", "dq_lesson", table.rename_axis(columns="time over the separate kernel's"))
+    ch.table("dq_lesson", "dq_lesson", table.rename_axis(columns="time over the separate mode's backward"))
     # the ladder's highest ratio, and both backwards' times at its shape in the two recordings
     top = fenced.loc[fenced["vs_prev"].idxmax()]
     at = bsteps[(bsteps[SHAPE] == top[SHAPE]).all(axis=1)].set_index("name")["ms"]
