@@ -216,8 +216,7 @@ def dq_lesson(ch: ChapterData) -> None:
     ch.table("dq_lesson", "dq_lesson", table.rename_axis(columns="time over the separate mode's backward"))
     # the ladder's highest ratio, and both backwards' times at its shape in the two recordings
     top = fenced.loc[fenced["vs_prev"].idxmax()]
-    at = bsteps[(bsteps[SHAPE] == top[SHAPE]).all(axis=1)].set_index("name")["ms"]
-    there = runs[(runs["n"] == top["seq"]) & (runs["d"] == top["head_dim"]) & (runs["causal"] == top["causal"])]
+    at, there = _steps_at(bsteps, top), _runs_at(runs, top)
 
     def both_runs(variant):
         return " and ".join(f"{ms:.2f}" for ms in there[there["variant"] == variant].sort_values("run")["ms"])
@@ -232,8 +231,7 @@ def dq_lesson(ch: ChapterData) -> None:
     # the next one against the experiment's highest acq_rel ratio at its own shape, by the noise rule
     if len(above) > 1:
         nxt = above.iloc[1]
-        own = runs[(runs["variant"] == "atomic") & (runs["n"] == nxt["seq"]) & (runs["d"] == nxt["head_dim"])
-                   & (runs["causal"].astype(bool) == bool(nxt["causal"]))]["x_separate"].max()
+        own = _runs_at(runs, nxt).query("variant == 'atomic'")["x_separate"].max()
         ch.put("dq_next", nxt["vs_prev"], ".2f"); ch.put("dq_next_n", f"{int(nxt['seq']) // 1024}K")
         ch.put("dq_next_exp", own, ".2f"); ch.put("dq_next_verdict", ch.verdict(nxt["vs_prev"] / own))
     else:
@@ -254,6 +252,17 @@ def dq_lesson(ch: ChapterData) -> None:
     _above_at(ch, fenced, bsteps, runs, 64)
 
 
+def _steps_at(bsteps, row):
+    """The ladder's backward steps' times (ms, by step name) at a ladder ``row``'s shape."""
+    return bsteps[(bsteps[SHAPE] == row[SHAPE]).all(axis=1)].set_index("name")["ms"]
+
+
+def _runs_at(runs, row):
+    """The atomic-dQ experiment's rows (both runs, every variant) at a ladder ``row``'s shape."""
+    return runs[(runs["n"] == row["seq"]) & (runs["d"] == row["head_dim"])
+                & (runs["causal"].astype(bool) == bool(row["causal"]))]
+
+
 def _above_at(ch: ChapterData, fenced, bsteps, runs, d: int) -> None:
     """The ladder's acq_rel ratios at head dimension ``d`` above the experiment's acq_rel range at
     that ``d`` (``dq_above_64``, without the mask first; ``dq_range_64``), and how much faster the
@@ -266,8 +275,7 @@ def _above_at(ch: ChapterData, fenced, bsteps, runs, d: int) -> None:
     ch.put(f"dq_range_{d}", span(exp, ".2f"))
     faster = []
     for _, row in above.iterrows():
-        mine = bsteps[(bsteps[SHAPE] == row[SHAPE]).all(axis=1)].set_index("name")["ms"]["dQ separate"]
-        theirs = runs[(runs["variant"] == "separate") & (runs["n"] == row["seq"]) & (runs["d"] == d)
-                      & (runs["causal"].astype(bool) == bool(row["causal"]))]["ms"]
+        mine = _steps_at(bsteps, row)["dQ separate"]
+        theirs = _runs_at(runs, row).query("variant == 'separate'")["ms"]
         faster += [100 * (1 - mine / ms) for ms in theirs]
     ch.put(f"dq_faster_{d}", span(faster, ".0f") if faster else None)

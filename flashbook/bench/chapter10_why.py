@@ -20,6 +20,8 @@ PROFILED = {"triton": "chapters 7-8 (Triton)", "gluon": "Gluon forward", "sdpa-c
             "sdpa-flash": "SDPA flash (FlashAttention-2)"}
 #: the noise table's row for the separate backward timed in the ladder and in the full comparison
 BACKWARD_ROW = ("in two runs", "separate backward: ladder and full comparison")
+#: the glued names' keys of the three wgmma forwards the profile compares, and their implementations
+COMPARED = (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon"))
 #: the provenance table's rows ``run_settings`` adds
 TIMER, COMMIT = "timer (ms): calls, warm-up", "commit"
 
@@ -80,11 +82,10 @@ def _stalls(ch, rows) -> None:
     special-function and dynamic-branch instructions) per forward, without (``ncu_mio_*``) and with
     the causal mask (``ncu_mio_causal``, ours, cuDNN's, Gluon's), and barrier stalls (``ncu_bar_*``)."""
     full, causal = stall_reasons(rows), stall_reasons(rows, causal=True)
-    impls = (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon"))
-    for key, impl in impls:
+    for key, impl in COMPARED:
         ch.put(f"ncu_mio_{key}", full[impl]["mio_throttle"], ".2f")
         ch.put(f"ncu_bar_{key}", full[impl]["barrier"], ".2f")
-    m = [f"{causal[impl]['mio_throttle']:.2f}" for _, impl in impls]
+    m = [f"{causal[impl]['mio_throttle']:.2f}" for _, impl in COMPARED]
     ch.put("ncu_mio_causal", f"{m[0]}, {m[1]} and {m[2]}")
 
 
@@ -96,14 +97,14 @@ def _tensor_time(ch, counts, cycles) -> None:
     had none overlapped (``ncu_inst_share``, %), beside the issue slots each used."""
     from ..display import span
 
-    wgmma = ("triton", "sdpa-cudnn", "gluon")
+    wgmma = [impl for _, impl in COMPARED]
     ch.put("ncu_busy_m", span([cycles[i][0] / 1e6 for i in wgmma], ".2f", collapse=True))
     (_, ours), (_, cud) = cycles["triton"], cycles["sdpa-cudnn"]
     ch.put("ncu_active_x", ours / cud, ".2f")
     ch.put("ncu_flash_busy_x", cycles["sdpa-flash"][0] / cycles["sdpa-cudnn"][0], ".1f")
     used = {i: counts[i][2] for i in wgmma}          # issue slots used; times active cycles: issue cycles
     ch.put("ncu_inst_share", 100 * (used["triton"] * ours - used["sdpa-cudnn"] * cud) / (ours - cud), ".0f")
-    for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
+    for key, impl in COMPARED:
         ch.put(f"ncu_issue_{key}", used[impl], ".2f")
 
 
@@ -139,7 +140,7 @@ def profile(ch) -> None:
     ch.put("ncu_dram", ours["dram_mb"].max(), ".1f"); ch.put("ncu_qkv", tensor_mb(t.iloc[0]), ".1f")
     for name, causal in (("ncu_l2", False), ("ncu_l2_causal", True)):    # the hit rate of L2 sectors
         ch.put(name, f"{one(at, ('triton', 'forward', causal), 'l2_hit'):.0f}%")
-    for key, impl in (("ours", "triton"), ("cudnn", "sdpa-cudnn"), ("gluon", "gluon")):
+    for key, impl in COMPARED:
         ch.put(f"ncu_tc_{key}", one(at, (impl, "forward", False), "tensor_pct"), ".0f")
         ch.put(f"ncu_inst_{key}", counts[impl][0], ".1f")
     ch.put("ncu_inst_more", 100 * (counts["triton"][0] / counts["sdpa-cudnn"][0] - 1), ".0f")   # % more than cuDNN's
@@ -148,9 +149,10 @@ def profile(ch) -> None:
     ch.put("ncu_flash_wgmma", forward_wgmma(rows))
     _tensor_time(ch, counts, tensor_cycles(rows))
     _stalls(ch, rows)
-    ch.put("ncu_bwd_ops", one(at, ("triton", "backward", False), "ops_ratio"), ".2f")
+    bwd_ops = one(at, ("triton", "backward", False), "ops_ratio")
+    ch.put("ncu_bwd_ops", bwd_ops, ".2f")
     ch.put("ncu_cudnn_bwd_ops", one(at, ("sdpa-cudnn", "backward", False), "ops_ratio"), ".2f")
-    _backward_ops(ch, rows, one(at, ("triton", "backward", False), "ops_ratio"))
+    _backward_ops(ch, rows, bwd_ops)
 
 
 def _backward_ops(ch, rows, ops_ratio) -> None:
@@ -283,11 +285,9 @@ def dkdv_spills(ch) -> None:
     ch.put("dkdv_spill_atomic", rows[(128, False, True)]["spill_store_bytes"])
     wide = rows.get((128, False, True, WIDE_DKDV))
     ch.put("dkdv_spill_wide", None if wide is None else wide["spill_store_bytes"])
-    causal = rows[(128, True, True)]
-    ch.put("dkdv_spill_causal", causal["spill_store_bytes"] if tuple(causal["config"]) == WIDE_DKDV else None)
-    causal_sep = rows[(128, True, False)]
-    ch.put("dkdv_spill_causal_separate",
-           causal_sep["spill_store_bytes"] if tuple(causal_sep["config"]) == WIDE_DKDV else None)
+    for name, atomic in (("dkdv_spill_causal", True), ("dkdv_spill_causal_separate", False)):
+        causal = rows[(128, True, atomic)]      # quoted only where the causal default is the wide tile
+        ch.put(name, causal["spill_store_bytes"] if tuple(causal["config"]) == WIDE_DKDV else None)
     spills = [rows[(64, False, a)]["spill_store_bytes"] for a in (False, True)]
     ch.put("dkdv_spills_64", "neither spills" if not any(spills) else f"they spill {spills[0]} and {spills[1]} bytes")
 
